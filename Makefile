@@ -1,0 +1,39 @@
+# voiceedge: the two commands of the README, and a few more.
+#   make scenario REGION=apac   run the main scenario for clients in REGION
+#   make test                   run the test suite (needs root: namespaces, iptables)
+SHELL := /bin/bash
+PY_SYSTEM := /usr/bin/python3
+VENV := .venv
+BIN := $(VENV)/bin
+REGION ?= apac
+
+.PHONY: deps venv scenario test bench-relay clean help
+
+help:
+	@echo "make scenario REGION=apac   run the scenario for clients in REGION"
+	@echo "make test                   run the tests"
+	@echo "make bench-relay            benchmark the relay's forwarding cost and added latency"
+
+deps:
+	@scripts/install-debian-deps.sh
+
+# Debian's /usr/bin/python3 with its site-packages: that is where Debian's mininet lives
+# (PyPI's mininet has no mnexec). The stamp re-runs pip only when pyproject.toml changes.
+$(BIN)/.installed: pyproject.toml services/relay/_fastpath.c | deps
+	@test -x $(BIN)/python || $(PY_SYSTEM) -m venv --system-site-packages $(VENV)
+	@$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	@touch $@
+
+venv: deps $(BIN)/.installed
+
+scenario: venv
+	@$(BIN)/voiceedge scenario --region $(REGION)
+
+test: venv
+	@$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench-relay: venv
+	@$(BIN)/voiceedge bench relay $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

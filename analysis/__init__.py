@@ -1,0 +1,1 @@
+"""Statistics, plots, reports and latency budgets over scenario results."""

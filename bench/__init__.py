@@ -1,0 +1,1 @@
+"""Benchmarks of the testbed's own parts: what they cost and what they add to a measurement."""

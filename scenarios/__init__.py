@@ -1,0 +1,1 @@
+"""Scenario files and the runner that builds a world, runs clients and collects results."""

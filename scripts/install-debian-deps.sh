@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages voiceedge needs, only those missing (idempotent, fast when done).
+set -euo pipefail
+packages=(mininet bridge-utils iptables iputils-ping redis-server python3-venv python3-dev gcc)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "voiceedge: missing Debian packages: ${missing[*]} (run as root, or install them yourself)" >&2
+    exit 1
+fi
+echo "voiceedge: installing Debian packages: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# --no-install-recommends: mininet would otherwise pull openvswitch-switch, unused here.
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# The package starts a system redis-server on :6379; tests run their own, so keep it from lingering.
+if [ -d /run/systemd/system ]; then systemctl disable --now redis-server >/dev/null 2>&1 || true; fi

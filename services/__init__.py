@@ -1,0 +1,1 @@
+"""The edge services: relay, transceiver, signaling front, agent and clients."""

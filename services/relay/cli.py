@@ -1,0 +1,83 @@
+"""``voiceedge relay``: run a relay."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from services.relay.config import ConfigError, RelayConfig, RouteTable, parse_hostport
+from services.wire.ufrag import secret_from_env
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("relay", help="run a single-port relay (ingress or cluster tier)",
+                       description="Run a relay: one public UDP port, first-packet routing by "
+                                   "the server ufrag in the STUN USERNAME, opaque forwarding.")
+    p.add_argument("--tier", choices=("ingress", "cluster"), required=True,
+                   help="ingress: route by cluster id to cluster relays; cluster: by transceiver id")
+    p.add_argument("--routes", required=True, metavar="FILE", help="routes file (TOML)")
+    p.add_argument("--listen", default="0.0.0.0", metavar="HOST", help="public address (default 0.0.0.0)")
+    p.add_argument("--port", type=int, default=3478, help="public UDP port (default 3478)")
+    p.add_argument("--internal", metavar="HOST:PORT",
+                   help="cluster tier: where ingress relays send (default LISTEN:PORT+1)")
+    p.add_argument("--hop-bind", default="0.0.0.0", metavar="HOST",
+                   help="local address of the sockets towards next hops (default 0.0.0.0)")
+    p.add_argument("--relay-id", default="", help="name in logs and Redis keys (default tier-listen-port)")
+    p.add_argument("--redis", metavar="URL", help="Redis flow cache, e.g. redis://127.0.0.1:6379/0")
+    p.add_argument("--workers", type=int, default=1, help="worker processes on the port (SO_REUSEPORT)")
+    p.add_argument("--cpus", metavar="LIST",
+                   help="CPUs to pin workers to, e.g. 0,1 (default: worker i on CPU i; 'none' to not pin)")
+    p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds before an idle flow expires")
+    p.add_argument("--max-flows", type=int, default=100_000, help="flow table cap per worker")
+    p.add_argument("--metrics", default="127.0.0.1:9478", metavar="HOST:PORT",
+                   help="Prometheus metrics address ('none' to disable)")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> RelayConfig:
+    from voiceedge.cli import UserError
+
+    try:
+        routes = RouteTable.load(args.routes, args.tier)
+        if not 0 < args.port < 65536:
+            raise ConfigError(f"--port {args.port} is not a UDP port")
+        if args.workers < 1:
+            raise ConfigError("--workers must be at least 1")
+        if args.idle_timeout <= 0 or args.max_flows < 1:
+            raise ConfigError("--idle-timeout and --max-flows must be positive")
+        internal = None
+        if args.tier == "cluster":
+            internal = (parse_hostport(args.internal, "--internal") if args.internal
+                        else (args.listen, args.port + 1))
+        if args.cpus is None:
+            cpus = None
+        elif args.cpus == "none":
+            cpus = ()
+        else:
+            try:
+                cpus = tuple(int(c) for c in args.cpus.split(","))
+            except ValueError:
+                raise ConfigError(f"--cpus {args.cpus!r} is not a list like 0,1") from None
+            if not set(cpus) <= os.sched_getaffinity(0):
+                raise ConfigError(f"--cpus {args.cpus} names CPUs this process may not use")
+        metrics = None if args.metrics == "none" else parse_hostport(args.metrics, "--metrics")
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    return RelayConfig(
+        routes=routes, listen=(args.listen, args.port), internal=internal,
+        hop_bind=args.hop_bind, relay_id=args.relay_id,
+        secret=secret_from_env(os.environ.get("VOICEEDGE_UFRAG_SECRET")),
+        redis_url=args.redis, workers=args.workers, cpus=cpus,
+        idle_timeout=args.idle_timeout, max_flows=args.max_flows, metrics=metrics)
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.relay.server import RelayServer
+    from voiceedge.cli import UserError
+
+    config = config_from_args(args)
+    server = RelayServer(config)
+    try:
+        server.run()
+    except OSError as exc:
+        raise UserError(f"cannot open the relay's sockets: {exc}") from None
+    return 0

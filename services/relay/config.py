@@ -1,0 +1,106 @@
+"""Relay configuration and route tables."""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+TIERS = ("ingress", "cluster")
+
+
+class ConfigError(ValueError):
+    """A relay configuration that cannot run; the message says what to fix."""
+
+
+def parse_hostport(text: str, what: str = "address") -> tuple[str, int]:
+    """'1.2.3.4:5', '[::1]:5' -> (host, port)."""
+    text = text.strip()
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+    else:
+        host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{what} {text!r} is not HOST:PORT")
+    return host, int(port)
+
+
+@dataclass(frozen=True)
+class RouteTable:
+    """Where a hint goes next: cluster id -> cluster relay (ingress tier), or
+    transceiver id -> transceiver (cluster tier, for the one cluster ``cluster_id``)."""
+
+    tier: str
+    routes: dict[int, tuple[str, int]]
+    cluster_id: int | None = None
+
+    def next_hop(self, cluster_id: int, transceiver_id: int) -> tuple[str, int] | None:
+        if self.tier == "ingress":
+            return self.routes.get(cluster_id)
+        if cluster_id != self.cluster_id:
+            return None
+        return self.routes.get(transceiver_id)
+
+    @classmethod
+    def load(cls, path: str | Path, tier: str) -> "RouteTable":
+        """Read a routes file (TOML)::
+
+            cluster_id = 1                # cluster tier only: the cluster this relay serves
+            [routes]                      # id -> "host:port"
+            1 = "10.0.1.2:3479"           # ingress: cluster 1's relay (its internal port)
+                                          # cluster: transceiver 1
+        """
+        try:
+            doc = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"routes file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"routes file {path} is not valid TOML: {exc}") from None
+        return cls.from_dict(doc, tier, source=str(path))
+
+    @classmethod
+    def from_dict(cls, doc: dict, tier: str, source: str = "routes") -> "RouteTable":
+        if tier not in TIERS:
+            raise ConfigError(f"tier must be one of {', '.join(TIERS)}, not {tier!r}")
+        raw = doc.get("routes")
+        if not isinstance(raw, dict) or not raw:
+            raise ConfigError(f"{source}: needs a [routes] table of id = \"host:port\"")
+        routes = {}
+        for key, value in raw.items():
+            if not str(key).isdigit():
+                raise ConfigError(f"{source}: route id {key!r} is not a number")
+            if not isinstance(value, str):
+                raise ConfigError(f"{source}: route {key} must be a \"host:port\" string")
+            routes[int(key)] = parse_hostport(value, f"{source}: route {key}")
+        cluster_id = doc.get("cluster_id")
+        if tier == "cluster" and not isinstance(cluster_id, int):
+            raise ConfigError(f"{source}: a cluster-tier relay needs cluster_id = N")
+        return cls(tier=tier, routes=routes, cluster_id=cluster_id)
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    routes: RouteTable
+    listen: tuple[str, int] = ("0.0.0.0", 3478)
+    # Cluster tier: where ingress relays send (hop-encapsulated). None on the ingress tier.
+    internal: tuple[str, int] | None = None
+    # Local address for the per-worker socket towards next hops (port chosen by the kernel).
+    hop_bind: str = "0.0.0.0"
+    relay_id: str = ""
+    secret: bytes = b"voiceedge-development-secret"
+    redis_url: str | None = None
+    workers: int = 1
+    cpus: tuple[int, ...] | None = None  # None: pin worker i to CPU i mod ncpu; () no pinning
+    idle_timeout: float = 30.0
+    max_flows: int = 100_000
+    redis_ttl: float = 120.0
+    redis_queue: int = 10_000
+    metrics: tuple[str, int] | None = ("127.0.0.1", 9478)
+    batch: int = 64
+
+    @property
+    def tier(self) -> str:
+        return self.routes.tier
+
+    @property
+    def name(self) -> str:
+        return self.relay_id or f"{self.tier}-{self.listen[0]}-{self.listen[1]}"

@@ -1,0 +1,62 @@
+"""Relay counters: kept as plain ints in a worker, published to shared memory once a second."""
+from __future__ import annotations
+
+import multiprocessing
+from dataclasses import dataclass
+
+DROP_REASONS = (
+    "oversize",            # datagram larger than a receive slot (MSG_TRUNC)
+    "unknown_not_stun",    # non-STUN from an address with no flow (and no Redis mapping)
+    "stun_malformed",      # STUN-range first byte but bad framing or attribute overrun
+    "stun_no_username",    # well-framed STUN without USERNAME
+    "bad_ufrag",           # USERNAME whose server ufrag fails the tag or the format
+    "no_route",            # valid hint, no next hop for it here (or another cluster's hint)
+    "flow_table_full",     # first packet while max_flows flows exist
+    "bad_hop_header",      # internal datagram without a valid hop header
+    "return_no_flow",      # return datagram for a client with no flow: never reflected
+    "return_wrong_source", # return datagram not from the flow's next hop
+    "wrong_prev_hop",      # internal datagram of a flow from an unexpected upstream relay
+    "recovery_backlog",    # too many datagrams waiting for one Redis lookup
+    "send_failed",         # the kernel refused a send
+)
+# name -> help text; the order is the shared-memory layout.
+COUNTERS = {
+    "packets_to_server": "datagrams forwarded towards transceivers",
+    "bytes_to_server": "bytes forwarded towards transceivers (client datagrams, no headers)",
+    "packets_to_client": "datagrams forwarded towards clients",
+    "bytes_to_client": "bytes forwarded towards clients (client datagrams, no headers)",
+    "receive_batches": "recvmmsg calls that returned datagrams (datagrams / this = batch size)",
+    "flows_created": "flows created from an authenticated STUN first packet",
+    "flows_recovered": "flows re-created from the Redis flow cache",
+    "flows_expired": "flows removed after the idle timeout",
+    "flows_active": "flows in the table now (gauge)",
+    "redis_writes": "flow mappings written to Redis",
+    "redis_writes_dropped": "flow mappings not written (queue full or Redis down)",
+    "redis_lookups": "Redis lookups for non-STUN datagrams from unknown addresses",
+    "redis_hits": "Redis lookups that found a flow",
+    "redis_errors": "Redis operations that failed",
+    "redis_up": "1 while the last Redis operation succeeded (gauge)",
+    **{f"drops_{r}": f"datagrams dropped: {r.replace('_', ' ')}" for r in DROP_REASONS},
+}
+NAMES = tuple(COUNTERS)
+INDEX = {name: i for i, name in enumerate(NAMES)}
+GAUGES = {"flows_active", "redis_up"}
+
+
+def shared_block(workers: int):
+    """One unsynchronised uint64 row per worker (each row has a single writer)."""
+    return multiprocessing.get_context("fork").Array("Q", workers * len(NAMES), lock=False)
+
+
+@dataclass
+class Drops:
+    """Drop counts by reason (slow path only, so a dict is fine)."""
+
+    counts: dict[str, int]
+
+    @classmethod
+    def new(cls) -> "Drops":
+        return cls({r: 0 for r in DROP_REASONS})
+
+    def add(self, reason: str, n: int = 1) -> None:
+        self.counts[reason] += n

@@ -1,0 +1,129 @@
+"""The relay process: starts N pinned workers on one port, serves their counters to Prometheus."""
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from services.relay.config import RelayConfig
+from services.relay.counters import COUNTERS, GAUGES, NAMES, shared_block
+from services.relay.worker import WorkerSockets, run_worker
+
+log = logging.getLogger("voiceedge.relay")
+
+
+class _Collector:
+    """Reads the workers' shared counter rows at scrape time."""
+
+    def __init__(self, server: "RelayServer") -> None:
+        self._server = server
+
+    def collect(self):
+        rows = self._server.counter_rows()
+        tier = self._server.config.tier
+        for k, name in enumerate(NAMES):
+            family = GaugeMetricFamily if name in GAUGES else CounterMetricFamily
+            metric = family(f"voiceedge_relay_{name}", COUNTERS[name], labels=["tier", "worker"])
+            for w, row in enumerate(rows):
+                metric.add_metric([tier, str(w)], row[k])
+            yield metric
+
+
+class RelayServer:
+    """Owns the worker processes; ``run`` blocks until SIGINT/SIGTERM, then stops them."""
+
+    def __init__(self, config: RelayConfig) -> None:
+        self.config = config
+        self._shared = shared_block(config.workers)
+        self._procs: list[multiprocessing.Process] = []
+        self._stopping = threading.Event()
+
+    def _cpu_for(self, index: int) -> int | None:
+        cpus = self.config.cpus
+        if cpus == ():
+            return None
+        available = sorted(os.sched_getaffinity(0))
+        pool = list(cpus) if cpus else available
+        return pool[index % len(pool)]
+
+    def counter_rows(self) -> list[list[int]]:
+        width = len(NAMES)
+        flat = list(self._shared)
+        return [flat[w * width:(w + 1) * width] for w in range(self.config.workers)]
+
+    def totals(self) -> dict[str, int]:
+        rows = self.counter_rows()
+        return {name: sum(r[k] for r in rows) for k, name in enumerate(NAMES)}
+
+    def _spawn(self, index: int) -> multiprocessing.Process:
+        sockets = WorkerSockets(self.config)  # raises OSError here, in the parent, if busy
+        ctx = multiprocessing.get_context("fork")
+        proc = ctx.Process(target=run_worker, name=f"relay-worker-{index}",
+                           args=(self.config, index, self._shared, self._cpu_for(index), sockets))
+        try:
+            proc.start()
+        finally:
+            sockets.close()  # the worker has its own copies
+        return proc
+
+    def start(self) -> None:
+        try:
+            for i in range(self.config.workers):
+                self._procs.append(self._spawn(i))
+        except OSError:
+            self.stop()
+            raise
+        if self.config.metrics:
+            registry = CollectorRegistry()
+            registry.register(_Collector(self))
+            host, port = self.config.metrics
+            start_http_server(port, addr=host, registry=registry)
+        log.info(json.dumps({
+            "event": "relay_started", "relay": self.config.name, "tier": self.config.tier,
+            "listen": f"{self.config.listen[0]}:{self.config.listen[1]}",
+            "internal": (f"{self.config.internal[0]}:{self.config.internal[1]}"
+                         if self.config.internal and self.config.tier == "cluster" else None),
+            "workers": self.config.workers,
+            "cpus": [self._cpu_for(i) for i in range(self.config.workers)],
+            "redis": bool(self.config.redis_url),
+            "metrics": (f"http://{self.config.metrics[0]}:{self.config.metrics[1]}/metrics"
+                        if self.config.metrics else None)}))
+
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self._procs:
+            proc.join(timeout=3)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+    def run(self) -> None:
+        """Start, supervise (restart a worker that died), stop on a signal."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: self._stopping.set())
+        self.start()
+        try:
+            while not self._stopping.wait(0.5):
+                for i, proc in enumerate(self._procs):
+                    if not proc.is_alive() and not self._stopping.is_set():
+                        log.warning(json.dumps({"event": "worker_died", "worker": i,
+                                                "exitcode": proc.exitcode}))
+                        time.sleep(0.2)
+                        self._procs[i] = self._spawn(i)
+        finally:
+            self.stop()
+            log.info(json.dumps({"event": "relay_stopped", "relay": self.config.name,
+                                 **{k: v for k, v in self.totals().items() if v}}))

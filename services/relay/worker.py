@@ -1,0 +1,590 @@
+"""One relay worker: a single-threaded epoll loop over the relay's sockets.
+
+Sockets of a worker:
+- ``public``   the relay's UDP port (SO_REUSEPORT, shared by all workers): clients' datagrams.
+- ``internal`` cluster tier only (SO_REUSEPORT): hop-encapsulated datagrams from ingress relays,
+               and the socket that returns datagrams to them.
+- ``hop``      this worker's own socket towards next hops; their answers come back to it, so the
+               answers of a flow always reach the worker that holds the flow.
+
+Fast path and slow path: datagrams of known IPv4 flows are forwarded by the C helper
+(_fastpath.c) with no Python per datagram and no copy (the send iovecs point at the flow's hop
+header and at the receive slot). Everything else comes back here as a "miss": first packets
+(STUN parsing, ufrag check, flow creation), IPv6 clients, Redis recovery, and every drop, which
+is counted by reason.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import time
+
+from services.relay import _fastpath, mmsg
+from services.relay.config import RelayConfig
+from services.relay.counters import INDEX, NAMES, Drops
+from services.relay.flowcache import CachedFlow, FlowCache
+from services.wire import hop as hopwire
+from services.wire.stun import StunError, read_username, server_ufrag
+from services.wire.ufrag import UfragCodec, UfragError
+
+log = logging.getLogger("voiceedge.relay")
+
+_SWEEP_EVERY = 0.5
+_RECOVERY_BACKLOG = 8
+_NEGATIVE_TTL = 1.0
+_MAX_ROUNDS = 16  # receive batches per readiness event before looking at other sockets
+
+# Flow record words shared with _fastpath.c (its REC_* enum).
+(_NEXT_NAME, _NEXT_NAMELEN, _HEADER, _HEADER_LEN, _CLIENT_NAME, _CLIENT_NAMELEN, _PREV_NAME,
+ _PREV_NAMELEN, _NEXT_KEY, _UP_PACKETS, _UP_BYTES, _DOWN_PACKETS, _DOWN_BYTES,
+ _LAST_SEEN_NS) = range(14)
+assert _fastpath.REC_WORDS == 14 and _fastpath.MMSGHDR_SIZE == mmsg.MMSGHDR_SIZE
+
+
+def sockaddr_key(raw: bytes):
+    """Flow key of a client sockaddr: IPv4 an int of port+address, IPv6 bytes of the same.
+
+    The fast path derives the identical IPv4 key from a hop header, whose bytes 2-7 mirror a
+    sockaddr_in (see services/wire/hop.py).
+    """
+    if raw[0] | (raw[1] << 8) == socket.AF_INET6:
+        return raw[2:4] + raw[8:24]
+    return int.from_bytes(raw[:8], "little") >> 16
+
+
+def header_key(header: bytes | memoryview):
+    """Flow key of the client named in a hop header (same value as ``sockaddr_key``)."""
+    if header[1] & hopwire.FLAG_IPV6:
+        return bytes(header[2:20])
+    return int.from_bytes(header[:8], "little") >> 16
+
+
+class Hop:
+    """A next or previous hop, with its sockaddr prebuilt for sendmmsg."""
+
+    __slots__ = ("addr", "name", "name_ptr", "namelen", "key", "label")
+
+    def __init__(self, addr: tuple[str, int]) -> None:
+        self.addr = addr
+        self.name = bytearray(mmsg.sockaddr(*addr))
+        self.name_ptr = mmsg.address_of(self.name)
+        self.namelen = len(self.name) if ":" in addr[0] else 16
+        self.key = sockaddr_key(bytes(self.name))
+        self.label = f"{addr[0]}:{addr[1]}"
+
+
+class Flow:
+    """A client address, where its datagrams go, and its counters.
+
+    The counters and the last-seen time live in ``record`` (uint64 words) so the fast path can
+    update them in place; the properties read them back.
+    """
+
+    __slots__ = ("key", "client", "client_name", "header", "next", "prev", "cluster_id",
+                 "transceiver_id", "created", "refreshed", "source", "record", "words",
+                 "record_ptr")
+
+    def __init__(self, key, client: tuple[str, int], next_hop: Hop, prev: Hop | None,
+                 cluster_id: int, transceiver_id: int, now_ns: int, source: str) -> None:
+        self.key = key
+        self.client = client
+        self.client_name = bytearray(mmsg.sockaddr(*client))
+        self.header = bytearray(hopwire.encode(client, hopwire.TO_SERVER))
+        self.cluster_id, self.transceiver_id = cluster_id, transceiver_id
+        self.created = self.refreshed = now_ns
+        self.source = source
+        self.record = bytearray(8 * _fastpath.REC_WORDS)
+        self.words = memoryview(self.record).cast("Q")
+        self.record_ptr = mmsg.address_of(self.record)
+        w = self.words
+        w[_HEADER] = mmsg.address_of(self.header)
+        w[_HEADER_LEN] = len(self.header)
+        w[_CLIENT_NAME] = mmsg.address_of(self.client_name)
+        w[_CLIENT_NAMELEN] = len(self.client_name) if ":" in client[0] else 16
+        w[_LAST_SEEN_NS] = now_ns
+        self.route(next_hop, prev)
+
+    def route(self, next_hop: Hop, prev: Hop | None) -> None:
+        self.next, self.prev = next_hop, prev
+        w = self.words
+        w[_NEXT_NAME], w[_NEXT_NAMELEN] = next_hop.name_ptr, next_hop.namelen
+        w[_NEXT_KEY] = next_hop.key if isinstance(next_hop.key, int) else 0
+        w[_PREV_NAME], w[_PREV_NAMELEN] = (prev.name_ptr, prev.namelen) if prev else (0, 0)
+
+    def count_up(self, size: int, now_ns: int) -> None:
+        w = self.words
+        w[_UP_PACKETS] += 1
+        w[_UP_BYTES] += size
+        w[_LAST_SEEN_NS] = now_ns
+
+    def count_down(self, size: int, now_ns: int) -> None:
+        w = self.words
+        w[_DOWN_PACKETS] += 1
+        w[_DOWN_BYTES] += size
+        w[_LAST_SEEN_NS] = now_ns
+
+    @property
+    def last_seen_ns(self) -> int:
+        return self.words[_LAST_SEEN_NS]
+
+    def totals(self) -> tuple[int, int, int, int]:
+        w = self.words
+        return w[_UP_PACKETS], w[_UP_BYTES], w[_DOWN_PACKETS], w[_DOWN_BYTES]
+
+
+def _udp_socket(addr: tuple[str, int], reuseport: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuseport:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    for opt, force in ((socket.SO_RCVBUF, 33), (socket.SO_SNDBUF, 32)):  # *BUFFORCE as root
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, 4 << 20)
+        except PermissionError:
+            sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+    sock.bind(addr)
+    sock.setblocking(False)
+    return sock
+
+
+class WorkerSockets:
+    """A worker's sockets, opened before the worker process starts so bind errors surface."""
+
+    def __init__(self, config: RelayConfig) -> None:
+        self.public = _udp_socket(config.listen, reuseport=True)
+        self.internal = self.hop = None
+        try:
+            if config.tier == "cluster" and config.internal:
+                self.internal = _udp_socket(config.internal, reuseport=True)
+            self.hop = _udp_socket((config.hop_bind, 0), reuseport=False)
+        except OSError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for sock in (self.public, self.internal, self.hop):
+            if sock is not None:
+                sock.close()
+
+
+class RelayWorker:
+    """Forwards datagrams for one worker process; ``run`` returns when ``stop`` is called."""
+
+    def __init__(self, config: RelayConfig, index: int = 0, shared=None,
+                 sockets: WorkerSockets | None = None) -> None:
+        self.config = config
+        self.index = index
+        self._shared = shared
+        self._codec = UfragCodec(config.secret)
+        self._routes = config.routes
+        self.flows: dict = {}  # key -> Flow
+        self._fast: dict[int, int] = {}  # IPv4 key -> record address, for the fast path
+        self.drops = Drops.new()
+        self._hops: dict[tuple[str, int], Hop] = {}
+        self._retired = [0, 0, 0, 0]  # packets/bytes up, packets/bytes down of expired flows
+        self.flows_created = self.flows_recovered = self.flows_expired = 0
+        self.receive_batches = 0
+        self._send_failed = 0
+        self._pending: dict = {}   # key -> (previous hop, datagrams waiting for Redis)
+        self._negative: dict = {}  # key -> monotonic ns until which Redis is not asked again
+        self._running = False
+        size = config.batch
+        self.rx = mmsg.RecvBatch(size)
+        self.tx_hop = mmsg.SendBatch(size)  # to next hops (and to upstream relays)
+        self.tx_out = mmsg.SendBatch(size)  # to clients, from the public port
+        self._misses = bytearray(4 * size)
+        self._misses_ptr = mmsg.address_of(self._misses)
+        self._miss_index = memoryview(self._misses).cast("I")
+        self.cache = (FlowCache(config.redis_url, config.name, config.redis_ttl, config.redis_queue)
+                      if config.redis_url else None)
+        self.sockets = sockets or WorkerSockets(config)
+        self.public, self.internal, self.hop = (self.sockets.public, self.sockets.internal,
+                                                self.sockets.hop)
+        self._public_fd, self._hop_fd = self.public.fileno(), self.hop.fileno()
+        self._internal_fd = self.internal.fileno() if self.internal is not None else -1
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def stop(self) -> None:
+        self._running = False
+
+    def close(self) -> None:
+        self.sockets.close()
+        if self.cache is not None:
+            self.cache.stop()
+
+    def run(self) -> None:
+        ep = select.epoll()
+        handlers = {self._public_fd: self._on_public, self._hop_fd: self._on_return}
+        if self.internal is not None:
+            handlers[self._internal_fd] = self._on_internal
+        if self.cache is not None:
+            self.cache.start()
+            handlers[self.cache.wake_fd] = self._on_cache
+        for fd in handlers:
+            ep.register(fd, select.EPOLLIN)
+        self._running = True
+        next_sweep = time.monotonic() + _SWEEP_EVERY
+        try:
+            while self._running:
+                for fd, _ in ep.poll(_SWEEP_EVERY, len(handlers)):
+                    handlers[fd]()
+                now = time.monotonic()
+                if now >= next_sweep:
+                    self._sweep(time.monotonic_ns())
+                    self.publish()
+                    next_sweep = now + _SWEEP_EVERY
+        finally:
+            ep.close()
+            self.publish()
+
+    # ---------------------------------------------------------------- socket handlers
+
+    def _on_public(self) -> None:
+        """Clients -> next hop, with the flow's hop header in front."""
+        rx, tx, misses = self.rx, self.tx_hop, self._miss_index
+        while True:
+            received, missed, failed = _fastpath.forward_public(
+                self._public_fd, rx.hdrs_addr, rx.size, self._fast, tx.hdrs_addr, tx.iovs_addr,
+                self._hop_fd, self._misses_ptr, _MAX_ROUNDS)
+            self._send_failed += failed
+            if received:
+                self.receive_batches += 1
+            if not missed:
+                return
+            now = time.monotonic_ns()
+            for k in range(missed):
+                self._public_slow(misses[k], now)
+            tx.flush(self._hop_fd)
+
+    def _on_return(self) -> None:
+        """Answers from next hops -> the client (header stripped) or the upstream relay."""
+        rx, misses = self.rx, self._miss_index
+        pub, up = self.tx_out, self.tx_hop
+        while True:
+            received, missed, failed = _fastpath.forward_return(
+                self._hop_fd, rx.hdrs_addr, rx.size, self._fast, pub.hdrs_addr, pub.iovs_addr,
+                self._public_fd, up.hdrs_addr, up.iovs_addr, self._internal_fd,
+                self._misses_ptr, _MAX_ROUNDS)
+            self._send_failed += failed
+            if received:
+                self.receive_batches += 1
+            if not missed:
+                return
+            now = time.monotonic_ns()
+            for k in range(missed):
+                self._return_slow(misses[k], now)
+            pub.flush(self._public_fd)
+            if up.count:
+                up.flush(self._internal_fd)
+
+    def _on_internal(self) -> None:
+        """Cluster tier: hop-encapsulated datagrams from ingress relays -> transceivers.
+
+        Not on the fast path: the cluster tier sees far fewer flows per worker than the
+        ingress tier in these scenarios, and this keeps the C helper small.
+        """
+        rx, tx = self.rx, self.tx_hop
+        for _ in range(_MAX_ROUNDS):
+            n = rx.recv(self._internal_fd)
+            if not n:
+                return
+            self.receive_batches += 1
+            now = time.monotonic_ns()
+            for i in range(n):
+                self._upstream_datagram(i, now)
+            tx.flush(self._hop_fd)
+            if n < rx.size:
+                return
+
+    # ---------------------------------------------------------------- slow paths
+
+    def _datagram(self, i: int) -> memoryview:
+        rx = self.rx
+        return rx.view[i * rx.slot:i * rx.slot + rx.length(i)]
+
+    def _public_slow(self, i: int, now: int) -> None:
+        """A client datagram the fast path did not forward."""
+        rx = self.rx
+        if rx.truncated(i):
+            self.drops.add("oversize")
+            return
+        client_raw = rx.source(i)
+        key = sockaddr_key(client_raw)
+        datagram = self._datagram(i)
+        flow = self.flows.get(key)
+        if flow is not None and flow.prev is None:  # known flow the fast path skips (IPv6)
+            self._send_up(flow, i, len(datagram), len(datagram), True, now)
+            return
+        if flow is not None:  # the same address is a flow from an upstream relay
+            self.drops.add("wrong_prev_hop")
+            return
+        routed = self._route(datagram)
+        client = mmsg.sockaddr_to_tuple(client_raw)
+        if routed == "unknown_not_stun" and self.cache is not None:
+            self._recover(key, client, None, bytes(datagram), 0, now)
+            return
+        if isinstance(routed, str):
+            self.drops.add(routed)
+            return
+        cluster_id, transceiver_id, nxt = routed
+        flow = self._create(key, client, nxt, None, cluster_id, transceiver_id, now, "stun")
+        if flow is not None:
+            self._send_up(flow, i, len(datagram), len(datagram), True, now)
+
+    def _return_slow(self, i: int, now: int) -> None:
+        """A datagram from a next hop that the fast path did not forward."""
+        rx = self.rx
+        if rx.truncated(i):
+            self.drops.add("oversize")
+            return
+        datagram = self._datagram(i)
+        try:
+            header, payload = hopwire.decode(datagram)
+        except hopwire.HopHeaderError:
+            self.drops.add("bad_hop_header")
+            return
+        if header.direction != hopwire.TO_CLIENT:
+            self.drops.add("bad_hop_header")
+            return
+        flow = self.flows.get(header_key(datagram))
+        if flow is None:
+            self.drops.add("return_no_flow")
+            return
+        if sockaddr_key(rx.source(i)) != flow.next.key:
+            self.drops.add("return_wrong_source")
+            return
+        if flow.prev is None:
+            w = flow.words
+            self.tx_out.add(w[_CLIENT_NAME], w[_CLIENT_NAMELEN],
+                            rx.data_addr + i * rx.slot + header.length, len(payload))
+        else:
+            self.tx_hop.add(flow.prev.name_ptr, flow.prev.namelen, rx.data_addr + i * rx.slot,
+                            len(datagram))
+        flow.count_down(len(payload), now)
+
+    def _upstream_datagram(self, i: int, now: int) -> None:
+        """A hop-encapsulated datagram from an ingress relay (cluster tier)."""
+        rx = self.rx
+        if rx.truncated(i):
+            self.drops.add("oversize")
+            return
+        datagram = self._datagram(i)
+        try:
+            header, payload = hopwire.decode(datagram)
+        except hopwire.HopHeaderError:
+            self.drops.add("bad_hop_header")
+            return
+        if header.direction != hopwire.TO_SERVER:
+            self.drops.add("bad_hop_header")
+            return
+        key = header_key(datagram)
+        prev = self._hop(mmsg.sockaddr_to_tuple(rx.source(i)))
+        flow = self.flows.get(key)
+        if flow is not None and flow.prev is prev:
+            self._send_up(flow, i, len(datagram), len(payload), False, now)
+            return
+        routed = self._route(payload)
+        if routed == "unknown_not_stun":
+            if flow is not None:
+                self.drops.add("wrong_prev_hop")
+            elif self.cache is not None:
+                self._recover(key, header.client, prev, bytes(datagram), header.length, now)
+            else:
+                self.drops.add(routed)
+            return
+        if isinstance(routed, str):
+            self.drops.add(routed)
+            return
+        cluster_id, transceiver_id, nxt = routed
+        if flow is not None:  # the client now arrives through another ingress relay
+            flow.route(nxt, prev)
+        else:
+            flow = self._create(key, header.client, nxt, prev, cluster_id, transceiver_id, now,
+                                "stun")
+        if flow is not None:
+            self._send_up(flow, i, len(datagram), len(payload), False, now)
+
+    def _send_up(self, flow: Flow, i: int, length: int, payload: int, with_header: bool,
+                 now: int) -> None:
+        """Queue receive slot i (``length`` bytes, ``payload`` of them the client's datagram)
+        towards the flow's next hop, behind the flow's hop header when ``with_header``."""
+        rx, nxt = self.rx, flow.next
+        data = rx.data_addr + i * rx.slot
+        if with_header:
+            w = flow.words
+            self.tx_hop.add(nxt.name_ptr, nxt.namelen, w[_HEADER], w[_HEADER_LEN], data, length)
+        else:
+            self.tx_hop.add(nxt.name_ptr, nxt.namelen, data, length)
+        flow.count_up(payload, now)
+
+    def _route(self, datagram: memoryview):
+        """(cluster, transceiver, next hop) from a first datagram's USERNAME, or a drop reason."""
+        if not datagram or datagram[0] > 3:
+            return "unknown_not_stun"
+        try:
+            username = read_username(datagram)
+        except StunError:
+            return "stun_malformed"
+        if username is None:
+            return "stun_no_username"
+        try:
+            hint = self._codec.decode(server_ufrag(username))
+        except UfragError:
+            return "bad_ufrag"
+        addr = self._routes.next_hop(hint.cluster_id, hint.transceiver_id)
+        if addr is None:
+            return "no_route"
+        return hint.cluster_id, hint.transceiver_id, self._hop(addr)
+
+    def _hop(self, addr: tuple[str, int]) -> Hop:
+        hop = self._hops.get(addr)
+        if hop is None:
+            hop = self._hops[addr] = Hop(addr)
+        return hop
+
+    def _create(self, key, client, nxt: Hop, prev: Hop | None, cluster_id: int,
+                transceiver_id: int, now: int, source: str) -> Flow | None:
+        if len(self.flows) >= self.config.max_flows:
+            self.drops.add("flow_table_full")
+            return None
+        flow = Flow(key, client, nxt, prev, cluster_id, transceiver_id, now, source)
+        self.flows[key] = flow
+        if isinstance(key, int):
+            self._fast[key] = flow.record_ptr
+        if source == "stun":
+            self.flows_created += 1
+            if self.cache is not None:
+                self.cache.write(client, CachedFlow(nxt.addr, prev.addr if prev else None,
+                                                    cluster_id, transceiver_id))
+        else:
+            self.flows_recovered += 1
+        log.info(json.dumps({
+            "event": "flow_created", "relay": self.config.name, "worker": self.index,
+            "client": f"{client[0]}:{client[1]}", "next_hop": nxt.label,
+            "prev_hop": prev.label if prev else None, "cluster": cluster_id,
+            "transceiver": transceiver_id, "source": source}))
+        return flow
+
+    # ---------------------------------------------------------------- Redis recovery
+
+    def _recover(self, key, client, prev: Hop | None, datagram: bytes, hl: int, now: int):
+        """Ask Redis for the flow of a non-STUN datagram from an unknown client."""
+        if self._negative.get(key, 0) > now:
+            self.drops.add("unknown_not_stun")
+            return
+        entry = self._pending.get(key)
+        if entry is not None:
+            if len(entry[1]) >= _RECOVERY_BACKLOG:
+                self.drops.add("recovery_backlog")
+            else:
+                entry[1].append((datagram, hl))
+            return
+        if not self.cache.lookup(key, client):
+            self.drops.add("unknown_not_stun")
+            return
+        self._pending[key] = (prev, [(datagram, hl)])
+
+    def _on_cache(self) -> None:
+        self.cache.drain_wake()
+        results, now = self.cache.results, time.monotonic_ns()
+        while results:
+            key, client, found = results.popleft()
+            prev, waiting = self._pending.pop(key, (None, []))
+            if key in self.flows:
+                continue  # a STUN check re-created it meanwhile
+            expected = (self._routes.next_hop(found.cluster_id, found.transceiver_id)
+                        if found else None)
+            if found is None or expected != found.next_hop:
+                self._negative[key] = now + int(_NEGATIVE_TTL * 1e9)
+                self.drops.add("unknown_not_stun", len(waiting))
+                continue
+            nxt = self._hop(expected)
+            flow = self._create(key, client, nxt, prev, found.cluster_id, found.transceiver_id,
+                                now, "redis")
+            if flow is None:
+                continue
+            for datagram, hl in waiting:
+                payload = datagram if hl else bytes(flow.header) + datagram
+                try:
+                    self.hop.sendto(payload, nxt.addr)
+                except OSError:
+                    self._send_failed += 1
+                    continue
+                flow.count_up(len(datagram) - hl, now)
+
+    # ---------------------------------------------------------------- housekeeping
+
+    def _sweep(self, now: int) -> None:
+        idle_ns = int(self.config.idle_timeout * 1e9)
+        expired = [f for f in self.flows.values() if now - f.last_seen_ns > idle_ns]
+        for flow in expired:
+            del self.flows[flow.key]
+            self._fast.pop(flow.key, None)
+            self.flows_expired += 1
+            totals = flow.totals()
+            for k in range(4):
+                self._retired[k] += totals[k]
+            log.info(json.dumps({
+                "event": "flow_expired", "relay": self.config.name, "worker": self.index,
+                "client": f"{flow.client[0]}:{flow.client[1]}", "next_hop": flow.next.label,
+                "age_s": round((now - flow.created) / 1e9, 3), "packets_up": totals[0],
+                "bytes_up": totals[1], "packets_down": totals[2], "bytes_down": totals[3]}))
+        if self._negative:
+            self._negative = {k: t for k, t in self._negative.items() if t > now}
+        if self.cache is not None:
+            due = now - int(self.config.redis_ttl / 3 * 1e9)
+            stale = [f for f in self.flows.values()
+                     if f.refreshed < due and f.last_seen_ns > f.refreshed]
+            for flow in stale:
+                flow.refreshed = now
+            self.cache.refresh([f.client for f in stale])
+
+    def counters(self) -> dict[str, int]:
+        totals = list(self._retired)
+        for f in self.flows.values():
+            for k, v in enumerate(f.totals()):
+                totals[k] += v
+        values = {
+            "packets_to_server": totals[0], "bytes_to_server": totals[1],
+            "packets_to_client": totals[2], "bytes_to_client": totals[3],
+            "receive_batches": self.receive_batches, "flows_created": self.flows_created,
+            "flows_recovered": self.flows_recovered, "flows_expired": self.flows_expired,
+            "flows_active": len(self.flows),
+        }
+        cache = self.cache
+        if cache is not None:
+            values.update(redis_writes=cache.writes, redis_writes_dropped=cache.writes_dropped,
+                          redis_lookups=cache.lookups, redis_hits=cache.hits,
+                          redis_errors=cache.errors, redis_up=int(cache.up))
+        for reason, count in self.drops.counts.items():
+            values[f"drops_{reason}"] = count
+        values["drops_send_failed"] += (self._send_failed + self.tx_hop.failed
+                                        + self.tx_out.failed)
+        return values
+
+    def publish(self) -> None:
+        if self._shared is None:
+            return
+        row = self.index * len(NAMES)
+        for name, value in self.counters().items():
+            self._shared[row + INDEX[name]] = value
+
+
+def run_worker(config: RelayConfig, index: int, shared, cpu: int | None,
+               sockets: WorkerSockets) -> None:
+    """Entry point of a worker process."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    worker = RelayWorker(config, index, shared, sockets)
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    signal.signal(signal.SIGINT, lambda *_: worker.stop())
+    try:
+        worker.run()
+    finally:
+        worker.close()

@@ -1,0 +1,1 @@
+"""Wire formats shared by the services: the routing ufrag, STUN framing, the relay hop header."""

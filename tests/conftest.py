@@ -1,0 +1,153 @@
+"""Shared fixtures: real processes (redis-server, relays) on loopback, cleaned up afterwards."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port(kind: int = socket.SOCK_DGRAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A real redis-server on a free loopback port, without persistence."""
+
+    def __init__(self, workdir: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is not installed: run `make test`, which installs it")
+        self.binary, self.workdir = binary, workdir
+        self.port = free_port(socket.SOCK_STREAM)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "RedisServer":
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=5)
+            self.proc = None
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    server = RedisServer(tmp_path).start()
+    yield server
+    server.stop()
+
+
+class RelayProcess:
+    """``voiceedge relay`` as a child process, with its Prometheus counters readable."""
+
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        self.args = args
+        self.log_path = log_path
+        self.metrics_port = free_port(socket.SOCK_STREAM)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "RelayProcess":
+        cmd = [sys.executable, "-m", "voiceedge", "relay", *self.args,
+               "--metrics", f"127.0.0.1:{self.metrics_port}", "--cpus", "none"]
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=REPO)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"relay exited: {self.log_path.read_text()}")
+            try:
+                self.metrics()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("relay did not start")
+
+    def metrics_by_worker(self) -> dict[str, dict[str, float]]:
+        """{counter: {worker: value}}, names without the voiceedge_relay_ prefix and _total."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=2).read().decode()
+        out: dict[str, dict[str, float]] = {}
+        for line in text.splitlines():
+            if not line.startswith("voiceedge_relay_"):
+                continue
+            name, rest = line.split("{", 1)
+            worker = rest.split('worker="', 1)[1].split('"', 1)[0]
+            name = name.removeprefix("voiceedge_relay_").removesuffix("_total")
+            out.setdefault(name, {})[worker] = float(line.rsplit(" ", 1)[1])
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """Counters summed over workers."""
+        return {name: sum(v.values()) for name, v in self.metrics_by_worker().items()}
+
+    def wait_for(self, predicate, timeout: float = 5.0) -> dict[str, float]:
+        """Poll the counters until ``predicate(counters)`` holds; return them."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            if predicate(m):
+                return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"counters never matched: {m}")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        """SIGKILL the relay and its workers: a crash, nothing flushed."""
+        if self.proc is not None:
+            subprocess.run(["pkill", "-KILL", "-P", str(self.proc.pid)], check=False)
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+            self.proc = None
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+@pytest.fixture
+def relay_factory(tmp_path):
+    started: list[RelayProcess] = []
+
+    def make(args: list[str]) -> RelayProcess:
+        relay = RelayProcess(args, tmp_path / f"relay-{len(started)}.log")
+        started.append(relay)
+        return relay.start()
+
+    yield make
+    for relay in started:
+        relay.stop()

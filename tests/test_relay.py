@@ -1,0 +1,319 @@
+"""The relay as a real process on loopback: routing, opaque forwarding, drops, Redis recovery.
+
+Next hops are plain UDP sockets standing in for cluster relays / transceivers; they read the
+hop header the relay puts in front of every datagram.
+"""
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from services.wire import hop
+from services.wire.stun import binding_request
+from services.wire.ufrag import UfragCodec, secret_from_env
+from tests.conftest import REPO, free_port
+
+CODEC = UfragCodec(secret_from_env(None))  # the relay's default secret
+RTP = b"\x80\x6f" + bytes(170)           # an RTP-looking datagram
+DTLS = b"\x16\xfe\xfd" + bytes(90)        # a DTLS-looking datagram (handshake record)
+
+
+def udp(timeout: float = 1.0) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    s.settimeout(timeout)
+    return s
+
+
+def stun_for(cluster: int, transceiver: int = 1) -> bytes:
+    return binding_request(f"{CODEC.encode(cluster, transceiver)}:cli1".encode())
+
+
+def recv_hop(sock: socket.socket) -> tuple[hop.HopHeader, bytes, tuple[str, int]]:
+    data, src = sock.recvfrom(65535)
+    header, payload = hop.decode(data)
+    return header, bytes(payload), src
+
+
+def nothing_arrives(sock: socket.socket, wait: float = 0.3) -> bool:
+    sock.settimeout(wait)
+    try:
+        sock.recvfrom(65535)
+        return False
+    except TimeoutError:
+        return True
+
+
+@pytest.fixture
+def world(tmp_path, relay_factory):
+    """Two fake cluster relays and a factory for an ingress relay routing to them."""
+    hops = {1: udp(), 2: udp()}
+    routes = tmp_path / "routes.toml"
+    routes.write_text("[routes]\n" + "".join(
+        f'{c} = "127.0.0.1:{s.getsockname()[1]}"\n' for c, s in hops.items()))
+    port = free_port()
+
+    def start(*extra: str):
+        return relay_factory(["--tier", "ingress", "--routes", str(routes), "--listen",
+                              "127.0.0.1", "--port", str(port), "--hop-bind", "127.0.0.1",
+                              *extra])
+
+    yield {"hops": hops, "vip": ("127.0.0.1", port), "start": start, "routes": routes}
+    for s in hops.values():
+        s.close()
+
+
+def test_stun_creates_a_flow_to_the_right_next_hop_and_media_follows(world):
+    relay = world["start"]()
+    client = udp()
+    client.sendto(stun_for(2), world["vip"])
+    header, payload, _ = recv_hop(world["hops"][2])
+    assert header.client == client.getsockname() and header.direction == hop.TO_SERVER
+    assert payload[:2] == b"\x00\x01"  # the binding request itself, unchanged
+    for datagram in (DTLS, RTP, RTP):
+        client.sendto(datagram, world["vip"])
+        header, payload, _ = recv_hop(world["hops"][2])
+        assert payload == datagram and header.client == client.getsockname()
+    assert nothing_arrives(world["hops"][1], 0.1)
+    m = relay.wait_for(lambda m: m["packets_to_server"] == 4)
+    assert m["flows_created"] == 1 and m["flows_active"] == 1
+    assert m["bytes_to_server"] == len(stun_for(2)) + len(DTLS) + 2 * len(RTP)
+    assert '"event": "flow_created"' in relay.log()
+
+
+def test_two_clients_two_clusters(world):
+    world["start"]()
+    a, b = udp(), udp()
+    a.sendto(stun_for(1), world["vip"])
+    b.sendto(stun_for(2, 9), world["vip"])
+    assert recv_hop(world["hops"][1])[0].client == a.getsockname()
+    assert recv_hop(world["hops"][2])[0].client == b.getsockname()
+    b.sendto(RTP, world["vip"])
+    a.sendto(DTLS, world["vip"])
+    assert recv_hop(world["hops"][2])[1] == RTP
+    assert recv_hop(world["hops"][1])[1] == DTLS
+
+
+def test_return_traffic_reaches_only_clients_with_a_flow(world):
+    relay = world["start"]()
+    client, stranger = udp(), udp()
+    client.sendto(stun_for(1), world["vip"])
+    _, _, relay_hop_addr = recv_hop(world["hops"][1])
+    answer = hop.encode(client.getsockname(), hop.TO_CLIENT) + b"\x80answer"
+    world["hops"][1].sendto(answer, relay_hop_addr)
+    data, src = client.recvfrom(2048)
+    assert data == b"\x80answer" and src == world["vip"]  # from the public port, header gone
+    # A client without a flow: never reflected to it.
+    world["hops"][1].sendto(hop.encode(stranger.getsockname(), hop.TO_CLIENT) + b"x",
+                            relay_hop_addr)
+    # The right client, but from a socket that is not the flow's next hop.
+    world["hops"][2].sendto(answer, relay_hop_addr)
+    # No hop header at all.
+    world["hops"][1].sendto(b"\x80no header", relay_hop_addr)
+    assert nothing_arrives(stranger) and nothing_arrives(client)
+    m = relay.wait_for(lambda m: m["drops_return_no_flow"] == 1
+                       and m["drops_return_wrong_source"] == 1 and m["drops_bad_hop_header"] == 1)
+    assert m["packets_to_client"] == 1 and m["bytes_to_client"] == len(b"\x80answer")
+
+
+def test_bad_first_packets_are_dropped_and_counted_and_the_relay_keeps_running(world):
+    relay = world["start"]()
+    vip = world["vip"]
+    forged = udp()
+    good = CODEC.encode(1, 1)
+    flipped = good[:5] + ("A" if good[5] != "A" else "B") + good[6:]
+    forged.sendto(binding_request(f"{flipped}:x".encode()), vip)             # forged hint
+    forged.sendto(binding_request(b"notaroutingufrag:x"), vip)               # not ours at all
+    forged.sendto(stun_for(1)[:30], vip)                                     # truncated STUN
+    overrun = bytearray(stun_for(1))
+    overrun[22:24] = (200).to_bytes(2, "big")                                # attribute past end
+    forged.sendto(bytes(overrun), vip)
+    no_user = bytearray(stun_for(1)[:20])
+    no_user[2:4] = b"\x00\x00"
+    forged.sendto(bytes(no_user), vip)                                       # no USERNAME
+    forged.sendto(b"\xc8" + random.Random(1).randbytes(300), vip)            # random bytes
+    forged.sendto(RTP, vip)                                                  # media, no flow
+    forged.sendto(stun_for(3), vip)                                          # no route for cluster 3
+    big = udp()
+    big.sendto(b"\x00\x01" + bytes(65000), vip)                              # 64 KiB datagram
+    m = relay.wait_for(lambda m: sum(v for k, v in m.items() if k.startswith("drops_")) >= 9)
+    assert m["drops_bad_ufrag"] == 2
+    assert m["drops_stun_malformed"] == 2
+    assert m["drops_stun_no_username"] == 1
+    assert m["drops_unknown_not_stun"] == 2
+    assert m["drops_no_route"] == 1
+    assert m["drops_oversize"] == 1
+    assert m["flows_created"] == 0
+    assert all(nothing_arrives(s, 0.1) for s in world["hops"].values())
+    # Still alive and routing.
+    client = udp()
+    client.sendto(stun_for(1), vip)
+    assert recv_hop(world["hops"][1])[0].client == client.getsockname()
+
+
+def test_random_first_bytes_are_dropped_by_reason(world):
+    relay = world["start"]()
+    s = udp()
+    s.sendto(b"\x80" + os.urandom(100), world["vip"])  # RTP range, no flow
+    s.sendto(b"\x17" + os.urandom(100), world["vip"])  # DTLS range, no flow
+    s.sendto(b"\x02" + os.urandom(100), world["vip"])  # STUN range, garbage
+    m = relay.wait_for(lambda m: m["drops_unknown_not_stun"] == 2 and m["drops_stun_malformed"] == 1)
+    assert m["flows_created"] == 0
+
+
+def test_flow_table_cap(world):
+    relay = world["start"]("--max-flows", "2")
+    clients = [udp() for _ in range(3)]
+    for c in clients:
+        c.sendto(stun_for(1), world["vip"])
+    for _ in range(2):
+        recv_hop(world["hops"][1])
+    assert nothing_arrives(world["hops"][1])
+    m = relay.wait_for(lambda m: m["drops_flow_table_full"] == 1)
+    assert m["flows_active"] == 2
+
+
+def test_idle_flows_expire_and_then_get_no_return_traffic(world):
+    relay = world["start"]("--idle-timeout", "0.5")
+    client = udp()
+    client.sendto(stun_for(1), world["vip"])
+    _, _, relay_hop_addr = recv_hop(world["hops"][1])
+    relay.wait_for(lambda m: m["flows_expired"] == 1 and m["flows_active"] == 0, timeout=5)
+    assert '"event": "flow_expired"' in relay.log()
+    world["hops"][1].sendto(hop.encode(client.getsockname(), hop.TO_CLIENT) + b"late",
+                            relay_hop_addr)
+    assert nothing_arrives(client)
+    client.sendto(RTP, world["vip"])  # media after expiry, no Redis: dropped
+    relay.wait_for(lambda m: m["drops_unknown_not_stun"] == 1 and m["drops_return_no_flow"] == 1)
+
+
+def test_restarted_relay_recovers_flows_from_redis_before_any_new_stun(world, redis_server):
+    args = ("--redis", redis_server.url, "--relay-id", "ingress-test")
+    relay = world["start"](*args)
+    client = udp()
+    client.sendto(stun_for(2), world["vip"])
+    recv_hop(world["hops"][2])
+    relay.wait_for(lambda m: m["redis_writes"] == 1)
+    relay.kill()  # a crash: the new process starts with an empty flow table
+    relay = world["start"](*args)
+    client.sendto(RTP, world["vip"])  # media only; no STUN is sent after the restart
+    header, payload, relay_hop_addr = recv_hop(world["hops"][2])
+    assert payload == RTP and header.client == client.getsockname()
+    m = relay.wait_for(lambda m: m["flows_recovered"] == 1)
+    assert m["flows_created"] == 0 and m["redis_hits"] == 1
+    # The recovered flow also carries the return path.
+    world["hops"][2].sendto(hop.encode(client.getsockname(), hop.TO_CLIENT) + b"back",
+                            relay_hop_addr)
+    assert client.recvfrom(100)[0] == b"back"
+
+
+def test_unknown_media_is_looked_up_once_and_then_negatively_cached(world, redis_server):
+    relay = world["start"]("--redis", redis_server.url)
+    s = udp()
+    for _ in range(5):
+        s.sendto(RTP, world["vip"])
+    m = relay.wait_for(lambda m: m["drops_unknown_not_stun"] == 5)
+    assert m["redis_lookups"] == 1 and m["redis_hits"] == 0
+
+
+def test_forwarding_continues_when_redis_goes_away(world, redis_server):
+    relay = world["start"]("--redis", redis_server.url)
+    old = udp()
+    old.sendto(stun_for(1), world["vip"])
+    recv_hop(world["hops"][1])
+    relay.wait_for(lambda m: m["redis_writes"] == 1 and m["redis_up"] == 1)
+    redis_server.stop()
+    old.sendto(RTP, world["vip"])
+    assert recv_hop(world["hops"][1])[1] == RTP  # existing flow: from memory
+    new = udp()
+    new.sendto(stun_for(2), world["vip"])
+    assert recv_hop(world["hops"][2])[0].client == new.getsockname()  # new flow: from the ufrag
+    new.sendto(RTP, world["vip"])
+    assert recv_hop(world["hops"][2])[1] == RTP
+    m = relay.wait_for(lambda m: m["redis_up"] == 0 and m["redis_writes_dropped"] >= 1)
+    assert m["redis_errors"] >= 1 and m["flows_active"] == 2
+    assert '"event": "redis_down"' in relay.log()
+
+
+def test_two_tier_chain_ingress_cluster_transceiver(tmp_path, relay_factory):
+    """client -> ingress relay -> cluster relay -> transceiver, and the answer back."""
+    transceiver = udp()
+    cluster_port, cluster_internal, ingress_port = free_port(), free_port(), free_port()
+    cluster_routes = tmp_path / "cluster.toml"
+    cluster_routes.write_text(
+        f'cluster_id = 4\n[routes]\n7 = "127.0.0.1:{transceiver.getsockname()[1]}"\n')
+    ingress_routes = tmp_path / "ingress.toml"
+    ingress_routes.write_text(f'[routes]\n4 = "127.0.0.1:{cluster_internal}"\n')
+    cluster = relay_factory(["--tier", "cluster", "--routes", str(cluster_routes), "--listen",
+                             "127.0.0.1", "--port", str(cluster_port), "--internal",
+                             f"127.0.0.1:{cluster_internal}", "--hop-bind", "127.0.0.1"])
+    ingress = relay_factory(["--tier", "ingress", "--routes", str(ingress_routes), "--listen",
+                             "127.0.0.1", "--port", str(ingress_port), "--hop-bind", "127.0.0.1"])
+    client = udp()
+    client.sendto(stun_for(4, 7), ("127.0.0.1", ingress_port))
+    header, payload, cluster_hop = recv_hop(transceiver)
+    assert header.client == client.getsockname() and payload[:2] == b"\x00\x01"
+    client.sendto(RTP, ("127.0.0.1", ingress_port))
+    assert recv_hop(transceiver)[1] == RTP
+    transceiver.sendto(hop.encode(client.getsockname(), hop.TO_CLIENT) + b"\x80hello", cluster_hop)
+    data, src = client.recvfrom(100)
+    assert data == b"\x80hello" and src == ("127.0.0.1", ingress_port)
+    # A hint for another cluster is refused by the cluster tier.
+    client2 = udp()
+    client2.sendto(stun_for(5, 7), ("127.0.0.1", cluster_port))
+    cluster.wait_for(lambda m: m["drops_no_route"] == 1)
+    c, i = cluster.metrics(), ingress.metrics()
+    assert c["packets_to_server"] == 2 and c["packets_to_client"] == 1
+    assert i["packets_to_server"] == 2 and i["packets_to_client"] == 1
+
+
+def test_two_workers_share_the_port_and_forward_every_flow(world):
+    relay = world["start"]("--workers", "2")
+    clients = [udp() for _ in range(40)]
+    for c in clients:
+        c.sendto(stun_for(1), world["vip"])
+    seen = {recv_hop(world["hops"][1])[0].client for _ in clients}
+    assert seen == {c.getsockname() for c in clients}
+    for c in clients:
+        c.sendto(RTP, world["vip"])
+    assert {recv_hop(world["hops"][1])[0].client for _ in clients} == seen
+    relay.wait_for(lambda m: m["flows_active"] == 40)
+    per_worker = relay.metrics_by_worker()["flows_active"]
+    assert len(per_worker) == 2 and all(n > 0 for n in per_worker.values())  # both took flows
+    raw = subprocess.run(["ss", "-uanp"], capture_output=True, text=True).stdout
+    port = f":{world['vip'][1]} "
+    assert sum(1 for line in raw.splitlines() if port in line) == 2  # one socket per worker
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tier", "ingress", "--routes", "/nonexistent.toml"], "does not exist"),
+    (["--tier", "cluster", "--routes", "ROUTES"], "needs cluster_id"),
+    (["--tier", "ingress", "--routes", "ROUTES", "--port", "70000"], "not a UDP port"),
+    (["--tier", "ingress", "--routes", "ROUTES", "--cpus", "x"], "not a list"),
+])
+def test_cli_errors_are_one_clear_line(tmp_path, args, message):
+    routes = tmp_path / "routes.toml"
+    routes.write_text('[routes]\n1 = "127.0.0.1:9"\n')
+    args = [str(routes) if a == "ROUTES" else a for a in args]
+    proc = subprocess.run([sys.executable, "-m", "voiceedge", "relay", *args],
+                          capture_output=True, text=True, cwd=REPO, timeout=30)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_busy_port_is_a_clear_error(tmp_path):
+    routes = tmp_path / "routes.toml"
+    routes.write_text('[routes]\n1 = "127.0.0.1:9"\n')
+    holder = udp()  # no SO_REUSEPORT: the relay cannot share this port
+    proc = subprocess.run(
+        [sys.executable, "-m", "voiceedge", "relay", "--tier", "ingress", "--routes", str(routes),
+         "--listen", "127.0.0.1", "--port", str(holder.getsockname()[1]), "--metrics", "none"],
+        capture_output=True, text=True, cwd=REPO, timeout=30)
+    assert proc.returncode == 2
+    assert "cannot open the relay's sockets" in proc.stderr and "Traceback" not in proc.stderr

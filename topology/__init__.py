@@ -1,0 +1,1 @@
+"""Emulated regions: regions data, address plan, Mininet builder, impairment, calibration."""

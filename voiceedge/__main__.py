@@ -1,0 +1,3 @@
+from voiceedge.cli import main
+
+raise SystemExit(main())

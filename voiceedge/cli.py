@@ -1,0 +1,60 @@
+"""The one command line: ``voiceedge <command> ...``.
+
+Each command lives next to what it drives; this module only assembles them and turns expected
+failures (bad input, a busy port, a missing file) into one clear line and a non-zero exit.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from voiceedge import __version__
+
+
+class UserError(Exception):
+    """An error the user can fix; printed as one line, exit status 2."""
+
+
+def _scenario(args: argparse.Namespace) -> int:
+    print(f"voiceedge scenario: scenarios are not built yet (region {args.region!r}); "
+          "see the scenarios issue. Nothing was run.", file=sys.stderr)
+    return 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from services.relay import cli as relay_cli
+    from bench import relay as relay_bench
+
+    parser = argparse.ArgumentParser(
+        prog="voiceedge",
+        description="Testbed for a geo-steered WebRTC edge for voice AI.")
+    parser.add_argument("--version", action="version", version=f"voiceedge {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    relay_cli.add_parser(sub)
+
+    bench = sub.add_parser("bench", help="benchmarks of the testbed's own parts")
+    bench_sub = bench.add_subparsers(dest="target", metavar="TARGET", required=True)
+    relay_bench.add_parser(bench_sub)
+
+    scenario = sub.add_parser("scenario", help="run a scenario (not built yet)")
+    scenario.add_argument("--region", default="apac", help="client region or group (default apac)")
+    scenario.set_defaults(func=_scenario)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(message)s", stream=sys.stderr)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"voiceedge {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"voiceedge {args.command}: interrupted", file=sys.stderr)
+        return 130
