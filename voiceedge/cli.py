@@ -23,8 +23,13 @@ def _scenario(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from services.relay import cli as relay_cli
     from bench import relay as relay_bench
+    from scenarios import demo_edge
+    from services.agent import cli as agent_cli
+    from services.client import cli as client_cli
+    from services.relay import cli as relay_cli
+    from services.signaling import cli as signaling_cli
+    from services.transceiver import cli as transceiver_cli
 
     parser = argparse.ArgumentParser(
         prog="voiceedge",
@@ -34,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     relay_cli.add_parser(sub)
+    transceiver_cli.add_parser(sub)
+    signaling_cli.add_parser(sub)
+    agent_cli.add_parser(sub)
+    client_cli.add_parser(sub)
+    demo_edge.add_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks of the testbed's own parts")
     bench_sub = bench.add_subparsers(dest="target", metavar="TARGET", required=True)
@@ -50,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(message)s", stream=sys.stderr)
+    if not args.verbose:  # the WebRTC stack logs every ICE check at INFO
+        for name in ("aioice", "aiortc"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except UserError as exc:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from services.relay.config import ConfigError, RelayConfig, RouteTable, parse_hostport
+from services.config import ConfigError, parse_hostport
+from services.relay.config import RelayConfig, RouteTable
 from services.wire.ufrag import secret_from_env
 
 

@@ -5,23 +5,9 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.config import ConfigError, parse_hostport
+
 TIERS = ("ingress", "cluster")
-
-
-class ConfigError(ValueError):
-    """A relay configuration that cannot run; the message says what to fix."""
-
-
-def parse_hostport(text: str, what: str = "address") -> tuple[str, int]:
-    """'1.2.3.4:5', '[::1]:5' -> (host, port)."""
-    text = text.strip()
-    if text.startswith("["):
-        host, sep, port = text[1:].partition("]:")
-    else:
-        host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{what} {text!r} is not HOST:PORT")
-    return host, int(port)
 
 
 @dataclass(frozen=True)

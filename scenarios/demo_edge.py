@@ -1,0 +1,297 @@
+"""``voiceedge demo edge``: the whole edge on one host, with real clients through it.
+
+Everything runs in a lab network namespace (topology/netns.py): Redis, a relay (its VIP is the
+answers' only candidate), one transceiver, the echo agent and signaling, as separate processes;
+then N concurrent aiortc client sessions. ``--mode port-per-session`` runs the baseline
+instead: no relay, no Redis, a UDP port per session advertised directly.
+"""
+from __future__ import annotations
+
+import asyncio
+import glob
+import json
+import statistics
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from scenarios.processes import ServiceProcess, http_ok, redis_cmd, tcp_open, voiceedge_cmd
+from services.client.config import ClientConfig
+from services.client.runner import run_sessions
+from services.transceiver.ice import MODES, SHARED
+from topology.netns import in_namespace, lab_namespace
+
+VIP_PORT, MEDIA_PORT = 3478, 3480
+AGENT, SIGNALING, CONTROL, REDIS, RELAY_METRICS = 18800, 18080, 18900, 16379, 19478
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    sessions: int = 20
+    mode: str = SHARED
+    duration_s: float = 5.0
+    start_rate: float = 20.0
+    concurrency: int | None = None  # 1: sessions one at a time
+    workdir: Path | None = None
+
+
+@dataclass
+class DemoResult:
+    mode: str
+    sessions: int
+    ok: int
+    failed: int
+    failures: dict[str, int]
+    setup_ms_p50: float | None
+    setup_ms_p95: float | None
+    first_ice_rtt_ms_p50: float | None
+    first_ice_rtt_ms_p95: float | None
+    signaling_ms_p50: float | None
+    first_audio_ms_p50: float | None
+    echo_verified: int
+    datachannel_verified: int
+    transceiver_udp_sockets: int | None
+    transceiver_cpu_ms_per_session_second: float | None
+    relay: dict = field(default_factory=dict)
+    logs: str = ""
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return round(values[0], 1)
+    return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1], 1)
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=2) as r:
+        return json.loads(r.read())
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time of every thread of ``pid`` (scheduler-measured)."""
+    total = 0
+    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            with open(path) as f:
+                total += int(f.read().split()[0])
+        except OSError:
+            pass
+    return total / 1e9
+
+
+def run_demo(config: DemoConfig, say=lambda msg: None) -> DemoResult:
+    if config.mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}")
+    if config.sessions < 1:
+        raise ValueError("sessions must be at least 1")
+    workdir = config.workdir or Path(tempfile.mkdtemp(prefix="voiceedge-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    with lab_namespace("vedemo") as ns:
+        return in_namespace(ns.name, asyncio.run, _demo(config, ns.addresses[0], workdir, say))
+
+
+async def _demo(cfg: DemoConfig, edge: str, workdir: Path, say) -> DemoResult:
+    shared = cfg.mode == SHARED
+    services: list[ServiceProcess] = []
+    loop = asyncio.get_running_loop()
+
+    def start(name: str, cmd: list[str], ready) -> ServiceProcess:
+        proc = ServiceProcess(name, cmd, workdir / f"{name}.log").start()
+        services.append(proc)
+        return proc.wait_ready(ready)
+
+    try:
+        say(f"starting services ({cfg.mode}) in {workdir}")
+        await loop.run_in_executor(None, lambda: start(
+            "agent", voiceedge_cmd("agent", "--listen", "127.0.0.1", "--port", str(AGENT)),
+            lambda: tcp_open("127.0.0.1", AGENT)))
+        transceiver_args = ["transceiver", "--cluster", "1", "--id", "1", "--mode", cfg.mode,
+                            "--control", f"127.0.0.1:{CONTROL}", "--agent",
+                            f"ws://127.0.0.1:{AGENT}", "--max-sessions",
+                            str(max(200, cfg.sessions))]
+        if shared:
+            routes = workdir / "relay-routes.toml"
+            routes.write_text(f'cluster_id = 1\n[routes]\n1 = "{edge}:{MEDIA_PORT}"\n')
+            await loop.run_in_executor(None, lambda: start(
+                "redis", redis_cmd("127.0.0.1", REDIS, workdir),
+                lambda: tcp_open("127.0.0.1", REDIS)))
+            await loop.run_in_executor(None, lambda: start(
+                "relay", voiceedge_cmd(
+                    "relay", "--tier", "cluster", "--routes", str(routes), "--listen", edge,
+                    "--port", str(VIP_PORT), "--internal", f"{edge}:{VIP_PORT + 1}",
+                    "--hop-bind", edge, "--redis", f"redis://127.0.0.1:{REDIS}/0",
+                    "--relay-id", "demo-cluster-1", "--metrics", f"127.0.0.1:{RELAY_METRICS}",
+                    "--cpus", "none"),
+                lambda: http_ok(f"http://127.0.0.1:{RELAY_METRICS}/metrics")))
+            transceiver_args += ["--media", f"{edge}:{MEDIA_PORT}",
+                                 "--advertise", f"{edge}:{VIP_PORT}"]
+        else:
+            transceiver_args += ["--media", f"{edge}:0"]
+        transceiver = await loop.run_in_executor(None, lambda: start(
+            "transceiver", voiceedge_cmd(*transceiver_args),
+            lambda: http_ok(f"http://127.0.0.1:{CONTROL}/status")))
+        await loop.run_in_executor(None, lambda: start(
+            "signaling", voiceedge_cmd("signaling", "--listen", f"127.0.0.1:{SIGNALING}",
+                                       "--transceiver", f"http://127.0.0.1:{CONTROL}"),
+            lambda: http_ok(f"http://127.0.0.1:{SIGNALING}/healthz")))
+
+        say(f"{cfg.sessions} client sessions, {cfg.duration_s:g} s calls")
+        client = ClientConfig(url=f"http://127.0.0.1:{SIGNALING}/v1/calls",
+                              duration_s=cfg.duration_s, start_rate=cfg.start_rate,
+                              concurrency=cfg.concurrency)
+        watch = asyncio.create_task(_watch_transceiver(transceiver.pid, cfg))
+        if cfg.concurrency is not None and cfg.concurrency < cfg.sessions:
+            watch.cancel()  # sessions never all live at once: no CPU-per-session window
+        results = await run_sessions(client, cfg.sessions,
+                                     results_path=workdir / "sessions.jsonl",
+                                     samples_path=workdir / "samples.jsonl")
+        try:
+            status, cpu_ms = await watch
+        except asyncio.CancelledError:
+            status, cpu_ms = await loop.run_in_executor(
+                None, _get_json, f"http://127.0.0.1:{CONTROL}/status"), None
+        relay = {}
+        if shared:
+            relay = _relay_counters(f"http://127.0.0.1:{RELAY_METRICS}/metrics")
+    finally:
+        for proc in reversed(services):
+            proc.stop()
+
+    ok = [r for r in results if r.ok]
+    failures: dict[str, int] = {}
+    for r in results:
+        if not r.ok:
+            failures[r.error or "unknown"] = failures.get(r.error or "unknown", 0) + 1
+    values = lambda name: [getattr(r, name) for r in ok if getattr(r, name) is not None]  # noqa: E731
+    return DemoResult(
+        mode=cfg.mode, sessions=cfg.sessions, ok=len(ok), failed=len(results) - len(ok),
+        failures=failures,
+        setup_ms_p50=_pct(values("setup_ms"), 50), setup_ms_p95=_pct(values("setup_ms"), 95),
+        first_ice_rtt_ms_p50=_pct(values("first_ice_rtt_ms"), 50),
+        first_ice_rtt_ms_p95=_pct(values("first_ice_rtt_ms"), 95),
+        signaling_ms_p50=_pct(values("signaling_ms"), 50),
+        first_audio_ms_p50=_pct(values("first_audio_ms"), 50),
+        echo_verified=sum(1 for r in ok if r.echo_verified),
+        datachannel_verified=sum(1 for r in ok if r.datachannel_verified),
+        transceiver_udp_sockets=status.get("udp_sockets") if status else None,
+        transceiver_cpu_ms_per_session_second=cpu_ms, relay=relay, logs=str(workdir))
+
+
+async def _watch_transceiver(pid: int, cfg: DemoConfig) -> tuple[dict, float | None]:
+    """Wait until every session is live, then read the socket count and measure CPU per
+    session-second over the middle of the calls."""
+    url = f"http://127.0.0.1:{CONTROL}/status"
+    loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + cfg.sessions / cfg.start_rate + 15
+    status: dict = {}
+    while time.monotonic() < deadline:
+        status = await loop.run_in_executor(None, _get_json, url)
+        connected = sum(1 for s in status["session_details"] if s["state"] == "connected")
+        if connected >= cfg.sessions:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        return status, None
+    window = max(1.0, cfg.duration_s - 2.0)
+    cpu0, t0 = _cpu_seconds(pid), time.monotonic()
+    await asyncio.sleep(window)
+    cpu1, t1 = _cpu_seconds(pid), time.monotonic()
+    status = await loop.run_in_executor(None, _get_json, url)
+    live = status["sessions"]
+    if live < cfg.sessions:
+        return status, None
+    return status, round((cpu1 - cpu0) / (t1 - t0) / live * 1000, 1)
+
+
+def _relay_counters(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=2) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("voiceedge_relay_"):
+            name = line.split("{", 1)[0].removeprefix("voiceedge_relay_").removesuffix("_total")
+            out[name] = out.get(name, 0) + float(line.rsplit(" ", 1)[1])
+    return {k: int(v) for k, v in out.items() if v}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("demo", help="one-host demonstrations")
+    demo_sub = p.add_subparsers(dest="demo", metavar="DEMO", required=True)
+    e = demo_sub.add_parser("edge", help="the edge on one host with N client sessions",
+                            description=__doc__.split("\n\n")[0])
+    d = DemoConfig()
+    e.add_argument("--sessions", type=int, default=d.sessions, help=f"(default {d.sessions})")
+    e.add_argument("--mode", choices=MODES, default=d.mode,
+                   help="shared: relay + one socket; port-per-session: the baseline")
+    e.add_argument("--duration", type=float, default=d.duration_s, help="call seconds")
+    e.add_argument("--rate", type=float, default=d.start_rate, help="sessions started per second")
+    e.add_argument("--concurrency", type=int, metavar="N",
+                   help="at most N sessions at once (1: one at a time; default: all)")
+    e.add_argument("--workdir", type=Path, help="where logs and JSON lines go (default: a temp dir)")
+    e.add_argument("--json", action="store_true", help="print only JSON")
+    e.set_defaults(func=_main)
+
+
+def _main(args) -> int:
+    from voiceedge.cli import UserError
+
+    if args.sessions < 1 or args.duration <= 0 or args.rate <= 0 or (
+            args.concurrency is not None and args.concurrency < 1):
+        raise UserError("--sessions, --duration, --rate and --concurrency must be positive")
+    cfg = DemoConfig(sessions=args.sessions, mode=args.mode, duration_s=args.duration,
+                     start_rate=args.rate, concurrency=args.concurrency, workdir=args.workdir)
+    if args.json:
+        say = lambda msg: None  # noqa: E731
+    else:
+        from rich.console import Console
+        console = Console(stderr=True)
+        say = lambda msg: console.print(f"[dim]… {msg}[/dim]")  # noqa: E731
+    try:
+        result = run_demo(cfg, say)
+    except Exception as exc:  # a service that would not start, no root, ...
+        from scenarios.processes import ServiceError
+        from topology.netns import NetnsError
+        if isinstance(exc, (ServiceError, NetnsError, ValueError)):
+            raise UserError(str(exc)) from None
+        raise
+    if args.json:
+        print(json.dumps(asdict(result), indent=2))
+    else:
+        _print(result)
+    return 0 if result.failed == 0 else 1
+
+
+def _print(r: DemoResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"demo edge: {r.sessions} sessions, {r.mode}", show_header=False)
+    table.add_column(justify="left")
+    table.add_column(justify="right")
+    fmt = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
+    rows = [
+        ("sessions ok / failed", f"{r.ok} / {r.failed}"),
+        ("setup_ms p50 / p95", f"{fmt(r.setup_ms_p50)} / {fmt(r.setup_ms_p95)}"),
+        ("first_ice_rtt_ms p50 / p95",
+         f"{fmt(r.first_ice_rtt_ms_p50)} / {fmt(r.first_ice_rtt_ms_p95)}"),
+        ("signaling_ms p50", fmt(r.signaling_ms_p50)),
+        ("first_audio_ms p50", fmt(r.first_audio_ms_p50)),
+        ("audio echo verified", f"{r.echo_verified} / {r.ok}"),
+        ("data-channel echo verified", f"{r.datachannel_verified} / {r.ok}"),
+        ("UDP sockets held by the transceiver", fmt(r.transceiver_udp_sockets)),
+        ("transceiver CPU ms per session-second", fmt(r.transceiver_cpu_ms_per_session_second)),
+    ]
+    if r.relay:
+        rows.append(("relay flows / datagrams forwarded",
+                     f"{r.relay.get('flows_created', 0)} / "
+                     f"{r.relay.get('packets_to_server', 0) + r.relay.get('packets_to_client', 0)}"))
+    for name, count in r.failures.items():
+        rows.append((f"failed: {name}", str(count)))
+    rows.append(("logs and JSON lines", r.logs))
+    for row in rows:
+        table.add_row(*row)
+    Console(width=max(Console().width, 100)).print(table)

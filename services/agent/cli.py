@@ -1,0 +1,67 @@
+"""``voiceedge agent``: run the backend voice agent."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from services.agent.config import MODES, AgentConfig, ConfigError
+
+
+def add_parser(sub) -> None:
+    defaults = AgentConfig()
+    p = sub.add_parser("agent", help="run the backend voice agent (WebSocket, behind transceivers)",
+                       description="Run the backend voice agent: one WebSocket per call session "
+                                   "(docs/agent-protocol.md), /healthz and /metrics on the same port.")
+    p.add_argument("--listen", default="0.0.0.0", metavar="HOST", help="address (default 0.0.0.0)")
+    p.add_argument("--port", type=int, default=defaults.port,
+                   help=f"TCP port (default {defaults.port}; 0 for any free port)")
+    p.add_argument("--mode", choices=MODES, default=defaults.mode,
+                   help="echo: every frame straight back; reply: a tone when the caller stops "
+                        f"speaking (default {defaults.mode})")
+    p.add_argument("--vad-threshold", type=float, default=defaults.vad_threshold_dbfs,
+                   metavar="DBFS", help=f"speech level (default {defaults.vad_threshold_dbfs})")
+    p.add_argument("--vad-start-ms", type=int, default=defaults.vad_start_ms,
+                   help=f"voiced audio before speech starts (default {defaults.vad_start_ms})")
+    p.add_argument("--hangover-ms", type=int, default=defaults.hangover_ms,
+                   help=f"silence before speech stops (default {defaults.hangover_ms})")
+    p.add_argument("--reply-ms", type=int, default=defaults.reply_ms,
+                   help=f"length of the reply tone (default {defaults.reply_ms})")
+    p.add_argument("--reply-freq", type=float, default=defaults.reply_freq_hz, metavar="HZ",
+                   help=f"frequency of the reply tone (default {defaults.reply_freq_hz:g})")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> AgentConfig:
+    from voiceedge.cli import UserError
+
+    try:
+        return AgentConfig(host=args.listen, port=args.port, mode=args.mode,
+                           vad_threshold_dbfs=args.vad_threshold, vad_start_ms=args.vad_start_ms,
+                           hangover_ms=args.hangover_ms, reply_ms=args.reply_ms,
+                           reply_freq_hz=args.reply_freq)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+
+
+async def serve(config: AgentConfig) -> None:
+    """Serve until SIGINT or SIGTERM, then close every session and stop."""
+    from services.agent.server import AgentServer
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with AgentServer(config):
+        await stop.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    from voiceedge.cli import UserError
+
+    config = config_from_args(args)
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:
+        raise UserError(f"cannot listen on {config.host}:{config.port}: {exc}") from None
+    return 0

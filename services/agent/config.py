@@ -1,0 +1,43 @@
+"""The agent's configuration."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODES = ("echo", "reply")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    host: str = "127.0.0.1"
+    port: int = 8790                 # 0: any free port (AgentServer.port tells which)
+    mode: str = "echo"               # echo: frames straight back; reply: VAD + a tone reply
+    vad_threshold_dbfs: float = -45.0
+    vad_start_ms: int = 40           # voiced audio needed before speech_started
+    hangover_ms: int = 300           # silence needed before speech_stopped
+    reply_ms: int = 1000
+    reply_freq_hz: float = 440.0
+    reply_peak_dbfs: float = -12.0
+    heartbeat_s: float | None = 20.0  # WebSocket ping interval; a peer that never pongs is dropped
+    max_event_bytes: int = 1 << 20   # larger messages close the WebSocket (1009)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"port {self.port} is not a TCP port")
+        if self.vad_threshold_dbfs >= 0:
+            raise ConfigError("vad_threshold_dbfs must be below 0 dBFS")
+        if self.vad_start_ms < 0 or self.hangover_ms <= 0 or self.reply_ms <= 0:
+            raise ConfigError("vad_start_ms must be >= 0, hangover_ms and reply_ms positive")
+        if not 0 < self.reply_freq_hz < 24_000:
+            raise ConfigError("reply_freq_hz must be between 0 and 24000 (Nyquist at 48 kHz)")
+        if self.reply_peak_dbfs > 0:
+            raise ConfigError("reply_peak_dbfs must be at most 0 dBFS")
+        if self.heartbeat_s is not None and self.heartbeat_s <= 0:
+            raise ConfigError("heartbeat_s must be positive (or None to disable)")
+        if self.max_event_bytes < 4096:
+            raise ConfigError("max_event_bytes must be at least 4096")

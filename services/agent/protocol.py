@@ -1,0 +1,79 @@
+"""The agent protocol's wire format (docs/agent-protocol.md): session ids, parsing, server events."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from services.agent.pcm import FRAME_BYTES, FRAME_MS, SAMPLE_RATE
+
+SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+AUDIO_FORMAT = {"encoding": "pcm_s16le", "sample_rate": SAMPLE_RATE, "channels": 1,
+                "frame_ms": FRAME_MS, "frame_bytes": FRAME_BYTES}
+
+# Control events from the transceiver; every other event type is a forwarded client event.
+SESSION_STARTED = "session.started"
+SESSION_ENDED = "session.ended"
+
+
+class BadEvent(ValueError):
+    """A text message that is not one JSON object with a string "type"."""
+
+
+def valid_session_id(session_id: str) -> bool:
+    return SESSION_ID.fullmatch(session_id) is not None
+
+
+def parse_event(text: str) -> dict[str, Any]:
+    try:
+        event = json.loads(text)
+    except ValueError as exc:
+        raise BadEvent(f"not JSON: {exc}") from None
+    if not isinstance(event, dict):
+        raise BadEvent(f"not a JSON object but {type(event).__name__}")
+    kind = event.get("type")
+    if not isinstance(kind, str) or not kind:
+        raise BadEvent('no "type" string')
+    return event
+
+
+def dump(event: dict[str, Any]) -> str:
+    return json.dumps(event, separators=(",", ":"))
+
+
+def error(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "error", "code": code, "message": message, **extra}
+
+
+def session_created(session_id: str, mode: str) -> dict[str, Any]:
+    return {"type": "session.created", "session_id": session_id, "mode": mode,
+            "audio": AUDIO_FORMAT}
+
+
+def echo(event: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "agent.echo", "event": event}
+
+
+def speech_started(audio_ms: int) -> dict[str, Any]:
+    return {"type": "input_audio_buffer.speech_started", "audio_start_ms": audio_ms}
+
+
+def speech_stopped(audio_ms: int) -> dict[str, Any]:
+    return {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": audio_ms}
+
+
+def response_created(response_id: str) -> dict[str, Any]:
+    return {"type": "response.created", "response": {"id": response_id, "status": "in_progress"}}
+
+
+def response_audio_done(response_id: str, frames: int) -> dict[str, Any]:
+    return {"type": "response.audio.done", "response_id": response_id, "frames": frames}
+
+
+def response_done(response_id: str, frames: int, cancelled: bool = False) -> dict[str, Any]:
+    response: dict[str, Any] = {"id": response_id,
+                                "status": "cancelled" if cancelled else "completed",
+                                "frames": frames}
+    if cancelled:
+        response["status_details"] = {"reason": "turn_detected"}
+    return {"type": "response.done", "response": response}

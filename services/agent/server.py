@@ -1,0 +1,182 @@
+"""The agent's HTTP/WebSocket server: one WebSocket per call session, plus health and metrics."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import WSCloseCode, WSMsgType, web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from services.agent import metrics, pcm, protocol
+from services.agent.config import AgentConfig
+from services.agent.session import Session, SessionCounters
+
+log = logging.getLogger("voiceedge.agent")
+
+CLOSE_TIMEOUT = 2.0  # how long a close waits for the peer's answer
+
+
+@dataclass
+class _Open:
+    """An open session and what its handler runs for it."""
+
+    session: Session
+    ws: web.WebSocketResponse
+    pump: asyncio.Task | None = None  # reads the WebSocket, feeds the session
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class AgentServer:
+    """``await start()`` binds and serves; ``await stop()`` closes every session (1001) and the
+    listener. Also an async context manager."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.sessions_total = 0
+        self.port = 0
+        self._open: dict[str, _Open] = {}
+        self._closed = SessionCounters()  # counters of sessions that have ended
+        self._reply = pcm.tone(config.reply_freq_hz, config.reply_ms, config.reply_peak_dbfs)
+        self._registry = metrics.registry_for(self)
+        self._runner: web.AppRunner | None = None
+        self._stopping = False
+
+    @property
+    def sessions(self) -> dict[str, Session]:
+        """The open sessions by id (a snapshot)."""
+        return {session_id: o.session for session_id, o in self._open.items()}
+
+    def totals(self) -> SessionCounters:
+        """Counters summed over every session, ended or open."""
+        total = SessionCounters()
+        total.add(self._closed)
+        for o in self._open.values():
+            total.add(o.session.counters)
+        return total
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/v1/sessions/{session_id}", self._session)
+        app.router.add_get("/v1/sessions", self._list_sessions)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def start(self) -> None:
+        runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=CLOSE_TIMEOUT)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.config.host, self.config.port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.port = runner.addresses[0][1]
+        log.info(json.dumps({"event": "agent_started", "host": self.config.host,
+                             "port": self.port, "mode": self.config.mode}))
+
+    async def stop(self) -> None:
+        if self._runner is None:
+            return
+        self._stopping = True
+        # Each handler closes its own WebSocket once its reader is stopped: aiohttp's close() from
+        # another task while one reads would drop the connection without waiting for the peer.
+        open_now = list(self._open.values())
+        for o in open_now:
+            if o.pump is not None:
+                o.pump.cancel()
+        await asyncio.gather(*(o.finished.wait() for o in open_now))
+        await self._runner.cleanup()
+        self._runner = None
+        log.info(json.dumps({"event": "agent_stopped", "sessions_total": self.sessions_total,
+                             **self.totals().as_dict()}))
+
+    async def __aenter__(self) -> "AgentServer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    async def _session(self, request: web.Request) -> web.StreamResponse:
+        session_id = request.match_info["session_id"]
+        if not protocol.valid_session_id(session_id):
+            return _refuse(400, f"session id must match {protocol.SESSION_ID.pattern}")
+        if self._stopping:
+            return _refuse(503, "agent is stopping")
+        if session_id in self._open:
+            return _refuse(409, f"session {session_id} is already open")
+        # Uncompressed frames are written whole, so the reply task and the reader can both send
+        # without a lock.
+        ws = web.WebSocketResponse(compress=False, heartbeat=self.config.heartbeat_s,
+                                   max_msg_size=self.config.max_event_bytes, timeout=CLOSE_TIMEOUT)
+        if not ws.can_prepare(request).ok:
+            return _refuse(426, "this is a WebSocket endpoint", headers={"Upgrade": "websocket"})
+        # Registered before the first await, so a concurrent duplicate gets 409.
+        o = self._open[session_id] = _Open(Session(session_id, self.config, ws, self._reply), ws)
+        self.sessions_total += 1
+        opened = time.monotonic()
+        try:
+            await ws.prepare(request)
+            log.info(json.dumps({"event": "session_opened", "session": session_id,
+                                 "peer": request.remote}))
+            if not self._stopping:
+                o.pump = asyncio.create_task(self._pump(o), name=f"agent-session-{session_id}")
+                await asyncio.wait([o.pump])
+            if o.pump is None or o.pump.cancelled():  # stop() came first or stopped the reader
+                await ws.close(code=WSCloseCode.GOING_AWAY, message=b"agent stopping")
+        finally:
+            if o.pump is not None and not o.pump.done():
+                o.pump.cancel()
+                await asyncio.wait([o.pump])
+            await o.session.close()
+            del self._open[session_id]
+            self._closed.add(o.session.counters)
+            o.finished.set()
+            log.info(json.dumps({"event": "session_closed", "session": session_id,
+                                 "client": o.session.client, "close_code": ws.close_code,
+                                 "seconds": round(time.monotonic() - opened, 3),
+                                 **o.session.counters.as_dict()}))
+        if o.pump is not None and not o.pump.cancelled() and o.pump.exception() is not None:
+            raise o.pump.exception()
+        return ws
+
+    @staticmethod
+    async def _pump(o: _Open) -> None:
+        ws, session = o.ws, o.session
+        try:
+            async for msg in ws:
+                if msg.type == WSMsgType.BINARY:
+                    await session.on_frame(msg.data)
+                elif msg.type == WSMsgType.TEXT:
+                    await session.on_text(msg.data)
+                elif msg.type == WSMsgType.ERROR:
+                    return
+                if session.ended:
+                    await ws.close(code=WSCloseCode.OK, message=b"session ended")
+                    return
+        except ConnectionError:
+            pass  # the peer went away mid-send
+
+    async def _list_sessions(self, request: web.Request) -> web.Response:
+        return web.json_response({"sessions": [
+            {"session_id": s.id, "started": s.started, "client": s.client,
+             "counters": s.counters.as_dict()} for s in self.sessions.values()]})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "stopping" if self._stopping else "ok",
+                                  "mode": self.config.mode,
+                                  "sessions_active": len(self._open),
+                                  "sessions_total": self.sessions_total},
+                                 status=503 if self._stopping else 200)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(self._registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _refuse(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)

@@ -1,0 +1,42 @@
+"""Configuration of client sessions."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class IceServer:
+    """A STUN or TURN server for the client's ICE agent (none by default)."""
+
+    urls: str
+    username: str | None = None
+    credential: str | None = None
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """What every session of a run does; see ``services/client/session.py``."""
+
+    url: str                              # e.g. http://HOST:PORT/v1/calls
+    duration_s: float = 5.0               # call time after DTLS connected
+    start_rate: float = 10.0              # sessions started per second (run_sessions)
+    concurrency: int | None = None        # at most this many sessions at once; None: no limit
+    ice_servers: tuple[IceServer, ...] = ()
+    setup_timeout_s: float = 10.0         # session start -> DTLS connected, else "setup timeout"
+    signaling_timeout_s: float = 5.0      # the offer POST alone
+    teardown_timeout_s: float = 5.0       # each of DELETE and peer-connection close
+    sample_interval_s: float = 1.0        # per-second media samples
+    echo_skip_ms: float = 200.0           # received audio ignored for the echo check
+    echo_min_rms: float = 0.02            # RMS (full scale 1.0) from which the echo counts
+    tone_hz: float = 440.0
+    headers: dict[str, str] = field(default_factory=dict)  # extra HTTP headers, e.g. Authorization
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r} is not an http(s) URL")
+        for name in ("duration_s", "start_rate", "setup_timeout_s", "signaling_timeout_s",
+                     "teardown_timeout_s", "sample_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")

@@ -1,0 +1,79 @@
+"""What a session measured: one ``SessionResult`` per session, ``MediaSample``s during the call.
+
+Times ending in ``_ms`` that name a moment (``*_connected_ms``, ``setup_ms``, ``first_audio_ms``,
+``offer_ms``) are milliseconds on time.monotonic() since the session started building its peer
+connection; ``signaling_ms`` and ``*_rtt_ms`` are durations. None means not reached or not measured.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class MediaSample:
+    """One sample during the call; counters are cumulative since the first received packet."""
+
+    session: int
+    t_ms: float
+    packets_received: int
+    packets_lost: int
+    jitter_ms: float | None
+    rtt_ms: float | None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+
+@dataclass
+class SessionResult:
+    index: int
+    started_unix: float                   # wall clock at session start, to join with other logs
+    ok: bool = False
+    error: str | None = None
+    stage: str = "setup"                  # where it ended: setup, signaling, connect, call, done
+
+    # timeline
+    offer_ms: float | None = None         # offer POST sent (after ICE gathering)
+    signaling_ms: float | None = None     # POST sent -> answer received (duration)
+    ice_connected_ms: float | None = None
+    setup_ms: float | None = None         # DTLS connected
+    first_audio_ms: float | None = None   # first RTP packet from the server
+    first_ice_rtt_ms: float | None = None
+    datachannel_open_ms: float | None = None
+
+    # media, at the end of the call
+    rtt_ms: float | None = None           # RTCP RR of our sending stream (aiortc's smoothed value)
+    consent_rtt_ms: float | None = None   # last STUN consent check on the selected pair
+    jitter_ms: float | None = None
+    packets_received: int = 0
+    packets_expected: int = 0
+    packets_lost: int = 0
+    loss_pct: float | None = None
+    loss_bursts: list[int] = field(default_factory=list)
+    call_ms: float | None = None          # how long the call actually ran
+
+    # verification
+    echo_rms: float | None = None
+    echo_verified: bool = False
+    datachannel_verified: bool = False
+    events: list[str] = field(default_factory=list)  # types of received data-channel events
+
+    # signaling details
+    http_status: int | None = None
+    session_url: str | None = None
+    delete_status: int | None = None
+    teardown_error: str | None = None
+    ice_pair: str | None = None           # selected pair "local -> remote"
+
+    samples: list[MediaSample] = field(default_factory=list)
+
+    def to_dict(self, with_samples: bool = True) -> dict:
+        d = asdict(self)
+        if not with_samples:
+            del d["samples"]
+        return d
+
+    def to_json(self, with_samples: bool = True) -> str:
+        """One JSON line."""
+        return json.dumps(self.to_dict(with_samples), separators=(",", ":"))

@@ -1,0 +1,76 @@
+"""``voiceedge transceiver``: run a transceiver."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+
+from services.config import ConfigError, parse_hostport
+from services.transceiver import ice
+from services.wire.ufrag import MAX_CLUSTER_ID, MAX_TRANSCEIVER_ID, secret_from_env
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("transceiver", help="run a transceiver (WebRTC sessions, agent bridge)",
+                       description="Terminate ICE, DTLS and SRTP for many sessions on one UDP "
+                                   "socket (or one per session) and bridge them to the agent.")
+    p.add_argument("--cluster", type=int, required=True, help=f"cluster id (0..{MAX_CLUSTER_ID})")
+    p.add_argument("--id", type=int, required=True, dest="transceiver_id",
+                   help=f"transceiver id (0..{MAX_TRANSCEIVER_ID})")
+    p.add_argument("--mode", choices=ice.MODES, default=ice.SHARED,
+                   help="shared: one UDP socket; port-per-session: the traditional design")
+    p.add_argument("--media", default="0.0.0.0:3480", metavar="HOST:PORT",
+                   help="shared socket address; in port-per-session mode only HOST is used")
+    p.add_argument("--advertise", metavar="HOST:PORT",
+                   help="default candidate in answers (e.g. a relay VIP); signaling may pass "
+                        "another per session")
+    p.add_argument("--control", default="127.0.0.1:8900", metavar="HOST:PORT",
+                   help="control API for signaling (default 127.0.0.1:8900)")
+    p.add_argument("--agent", metavar="URL", help="agent base URL, e.g. ws://127.0.0.1:8800")
+    p.add_argument("--max-sessions", type=int, default=200, help="sessions before 503")
+    p.add_argument("--setup-timeout", type=float, default=10.0,
+                   help="seconds for a session to connect before it is closed")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace):
+    from services.transceiver.server import TransceiverConfig
+    from voiceedge.cli import UserError
+
+    try:
+        if not 0 <= args.cluster <= MAX_CLUSTER_ID or not 0 <= args.transceiver_id <= MAX_TRANSCEIVER_ID:
+            raise ConfigError("--cluster or --id out of range")
+        if args.max_sessions < 1 or args.setup_timeout <= 0:
+            raise ConfigError("--max-sessions and --setup-timeout must be positive")
+        media = parse_hostport(args.media, "--media", allow_zero=True)
+        return TransceiverConfig(
+            cluster_id=args.cluster, transceiver_id=args.transceiver_id, mode=args.mode,
+            media_host=media[0], media_port=media[1],
+            advertise=parse_hostport(args.advertise, "--advertise") if args.advertise else None,
+            control=parse_hostport(args.control, "--control"), agent_url=args.agent,
+            secret=secret_from_env(os.environ.get("VOICEEDGE_UFRAG_SECRET")),
+            max_sessions=args.max_sessions, setup_timeout=args.setup_timeout)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.transceiver.server import TransceiverServer
+    from voiceedge.cli import UserError
+
+    config = config_from_args(args)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with TransceiverServer(config):
+            await stop.wait()
+
+    try:
+        asyncio.run(serve())
+    except OSError as exc:
+        raise UserError(f"cannot open the transceiver's sockets: {exc}") from None
+    return 0

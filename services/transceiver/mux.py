@@ -1,0 +1,217 @@
+"""One UDP socket for every session of a transceiver, and the demultiplexer behind it.
+
+Routing of an incoming datagram (after unwrapping a relay's hop header, which tells the real
+client address and the relay to answer through):
+
+- STUN request: by the local ufrag in USERNAME, and only once MESSAGE-INTEGRITY verifies with
+  that session's password. A verified request teaches the mux the client's address (and the
+  relay it came through); an unverified one is dropped without an answer.
+- STUN response: to the session that owns the sender's address (it holds the transaction).
+- Anything else (DTLS, SRTP, SRTCP): to the session that owns the sender's address.
+
+Sending goes only to learned addresses, wrapped in a hop header when the client came through a
+relay. A datagram for an address not learned yet (the session's own checks towards the client's
+signalled candidates) is parked and sent the moment an authenticated check from that address
+arrives, instead of waiting for the 500 ms STUN retransmission.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from aioice import stun
+
+from services.wire import hop
+
+log = logging.getLogger("voiceedge.transceiver")
+
+_PARK_LIMIT = 16     # parked datagrams per session
+_PARK_TTL = 5.0      # seconds a parked datagram waits for its address
+
+
+class MuxPort:
+    """What the mux needs of a session: its ufrag/password and two sinks.
+
+    ``datagram_received`` takes STUN (aioice's StunProtocol, subclassed in ice.py);
+    ``media_received`` takes everything else, which the mux has already told from STUN.
+    """
+
+    ufrag: str
+    password: bytes
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def media_received(self, data: bytes) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+@dataclass
+class MuxCounters:
+    datagrams_in: int = 0
+    datagrams_out: int = 0
+    from_relays: int = 0
+    stun_unknown_ufrag: int = 0
+    stun_unauthenticated: int = 0
+    unknown_address: int = 0
+    bad_hop_header: int = 0
+    parked: int = 0
+    parked_sent: int = 0
+    parked_expired: int = 0
+
+
+@dataclass
+class _Learned:
+    port: MuxPort
+    relay: tuple[str, int] | None  # None: the client reaches this socket directly
+
+
+@dataclass
+class _Parked:
+    items: list[tuple[float, bytes, tuple[str, int]]] = field(default_factory=list)
+
+
+class SharedSocket(asyncio.DatagramProtocol):
+    """The transceiver's single UDP socket. Use ``await SharedSocket.open(host, port)``."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.DatagramTransport | None = None
+        self.counters = MuxCounters()
+        self._by_ufrag: dict[str, MuxPort] = {}
+        self._by_addr: dict[tuple[str, int], _Learned] = {}
+        self._addrs_of: dict[int, set[tuple[str, int]]] = {}  # id(port) -> learned addresses
+        self._parked: dict[int, _Parked] = {}
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> "SharedSocket":
+        loop = asyncio.get_running_loop()
+        _, mux = await loop.create_datagram_endpoint(cls, local_addr=(host, port))
+        return mux
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.transport.get_extra_info("sockname")[:2]
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    # ------------------------------------------------------------ registration
+
+    def register(self, port: MuxPort) -> None:
+        if port.ufrag in self._by_ufrag:
+            raise ValueError(f"ufrag {port.ufrag} is already registered")
+        self._by_ufrag[port.ufrag] = port
+        self._addrs_of[id(port)] = set()
+
+    def unregister(self, port: MuxPort) -> None:
+        self._by_ufrag.pop(port.ufrag, None)
+        for addr in self._addrs_of.pop(id(port), set()):
+            self._by_addr.pop(addr, None)
+        self._parked.pop(id(port), None)
+
+    @property
+    def sessions(self) -> int:
+        return len(self._by_ufrag)
+
+    # ------------------------------------------------------------ receive
+
+    def datagram_received(self, data: bytes, addr: tuple) -> None:
+        self.counters.datagrams_in += 1
+        relay = None
+        if data and data[0] == hop.MAGIC:
+            try:
+                header, payload = hop.decode(data)
+            except hop.HopHeaderError:
+                self.counters.bad_hop_header += 1
+                return
+            if header.direction != hop.TO_SERVER:
+                self.counters.bad_hop_header += 1
+                return
+            self.counters.from_relays += 1
+            relay, client, data = (addr[0], addr[1]), header.client, bytes(payload)
+        else:
+            client = (addr[0], addr[1])
+
+        if data and data[0] < 4:
+            try:
+                message = stun.parse_message(data)
+            except ValueError:
+                message = None
+            if message is not None:
+                self._stun_received(message, data, client, relay)
+                return
+        learned = self._by_addr.get(client)
+        if learned is None:
+            self.counters.unknown_address += 1
+            return
+        if relay is not None:
+            learned.relay = relay  # answers follow the relay that last delivered the client
+        learned.port.media_received(data)
+
+    def _stun_received(self, message: stun.Message, data: bytes, client, relay) -> None:
+        if message.message_class == stun.Class.REQUEST:
+            username = message.attributes.get("USERNAME", "")
+            port = self._by_ufrag.get(username.split(":", 1)[0])
+            if port is None:
+                self.counters.stun_unknown_ufrag += 1
+                return
+            if not message.check_message_integrity(port.password):
+                self.counters.stun_unauthenticated += 1
+                return
+            self._learn(port, client, relay)
+            port.datagram_received(data, client)
+            return
+        learned = self._by_addr.get(client)
+        if learned is None:
+            self.counters.unknown_address += 1
+            return
+        learned.port.datagram_received(data, client)
+
+    def _learn(self, port: MuxPort, client: tuple[str, int], relay) -> None:
+        known = self._by_addr.get(client)
+        if known is not None and known.port is port:
+            known.relay = relay
+            return
+        if known is not None:  # the address moved to another session: forget it there
+            self._addrs_of.get(id(known.port), set()).discard(client)
+        self._by_addr[client] = _Learned(port, relay)
+        self._addrs_of[id(port)].add(client)
+        parked = self._parked.get(id(port))
+        if parked:
+            now, keep = time.monotonic(), []
+            for at, data, addr in parked.items:
+                if addr == client:
+                    self._send(data, client, relay)
+                    self.counters.parked_sent += 1
+                elif now - at < _PARK_TTL:
+                    keep.append((at, data, addr))
+                else:
+                    self.counters.parked_expired += 1
+            parked.items = keep
+
+    # ------------------------------------------------------------ send
+
+    def sendto(self, port: MuxPort, data: bytes, addr: tuple[str, int]) -> None:
+        learned = self._by_addr.get(addr)
+        if learned is not None and learned.port is port:
+            self._send(data, addr, learned.relay)
+            return
+        parked = self._parked.setdefault(id(port), _Parked())
+        if len(parked.items) < _PARK_LIMIT:
+            parked.items.append((time.monotonic(), data, addr))
+            self.counters.parked += 1
+
+    def _send(self, data: bytes, client: tuple[str, int], relay) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.counters.datagrams_out += 1
+        if relay is None:
+            self.transport.sendto(data, client)
+        else:
+            self.transport.sendto(hop.encode(client, hop.TO_CLIENT) + data, relay)

@@ -1,0 +1,252 @@
+"""The transceiver process: sessions on one shared UDP socket (or one per session), and the
+control API that signaling calls.
+
+Control API (HTTP, internal):
+- ``POST /sessions`` with ``Content-Type: application/sdp``, optional query
+  ``candidate=HOST:PORT`` (the address to advertise, e.g. the relay VIP of the client's
+  region; shared mode only): ``201`` with the SDP answer and ``Location: /sessions/{id}``;
+  ``4xx`` with a one-line reason for a bad offer; ``503`` when at capacity.
+- ``DELETE /sessions/{id}``: ``204``, or ``404``.
+- ``GET /status``: JSON (ids, mode, sessions, capacity, UDP sockets held by this process).
+- ``GET /metrics``: Prometheus text.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from services.config import ConfigError, parse_hostport
+from services.transceiver import ice
+from services.transceiver.mux import SharedSocket
+from services.transceiver.session import Session
+from services.wire.sdp import OfferError, check_offer
+from services.wire.ufrag import UfragCodec
+
+log = logging.getLogger("voiceedge.transceiver")
+
+
+@dataclass(frozen=True)
+class TransceiverConfig:
+    cluster_id: int
+    transceiver_id: int
+    mode: str = ice.SHARED
+    media_host: str = "0.0.0.0"                 # shared socket / per-session sockets bind here
+    media_port: int = 0                         # shared mode: the shared socket's port
+    advertise: tuple[str, int] | None = None    # default candidate (shared mode)
+    control: tuple[str, int] = ("127.0.0.1", 8900)
+    agent_url: str | None = None                # ws://host:port of the agent
+    secret: bytes = b"voiceedge-development-secret"
+    max_sessions: int = 200
+    setup_timeout: float = 10.0
+
+
+def udp_sockets_of_this_process() -> int:
+    """UDP sockets (IPv4 and IPv6) this process holds, from /proc."""
+    inodes = set()
+    for fd in os.listdir("/proc/thread-self/fd"):
+        try:
+            target = os.readlink(f"/proc/thread-self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    # thread-self: the namespace of the calling thread (see topology/netns.py).
+    for table in ("/proc/thread-self/net/udp", "/proc/thread-self/net/udp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                count += sum(1 for line in f if line.split()[9] in inodes)
+        except OSError:
+            pass
+    return count
+
+
+class TransceiverServer:
+    """Owns the shared socket, the sessions and the control API. ``async with`` or start/stop."""
+
+    def __init__(self, config: TransceiverConfig) -> None:
+        self.config = config
+        self._codec = UfragCodec(config.secret)
+        self.sessions: dict[str, Session] = {}
+        self.mux: SharedSocket | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self.control_port: int | None = None
+        self.sessions_total = 0
+        self.sessions_refused = 0
+        self._registry = CollectorRegistry()
+        self._registry.register(_Collector(self))
+
+    async def __aenter__(self) -> "TransceiverServer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    @property
+    def media_address(self) -> tuple[str, int] | None:
+        return self.mux.address if self.mux else None
+
+    async def start(self) -> None:
+        ice.install()
+        cfg = self.config
+        if cfg.mode == ice.SHARED:
+            self.mux = await SharedSocket.open(cfg.media_host, cfg.media_port)
+        self._http = aiohttp.ClientSession()
+        app = web.Application(client_max_size=256 * 1024)
+        app.router.add_post("/sessions", self._post_session)
+        app.router.add_delete("/sessions/{id}", self._delete_session)
+        app.router.add_get("/status", self._status)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, cfg.control[0], cfg.control[1])
+        await site.start()
+        self.control_port = site._server.sockets[0].getsockname()[1]
+        log.info(json.dumps({
+            "event": "transceiver_started", "cluster": cfg.cluster_id,
+            "transceiver": cfg.transceiver_id, "mode": cfg.mode,
+            "media": f"{self.media_address[0]}:{self.media_address[1]}" if self.mux else None,
+            "control": f"{cfg.control[0]}:{self.control_port}"}))
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(s.close("transceiver stopping") for s in list(self.sessions.values())),
+                             return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._http is not None:
+            await self._http.close()
+        if self.mux is not None:
+            self.mux.close()
+
+    # ------------------------------------------------------------ sessions
+
+    def _advertise(self, request: web.Request) -> tuple[str, int]:
+        raw = request.query.get("candidate")
+        if raw:
+            try:
+                return parse_hostport(raw, "candidate")
+            except ConfigError as exc:
+                raise OfferError(str(exc)) from None
+        if self.config.advertise:
+            return self.config.advertise
+        host, port = self.mux.address
+        if host in ("0.0.0.0", "::"):
+            raise OfferError("no candidate to advertise: start with --advertise or pass "
+                             "?candidate=HOST:PORT", 500)
+        return host, port
+
+    def _new_plan(self, request: web.Request) -> ice.IcePlan:
+        cfg = self.config
+        while True:
+            ufrag = self._codec.encode(cfg.cluster_id, cfg.transceiver_id)
+            if all(s.plan.ufrag != ufrag for s in self.sessions.values()):
+                break
+        if cfg.mode == ice.SHARED:
+            return ice.IcePlan(ufrag=ufrag, mode=cfg.mode, mux=self.mux,
+                               advertise=self._advertise(request))
+        return ice.IcePlan(ufrag=ufrag, mode=cfg.mode, bind_host=cfg.media_host)
+
+    async def create_session(self, offer: str, plan: ice.IcePlan) -> tuple[Session, str]:
+        session_id = secrets.token_urlsafe(12)
+        session = Session(session_id, plan, self.config.agent_url, self._http,
+                          self.config.setup_timeout, self._forget)
+        self.sessions[session_id] = session
+        try:
+            answer = await session.start(offer)
+        except Exception:
+            await session.close("offer rejected")
+            raise
+        self.sessions_total += 1
+        return session, answer
+
+    def _forget(self, session: Session) -> None:
+        self.sessions.pop(session.id, None)
+
+    async def _post_session(self, request: web.Request) -> web.Response:
+        try:
+            if request.content_type != "application/sdp":
+                raise OfferError("Content-Type must be application/sdp", 415)
+            if len(self.sessions) >= self.config.max_sessions:
+                self.sessions_refused += 1
+                return web.Response(status=503, text="transceiver at capacity\n")
+            body = await request.read()
+            check_offer(body)
+            plan = self._new_plan(request)
+            try:
+                session, answer = await self.create_session(body.decode(), plan)
+            except OfferError:
+                raise
+            except Exception as exc:  # aiortc's parse or negotiation errors
+                raise OfferError(f"offer could not be negotiated: {exc}".splitlines()[0]) from None
+        except OfferError as exc:
+            return web.Response(status=exc.status, text=f"{exc}\n")
+        return web.Response(status=201, text=answer, content_type="application/sdp",
+                            headers={"Location": f"/sessions/{session.id}"})
+
+    async def _delete_session(self, request: web.Request) -> web.Response:
+        session = self.sessions.get(request.match_info["id"])
+        if session is None:
+            return web.Response(status=404, text="no such session\n")
+        await session.close("deleted")
+        return web.Response(status=204)
+
+    def status(self) -> dict:
+        cfg = self.config
+        return {
+            "cluster_id": cfg.cluster_id, "transceiver_id": cfg.transceiver_id,
+            "mode": cfg.mode, "sessions": len(self.sessions), "capacity": cfg.max_sessions,
+            "sessions_total": self.sessions_total, "udp_sockets": udp_sockets_of_this_process(),
+            "media": list(self.media_address) if self.mux else None,
+            "mux": vars(self.mux.counters) if self.mux else None,
+            "session_details": [
+                {"id": sid, "state": sess.state, "ufrag": sess.plan.ufrag,
+                 "age_s": round(time.monotonic() - sess.stats.created, 3),
+                 "setup_s": (round(sess.stats.connected_at - sess.stats.created, 4)
+                             if sess.stats.connected_at else None),
+                 "frames_to_agent": sess.stats.frames_to_agent,
+                 "events_to_agent": sess.stats.events_to_agent,
+                 "events_to_client": sess.stats.events_to_client}
+                for sid, sess in self.sessions.items()],
+        }
+
+    async def _status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.status())
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self._registry),
+                            content_type="text/plain", charset="utf-8")
+
+
+class _Collector:
+    def __init__(self, server: TransceiverServer) -> None:
+        self._server = server
+
+    def collect(self):
+        s = self._server
+        g = GaugeMetricFamily("voiceedge_transceiver_sessions", "live sessions")
+        g.add_metric([], len(s.sessions))
+        yield g
+        c = CounterMetricFamily("voiceedge_transceiver_sessions_created", "sessions answered")
+        c.add_metric([], s.sessions_total)
+        yield c
+        r = CounterMetricFamily("voiceedge_transceiver_sessions_refused", "503 at capacity")
+        r.add_metric([], s.sessions_refused)
+        yield r
+        if s.mux is not None:
+            for name, value in vars(s.mux.counters).items():
+                m = CounterMetricFamily(f"voiceedge_transceiver_mux_{name}", f"shared socket: {name}")
+                m.add_metric([], value)
+                yield m

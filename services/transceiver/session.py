@@ -1,0 +1,196 @@
+"""One call on the transceiver: the peer connection, its agent link, and its lifecycle.
+
+A session lives from the offer to the first of: DELETE, the client closing, ICE/DTLS failure,
+consent loss (aioice closes the connection), the setup timeout (aioice never fails on its own
+when the offer had no end-of-candidates), or the agent going away. ``close`` releases
+everything: the peer connection (and with it the mux registration or the session's socket),
+the agent WebSocket and every task.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+from services.transceiver.ice import IcePlan, ice_plan
+from services.transceiver.media import AgentAudioTrack, decode_inline
+
+log = logging.getLogger("voiceedge.transceiver")
+
+
+@dataclass
+class SessionStats:
+    created: float = field(default_factory=time.monotonic)
+    connected_at: float | None = None
+    closed_at: float | None = None
+    close_reason: str | None = None
+    frames_to_agent: int = 0
+    events_to_agent: int = 0
+    events_to_client: int = 0
+
+
+class Session:
+    """A server-side WebRTC session bridged to the agent."""
+
+    def __init__(self, session_id: str, plan: IcePlan, agent_url: str | None,
+                 http: aiohttp.ClientSession, setup_timeout: float, on_closed) -> None:
+        self.id = session_id
+        self.plan = plan
+        self.stats = SessionStats()
+        self._agent_url = agent_url
+        self._http = http
+        self._setup_timeout = setup_timeout
+        self._on_closed = on_closed
+        self._pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self._outbound = AgentAudioTrack()
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._ws_ready = asyncio.Event()
+        self._channel = None
+        self._to_client: list[str] = []  # agent events waiting for the data channel to open
+        self._tasks: set[asyncio.Task] = set()
+        self._closing = False
+
+    @property
+    def state(self) -> str:
+        return "closed" if self._closing else self._pc.connectionState
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def start(self, offer_sdp: str) -> str:
+        """Apply the offer and return the answer SDP (with its one candidate)."""
+        pc = self._pc
+        pc.on("track", self._on_track)
+        pc.on("datachannel", self._on_datachannel)
+        pc.on("connectionstatechange", self._on_state)
+        with ice_plan(self.plan):
+            await pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
+        pc.addTrack(self._outbound)
+        await pc.setLocalDescription(await pc.createAnswer())
+        self._spawn(self._guard_setup())
+        if self._agent_url:
+            self._spawn(self._agent_link())
+        return pc.localDescription.sdp
+
+    async def close(self, reason: str) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self.stats.closed_at = time.monotonic()
+        self.stats.close_reason = reason
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        if self._ws is not None:
+            if not self._ws.closed:
+                try:
+                    await self._ws.send_str(json.dumps({"type": "session.ended",
+                                                        "reason": reason}))
+                except (ConnectionError, RuntimeError):
+                    pass
+            await self._ws.close()
+        self._outbound.stop()
+        await self._pc.close()
+        pending = [t for t in self._tasks if t is not current]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        log.info(json.dumps({"event": "session_closed", "session": self.id, "reason": reason,
+                             "ufrag": self.plan.ufrag}))
+        self._on_closed(self)
+
+    # ------------------------------------------------------------ peer connection events
+
+    async def _guard_setup(self) -> None:
+        await asyncio.sleep(self._setup_timeout)
+        if self._pc.connectionState != "connected":
+            await self.close("setup timeout")
+
+    async def _on_state(self) -> None:
+        state = self._pc.connectionState
+        if state == "connected" and self.stats.connected_at is None:
+            self.stats.connected_at = time.monotonic()
+        elif state in ("failed", "closed") and not self._closing:
+            self._spawn(self.close(f"connection {state}"))
+
+    def _on_track(self, track) -> None:
+        if track.kind != "audio":
+            return
+        for transceiver in self._pc.getTransceivers():
+            if transceiver.receiver.track is track:
+                decode_inline(transceiver.receiver, self._to_agent_audio)
+
+    def _on_datachannel(self, channel) -> None:
+        self._channel = channel
+
+        @channel.on("message")
+        def on_message(message) -> None:
+            if isinstance(message, str):
+                self._spawn(self._to_agent_text(message))
+
+        for text in self._to_client:
+            channel.send(text)
+            self.stats.events_to_client += 1
+        self._to_client.clear()
+
+    # ------------------------------------------------------------ agent link
+
+    async def _agent_link(self) -> None:
+        try:
+            self._ws = await self._http.ws_connect(f"{self._agent_url}/v1/sessions/{self.id}",
+                                                   heartbeat=None, max_msg_size=1 << 20)
+        except (aiohttp.ClientError, OSError) as exc:
+            log.warning(json.dumps({"event": "agent_unreachable", "session": self.id,
+                                    "error": str(exc)}))
+            self._spawn(self.close("agent unreachable"))
+            return
+        await self._ws.send_str(json.dumps({"type": "session.started", "session_id": self.id,
+                                            "ufrag": self.plan.ufrag}))
+        self._ws_ready.set()
+        async for message in self._ws:
+            if message.type == aiohttp.WSMsgType.BINARY:
+                self._outbound.push(message.data)
+            elif message.type == aiohttp.WSMsgType.TEXT:
+                self._to_client_text(message.data)
+            else:
+                break
+        if not self._closing:
+            self._spawn(self.close("agent closed"))
+
+    def _to_agent_audio(self, pcm: bytes) -> None:
+        """Caller audio -> agent, one PCM frame per WebSocket message. Audio that arrives
+        before the agent answered is dropped: queued, it would only add latency."""
+        ws = self._ws
+        if ws is None or not self._ws_ready.is_set() or ws.closed:
+            return
+        self._spawn(self._send_audio(ws, pcm))
+
+    async def _send_audio(self, ws, pcm: bytes) -> None:
+        try:
+            await ws.send_bytes(pcm)
+            self.stats.frames_to_agent += 1
+        except (ConnectionError, RuntimeError):
+            pass
+
+    async def _to_agent_text(self, text: str) -> None:
+        await self._ws_ready.wait()
+        try:
+            await self._ws.send_str(text)
+            self.stats.events_to_agent += 1
+        except (ConnectionError, RuntimeError):
+            pass
+
+    def _to_client_text(self, text: str) -> None:
+        channel = self._channel
+        if channel is not None and channel.readyState == "open":
+            channel.send(text)
+            self.stats.events_to_client += 1
+        elif len(self._to_client) < 100:
+            self._to_client.append(text)

@@ -1,0 +1,451 @@
+"""The measuring client against a real aiortc answering peer (an echo server in its own thread).
+
+The echo peer follows the signaling contract (POST offer -> 201 + answer + Location, DELETE -> 204,
+one candidate, full ICE), echoes audio back and data-channel events as agent.echo. It runs its own
+event loop in a thread, so the client's asyncio.all_tasks() only ever holds client tasks.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+
+import pytest
+
+from topology.netns import entered, lab_namespace
+from aiohttp import web
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamTrack
+
+from services.client.config import ClientConfig
+from services.client.runner import run_sessions
+from services.client.seqstats import SeqTracker, extend_seq, loss_stats, unwrap
+from services.client.session import ping_event, run_session
+
+CALL_S = 2.0
+
+
+# -- the answering peer --------------------------------------------------------------------------
+
+class EchoTrack(MediaStreamTrack):
+    """Sends back whatever audio frames the remote track delivers."""
+
+    kind = "audio"
+
+    def __init__(self, source: MediaStreamTrack) -> None:
+        super().__init__()
+        self._source = source
+
+    async def recv(self):
+        return await self._source.recv()
+
+
+def only_candidate(sdp: str, host: str, port: int | None) -> str:
+    """Keep exactly one candidate (UDP on ``host``), optionally with its port rewritten."""
+    out, kept = [], None
+    for line in sdp.splitlines():
+        if line.startswith("a=candidate:"):
+            parts = line.split()
+            if parts[2].lower() != "udp" or parts[4] != host:
+                continue
+            if port is not None:
+                parts[5] = str(port)
+                line = " ".join(parts)
+            kept = line
+        out.append(line)
+    assert kept is not None, f"the answer has no UDP candidate on {host}"
+    return "\r\n".join(out) + "\r\n"
+
+
+def keep_one_socket(pc: RTCPeerConnection, host: str) -> None:
+    """Close the answerer's ICE sockets on other addresses than ``host`` (test-only hook).
+
+    A transceiver has one socket and advertises one candidate. A plain aiortc peer has a socket
+    per host address, and its checks from the others would make the client select a
+    peer-reflexive pair instead of the advertised candidate. Called right after
+    setLocalDescription, before aiortc's connect task builds the check list.
+    """
+    for transceiver in pc.getTransceivers():
+        connection = transceiver.receiver.transport.transport._connection
+        for protocol in [p for p in connection._protocols if p.local_candidate.host != host]:
+            connection._protocols.remove(protocol)
+            protocol.transport.close()
+        connection._local_candidates = [c for c in connection._local_candidates if c.host == host]
+
+
+class EchoPeerServer:
+    """Routes: POST /v1/calls (echo), /reject/v1/calls (400), /deaf/v1/calls (a dead candidate).
+
+    /deaf answers like /v1/calls, then closes its peer connection and rewrites the candidate's port
+    to a closed one: the client can reach nothing, and no server check can reach the client.
+    """
+
+    def __init__(self, media_host: str, closed_port: int) -> None:
+        self.media_host = media_host
+        self.closed_port = closed_port
+        self.sessions: dict[str, RTCPeerConnection] = {}
+        self.deleted: list[str] = []
+        self.advertised: dict[str, str] = {}   # session id -> "host:port" of its one candidate
+        self.offers: dict[str, str] = {}
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="echo-peer", daemon=True)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    def start(self) -> "EchoPeerServer":
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+        return self
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(20)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+    def url(self, prefix: str = "") -> str:
+        return f"http://127.0.0.1:{self.port}{prefix}/v1/calls"
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/calls", self._post)
+        app.router.add_post("/deaf/v1/calls", self._post)
+        app.router.add_post("/reject/v1/calls", self._reject)
+        app.router.add_delete("/v1/calls/{sid}", self._delete)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+
+    async def _stop(self) -> None:
+        for pc in list(self.sessions.values()):
+            await pc.close()
+        self.sessions.clear()
+        await self._runner.cleanup()
+
+    async def _reject(self, request: web.Request) -> web.Response:
+        return web.Response(status=400, text="offer has no audio m-line\n")
+
+    async def _post(self, request: web.Request) -> web.Response:
+        if request.content_type != "application/sdp":
+            return web.Response(status=415, text="expected application/sdp")
+        offer = RTCSessionDescription(sdp=await request.text(), type="offer")
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        sid = uuid.uuid4().hex
+        self.sessions[sid] = pc
+        self.offers[sid] = offer.sdp
+
+        @pc.on("track")
+        def on_track(track: MediaStreamTrack) -> None:
+            if track.kind == "audio":
+                pc.addTrack(EchoTrack(track))
+
+        @pc.on("datachannel")
+        def on_datachannel(channel) -> None:
+            channel.send(json.dumps({"type": "session.created"}))
+
+            @channel.on("message")
+            def on_message(message) -> None:
+                channel.send(json.dumps({"type": "agent.echo", "event": json.loads(message)}))
+
+        await pc.setRemoteDescription(offer)
+        await pc.setLocalDescription(await pc.createAnswer())
+        keep_one_socket(pc, self.media_host)
+        port = None
+        if request.path.startswith("/deaf/"):
+            await pc.close()
+            port = self.closed_port
+        answer = only_candidate(pc.localDescription.sdp, self.media_host, port)
+        self.advertised[sid] = re.search(r"^a=candidate:\S+ \S+ \S+ \S+ (\S+ \d+)", answer,
+                                         re.M).group(1).replace(" ", ":")
+        return web.Response(status=201, text=answer, content_type="application/sdp",
+                            headers={"Location": f"/v1/calls/{sid}"})
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        pc = self.sessions.pop(request.match_info["sid"], None)
+        if pc is None:
+            return web.Response(status=404, text="no such session")
+        self.deleted.append(request.match_info["sid"])
+        await pc.close()
+        return web.Response(status=204)
+
+
+def closed_udp_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def media_host():
+    """A veth address in a lab namespace the tests run in (aioice skips 127.0.0.1, and no
+    traffic may touch the machine's own interfaces)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a network namespace")
+    with lab_namespace("veclient") as ns, entered(ns.name):
+        yield ns.addresses[0]
+
+
+@pytest.fixture(scope="module")
+def echo_peer(media_host):
+    server = EchoPeerServer(media_host, closed_udp_port(media_host)).start()
+    yield server
+    server.stop()
+
+
+def config(url: str, **kw) -> ClientConfig:
+    return ClientConfig(url=url, **{"duration_s": CALL_S, "setup_timeout_s": 5.0, **kw})
+
+
+# -- one session ---------------------------------------------------------------------------------
+
+def test_one_session_measures_the_timeline_and_verifies_echo(echo_peer):
+    result = asyncio.run(run_session(config(echo_peer.url()), index=7))
+
+    assert result.ok, result.error
+    assert result.error is None and result.stage == "done"
+    assert 0 < result.offer_ms
+    assert 0 < result.signaling_ms
+    assert result.offer_ms + result.signaling_ms <= result.ice_connected_ms
+    assert result.ice_connected_ms <= result.setup_ms <= result.first_audio_ms
+    assert result.setup_ms < 2000, "DTLS on one machine takes tens of ms"
+    assert 0 < result.first_ice_rtt_ms < 100
+    sid = result.session_url.rsplit("/", 1)[1]
+    assert result.ice_pair.split(" -> ")[1] == echo_peer.advertised[sid]
+    offer = echo_peer.offers[sid]
+    assert re.search(r"^a=group:BUNDLE 0 1\r?$", offer, re.M)
+    assert re.findall(r"^m=(\w+)", offer, re.M) == ["audio", "application"]
+    assert "a=sendrecv" in offer and "opus/48000/2" in offer and "PCMU" not in offer
+    assert len(set(re.findall(r"^a=ice-ufrag:(\S+)", offer, re.M))) == 1
+    assert "a=end-of-candidates" in offer and f" {echo_peer.media_host} " in offer
+    assert result.echo_verified and result.echo_rms > 0.05
+    assert result.datachannel_verified
+    assert result.events[:1] == ["session.created"] and "agent.echo" in result.events
+    # about 50 packets per second come back (minus the echo's start-up)
+    assert result.packets_received > 0.6 * 50 * CALL_S
+    assert result.packets_lost == 0 and result.loss_pct == 0 and result.loss_bursts == []
+    assert result.jitter_ms is not None and 0 <= result.jitter_ms < 50
+    assert result.http_status == 201 and result.delete_status == 204
+    assert result.session_url.startswith(echo_peer.url() + "/")
+    assert sid in echo_peer.deleted
+    assert len(result.samples) >= int(CALL_S)
+    assert all(s.session == 7 for s in result.samples)
+    counts = [s.packets_received for s in result.samples]
+    assert counts == sorted(counts) and counts[-1] == result.packets_received
+    assert result.samples[-1].t_ms >= result.setup_ms + CALL_S * 1000
+
+    line = result.to_json()
+    assert "\n" not in line and json.loads(line)["first_ice_rtt_ms"] == result.first_ice_rtt_ms
+
+
+def test_without_echo_the_echo_is_not_verified(echo_peer):
+    """The echo check can fail: a threshold above the tone's level is not met."""
+    result = asyncio.run(run_session(config(echo_peer.url(), duration_s=1.0, echo_min_rms=0.9)))
+    assert result.ok and result.echo_rms is not None and not result.echo_verified
+
+
+def test_rtt_from_rtcp_during_a_longer_call(echo_peer):
+    result = asyncio.run(run_session(config(echo_peer.url(), duration_s=4.0)))
+    assert result.ok, result.error
+    assert result.rtt_ms is not None and 0 < result.rtt_ms < 100
+    assert any(s.rtt_ms is not None for s in result.samples)
+
+
+def test_no_task_outlives_its_session(echo_peer):
+    async def main():
+        before = asyncio.all_tasks()
+        ok = await run_session(config(echo_peer.url(), duration_s=1.0))
+        failed = await run_session(config(echo_peer.url("/deaf"), setup_timeout_s=1.0))
+        return ok, failed, asyncio.all_tasks() - before
+
+    ok, failed, left = asyncio.run(main())
+    assert ok.ok and not failed.ok
+    assert left == set(), [t.get_coro() for t in left]
+
+
+# -- many sessions -------------------------------------------------------------------------------
+
+def test_three_concurrent_sessions_with_a_start_rate(echo_peer, tmp_path):
+    results_file, samples_file = tmp_path / "sessions.jsonl", tmp_path / "samples.jsonl"
+    cfg = config(echo_peer.url(), start_rate=5.0)
+    t0 = time.monotonic()
+    results = asyncio.run(run_sessions(cfg, 3, results_path=results_file,
+                                       samples_path=samples_file))
+    elapsed = time.monotonic() - t0
+
+    assert [r.index for r in results] == [0, 1, 2]
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert all(r.echo_verified and r.datachannel_verified for r in results)
+    starts = [r.started_unix for r in results]
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert all(0.15 <= g <= 0.45 for g in gaps), gaps          # 5 sessions/s
+    assert elapsed < 2 * CALL_S, "sessions ran one after another, not concurrently"
+
+    lines = [json.loads(x) for x in results_file.read_text().splitlines()]
+    assert sorted(x["index"] for x in lines) == [0, 1, 2]
+    assert all("samples" not in x and x["ok"] for x in lines)
+    samples = [json.loads(x) for x in samples_file.read_text().splitlines()]
+    assert {s["session"] for s in samples} == {0, 1, 2}
+    assert len(samples) == sum(len(r.samples) for r in results)
+
+
+def test_a_failed_session_does_not_affect_others(echo_peer, tmp_path):
+    cfg = config(echo_peer.url(), start_rate=20.0, duration_s=1.0)
+    sessions = {0: cfg, 1: config(echo_peer.url("/reject")), 2: cfg}
+
+    async def main():
+        from services.client.session import CallSession
+        return await asyncio.gather(*(CallSession(c, i).run() for i, c in sessions.items()))
+
+    ok0, bad, ok2 = asyncio.run(main())
+    assert ok0.ok and ok2.ok and not bad.ok
+
+
+def test_concurrency_limit_serializes_sessions(echo_peer):
+    cfg = config(echo_peer.url(), start_rate=50.0, duration_s=0.5, concurrency=1)
+    results = asyncio.run(run_sessions(cfg, 2))
+    assert all(r.ok for r in results), [r.error for r in results]
+    first_end = results[0].started_unix + (results[0].setup_ms + results[0].call_ms) / 1000
+    assert results[1].started_unix >= first_end
+
+
+# -- failures ------------------------------------------------------------------------------------
+
+def test_server_rejecting_the_offer_is_a_failed_session_with_its_reason(echo_peer):
+    result = asyncio.run(run_session(config(echo_peer.url("/reject"))))
+    assert not result.ok
+    assert result.error == "HTTP 400: offer has no audio m-line"
+    assert result.stage == "signaling" and result.http_status is None
+    assert result.setup_ms is None and result.first_audio_ms is None
+
+
+def test_unreachable_signaling_url_fails_with_a_clear_reason():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]   # closed again below: nothing listens there
+    result = asyncio.run(run_session(config(f"http://127.0.0.1:{port}/v1/calls")))
+    assert not result.ok
+    assert result.error == f"cannot connect to 127.0.0.1:{port}: Connection refused"
+    assert result.stage == "signaling"
+
+
+def test_setup_timeout_when_the_answer_candidate_is_unreachable(echo_peer):
+    t0 = time.monotonic()
+    result = asyncio.run(run_session(config(echo_peer.url("/deaf"), setup_timeout_s=1.5)))
+    elapsed = time.monotonic() - t0
+
+    assert not result.ok and result.error == "setup timeout"
+    assert result.stage == "connect"
+    assert result.signaling_ms is not None and result.ice_connected_ms is None
+    assert 1.5 <= elapsed < 1.5 + 0.5
+    assert result.delete_status == 204    # the server's session was ended all the same
+
+
+def test_config_rejects_nonsense():
+    with pytest.raises(ValueError):
+        ClientConfig(url="ftp://x/")
+    with pytest.raises(ValueError):
+        ClientConfig(url="http://x/", start_rate=0)
+
+
+# -- pure parts ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seqs, expected, received, bursts", [
+    ([], 0, 0, ()),
+    ([5], 1, 1, ()),
+    ([1, 2, 3, 4], 4, 4, ()),
+    ([1, 2, 5, 6, 10], 10, 5, (2, 3)),
+    ([1, 3, 2, 4], 4, 4, ()),                        # reordered: no loss
+    ([1, 2, 2, 3], 3, 3, ()),                        # duplicate counts once
+    ([1, 3, 5, 4], 5, 4, (1,)),                      # late 4 fills its gap, 2 stays lost
+    ([65533, 65534, 65535, 0, 1], 5, 5, ()),         # wrap-around, nothing lost
+    ([65533, 65535, 2, 3], 7, 4, (1, 2)),            # loss on both sides of the wrap
+    ([65534, 1, 65535, 0, 2], 5, 5, ()),             # reordered across the wrap
+    ([10, 9, 11], 2, 2, ()),                         # before the first packet: not counted
+])
+def test_loss_stats(seqs, expected, received, bursts):
+    stats = loss_stats(seqs)
+    assert (stats.expected, stats.received, stats.bursts) == (expected, received, bursts)
+    assert stats.lost == sum(bursts)
+
+    tracker = SeqTracker()
+    for s in seqs:
+        tracker.add(s)
+    assert tracker.lost == stats.lost
+
+
+def test_loss_stats_over_several_wraps():
+    seqs = [(40000 + i) % 65536 for i in range(200_000) if i % 1000 not in (7, 8, 9)]
+    stats = loss_stats(seqs)
+    assert stats.bursts == (3,) * 200
+    assert stats.expected == 200_000 and stats.lost == 600
+    assert stats.loss_pct == pytest.approx(0.3)
+
+
+def test_unwrap_and_extend():
+    assert unwrap([65535, 0, 1]) == [65535, 65536, 65537]
+    assert unwrap([0, 65535]) == [0, -1]
+    assert extend_seq(3, 65530) == 65539
+    assert extend_seq(65530, 65539) == 65530
+
+
+def test_aiortc_reports_jitter_in_rtp_units(monkeypatch):
+    """Pins the unit behind RTP_UNITS_PER_MS: packets alternately 0 and 10 ms late converge to an
+    RFC 3550 jitter of 10 ms, which aiortc 1.16 reports as 480 (48 kHz RTP units)."""
+    import types
+    from aiortc import rtcrtpreceiver
+    from aiortc.rtp import RtpPacket
+    from services.client.session import RTP_UNITS_PER_MS
+
+    clock = [1000.0]
+    monkeypatch.setattr(rtcrtpreceiver, "time", types.SimpleNamespace(time=lambda: clock[0]))
+    stream = rtcrtpreceiver.StreamStatistics(48_000)
+    for i in range(400):
+        clock[0] = 1000.0 + i * 0.020 + (0.010 if i % 2 else 0.0)
+        stream.add(RtpPacket(sequence_number=i, timestamp=i * 960))
+    assert stream.jitter / RTP_UNITS_PER_MS == pytest.approx(10.0, abs=0.1)
+
+
+def test_ping_event_shape():
+    assert ping_event(3) == {"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "ping 3"}]}}
+    assert re.fullmatch(r"ping \d+", ping_event(12)["item"]["content"][0]["text"])
+
+
+# -- command line --------------------------------------------------------------------------------
+
+def parse_cli(*argv: str):
+    import argparse
+    from services.client import cli
+    parser = argparse.ArgumentParser()
+    cli.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["client", *argv])
+
+
+def test_cli_runs_sessions_and_writes_results(echo_peer, tmp_path, capsys):
+    results = tmp_path / "r.jsonl"
+    args = parse_cli("--url", echo_peer.url(), "-n", "2", "--rate", "20", "--duration", "0.5",
+                     "--results", str(results), "--header", "X-Test: 1")
+    assert args.func(args) == 0
+    assert len(results.read_text().splitlines()) == 2
+    out = capsys.readouterr()
+    assert "2/2 sessions ok" in out.out and "setup_ms" in out.out
+    assert out.err.count(": ok ") == 2
+
+
+def test_cli_failures_and_user_errors(echo_peer, capsys):
+    from voiceedge.cli import UserError
+    args = parse_cli("--url", echo_peer.url("/reject"), "-q")
+    assert args.func(args) == 1
+    assert "failed x1: HTTP 400: offer has no audio m-line" in capsys.readouterr().out
+    for bad in (["--url", "ftp://x"], ["--url", "http://x/", "--rate", "0"],
+                ["--url", "http://x/", "--header", "nocolon"], ["--url", "http://x/", "-n", "0"]):
+        args = parse_cli(*bad)
+        with pytest.raises(UserError):
+            args.func(args)

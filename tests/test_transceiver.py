@@ -1,0 +1,230 @@
+"""The transceiver with real aiortc peers inside a lab network namespace (needs root).
+
+aioice ignores loopback, so every WebRTC test runs in a namespace of its own with a veth pair
+(topology/netns.py); nothing leaves it.
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import socket
+import urllib.request
+
+import aiohttp
+import pytest
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import AudioStreamTrack
+
+from scenarios.processes import ServiceProcess, http_ok, voiceedge_cmd
+from services.transceiver.server import TransceiverConfig, TransceiverServer
+from topology.netns import in_namespace, lab_namespace
+
+EDGE = "10.77.0.1"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a network namespace")
+    with lab_namespace("vetest") as ns:
+        yield ns
+
+
+def run_in(lab, coro):
+    return in_namespace(lab.name, asyncio.run, coro)
+
+
+async def call(http: aiohttp.ClientSession, url: str, timeout: float = 10.0, audio=True):
+    """Offer from a plain aiortc peer, wait until DTLS is up; returns (pc, location)."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    if audio:
+        pc.addTrack(AudioStreamTrack())
+    pc.createDataChannel("oai-events")
+    connected = asyncio.Event()
+
+    @pc.on("connectionstatechange")
+    def _() -> None:
+        if pc.connectionState == "connected":
+            connected.set()
+
+    await pc.setLocalDescription(await pc.createOffer())
+    async with http.post(url, data=pc.localDescription.sdp,
+                         headers={"Content-Type": "application/sdp"}) as r:
+        answer = await r.text()
+        assert r.status == 201, answer
+        location = r.headers["Location"]
+    await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+    await asyncio.wait_for(connected.wait(), timeout)
+    return pc, location, answer
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=2) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.parametrize("mode, expected", [("shared", lambda n: 1),
+                                            ("port-per-session", lambda n: n)])
+def test_udp_sockets_held_by_the_transceiver_process(lab, tmp_path, mode, expected):
+    """Shared mode: one socket whatever the number of sessions; baseline: one per session."""
+    port = 18900 if mode == "shared" else 18901
+    media = f"{EDGE}:3480" if mode == "shared" else f"{EDGE}:0"
+    proc = ServiceProcess("transceiver", voiceedge_cmd(
+        "transceiver", "--cluster", "1", "--id", "3", "--mode", mode, "--media", media,
+        "--control", f"127.0.0.1:{port}"), tmp_path / "t.log", netns=lab.name).start()
+    base = f"http://127.0.0.1:{port}"
+
+    async def scenario():
+        async with aiohttp.ClientSession() as http:
+            await asyncio.get_running_loop().run_in_executor(
+                None, lambda: proc.wait_ready(lambda: http_ok(f"{base}/status")))
+            calls = [await call(http, f"{base}/sessions") for _ in range(6)]
+            status = get_json(f"{base}/status")
+            for pc, location, answer in calls:
+                candidates = [l for l in answer.splitlines() if l.startswith("a=candidate")]
+                assert len({c.split()[4:6][0] + c.split()[5] for c in candidates}) == 1
+                async with http.delete(base + location) as r:
+                    assert r.status == 204
+                await pc.close()
+            return status, get_json(f"{base}/status")
+
+    try:
+        during, after = run_in(lab, scenario())
+    finally:
+        proc.stop()
+    assert during["sessions"] == 6
+    assert during["udp_sockets"] == expected(6)
+    assert after["sessions"] == 0
+    assert after["udp_sockets"] == (1 if mode == "shared" else 0)
+
+
+def test_sessions_end_cleanly_and_leave_nothing_behind(lab):
+    """100 sessions set up and torn down in sequence: no growth in fds, tasks or mux state."""
+
+    async def scenario():
+        cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host=EDGE,
+                                control=("127.0.0.1", 0))
+        async with TransceiverServer(cfg) as server, aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{server.control_port}/sessions"
+
+            async def one():
+                pc, location, _ = await call(http, url)
+                async with http.delete(f"http://127.0.0.1:{server.control_port}{location}") as r:
+                    assert r.status == 204
+                await pc.close()
+
+            for _ in range(5):  # warm up: codecs, thread pools, caches
+                await one()
+            await asyncio.sleep(0.5)
+            gc.collect()
+            fds0, tasks0 = len(os.listdir("/proc/thread-self/fd")), len(asyncio.all_tasks())
+            for _ in range(100):
+                await one()
+            await asyncio.sleep(1.0)
+            gc.collect()
+            fds1, tasks1 = len(os.listdir("/proc/thread-self/fd")), len(asyncio.all_tasks())
+            mux = server.mux
+            return (fds0, fds1, tasks0, tasks1, len(server.sessions), mux.sessions,
+                    len(mux._by_addr), server.sessions_total)
+
+    fds0, fds1, tasks0, tasks1, live, registered, learned, total = run_in(lab, scenario())
+    assert total == 105 and live == 0 and registered == 0 and learned == 0
+    assert fds1 <= fds0, (fds0, fds1)
+    assert tasks1 <= tasks0, (tasks0, tasks1)
+
+
+def test_client_closing_ends_the_server_session(lab):
+    async def scenario():
+        cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host=EDGE,
+                                control=("127.0.0.1", 0), setup_timeout=2.0)
+        async with TransceiverServer(cfg) as server, aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{server.control_port}/sessions"
+            pc, _, _ = await call(http, url)
+            assert len(server.sessions) == 1
+            await pc.close()  # DTLS close_notify: the server side closes its session too
+            for _ in range(50):
+                if not server.sessions:
+                    break
+                await asyncio.sleep(0.1)
+            return len(server.sessions), server.mux.sessions
+
+    assert run_in(lab, scenario()) == (0, 0)
+
+
+def test_setup_timeout_releases_a_session_that_never_connects(lab):
+    async def scenario():
+        cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host=EDGE,
+                                control=("127.0.0.1", 0), setup_timeout=1.0)
+        async with TransceiverServer(cfg) as server, aiohttp.ClientSession() as http:
+            pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+            pc.addTrack(AudioStreamTrack())
+            await pc.setLocalDescription(await pc.createOffer())
+            async with http.post(f"http://127.0.0.1:{server.control_port}/sessions",
+                                 data=pc.localDescription.sdp,
+                                 headers={"Content-Type": "application/sdp"}) as r:
+                assert r.status == 201
+            await pc.close()  # the client goes away before any ICE check
+            await asyncio.sleep(1.6)
+            return len(server.sessions), server.mux.sessions
+
+    assert run_in(lab, scenario()) == (0, 0)
+
+
+def test_capacity_gives_503_and_nothing_half_allocated(lab):
+    async def scenario():
+        cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host=EDGE,
+                                control=("127.0.0.1", 0), max_sessions=1)
+        async with TransceiverServer(cfg) as server, aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{server.control_port}/sessions"
+            pc, _, _ = await call(http, url)
+            other = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+            other.addTrack(AudioStreamTrack())
+            await other.setLocalDescription(await other.createOffer())
+            async with http.post(url, data=other.localDescription.sdp,
+                                 headers={"Content-Type": "application/sdp"}) as r:
+                status, text = r.status, await r.text()
+            await other.close()
+            await pc.close()
+            return status, text, server.sessions_refused, server.mux.sessions
+
+    status, text, refused, registered = run_in(lab, scenario())
+    assert status == 503 and "capacity" in text and refused == 1 and registered <= 1
+
+
+BAD_OFFERS = [
+    ("text/plain", b"v=0\r\n", 415, "Content-Type"),
+    ("application/sdp", b"hello", 400, "v=0"),
+    ("application/sdp", b"v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n", 400, "no audio"),
+    ("application/sdp", b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=mid:0\r\n", 400, "BUNDLE"),
+    ("application/sdp", b"v=0\r\n" + b"a=x:" + b"y" * 70000 + b"\r\n", 413, "larger"),
+    ("application/sdp", b"\xff\xfe", 400, "UTF-8"),
+]
+
+
+def test_bad_offers_get_4xx_with_one_line_and_allocate_nothing(lab):
+    async def scenario():
+        cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host=EDGE,
+                                control=("127.0.0.1", 0))
+        out = []
+        async with TransceiverServer(cfg) as server, aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{server.control_port}/sessions"
+            for ctype, body, _, _ in BAD_OFFERS:
+                async with http.post(url, data=body, headers={"Content-Type": ctype}) as r:
+                    out.append((r.status, await r.text()))
+            # Well framed, BUNDLE and audio, but aiortc cannot negotiate it (no DTLS fingerprint).
+            offer = ("v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0\r\n"
+                     "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=mid:0\r\n"
+                     "a=rtpmap:111 opus/48000/2\r\n")
+            async with http.post(url, data=offer, headers={"Content-Type": "application/sdp"}) as r:
+                out.append((r.status, await r.text()))
+            return out, len(server.sessions), server.mux.sessions
+
+    results, live, registered = run_in(lab, scenario())
+    for (status, text), (_, _, want_status, want_text) in zip(results, BAD_OFFERS):
+        assert status == want_status and want_text in text, (status, text)
+        assert len(text.strip().splitlines()) == 1 and "Traceback" not in text
+    status, text = results[-1]
+    assert 400 <= status < 500 and len(text.strip().splitlines()) == 1
+    assert live == 0 and registered == 0
