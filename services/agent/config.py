@@ -31,8 +31,11 @@ class AgentConfig:
             raise ConfigError(f"port {self.port} is not a TCP port")
         if self.vad_threshold_dbfs >= 0:
             raise ConfigError("vad_threshold_dbfs must be below 0 dBFS")
-        if self.vad_start_ms < 0 or self.hangover_ms <= 0 or self.reply_ms <= 0:
-            raise ConfigError("vad_start_ms must be >= 0, hangover_ms and reply_ms positive")
+        for name in ("hangover_ms", "reply_ms"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, not {getattr(self, name)}")
+        if self.vad_start_ms < 0:
+            raise ConfigError(f"vad_start_ms must be at least 0, not {self.vad_start_ms}")
         if not 0 < self.reply_freq_hz < 24_000:
             raise ConfigError("reply_freq_hz must be between 0 and 24000 (Nyquist at 48 kHz)")
         if self.reply_peak_dbfs > 0:

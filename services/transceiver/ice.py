@@ -136,3 +136,14 @@ class EdgeConnection(aioice.Connection):
         plan.mux.register(protocol)
         self._protocols.append(protocol)
         return [protocol.local_candidate]
+
+
+def selected_remote_address(pc) -> tuple[str, int] | None:
+    """The client address of ``pc``'s selected candidate pair (the real one, also behind a
+    relay), or None before ICE completes. Reads aioice's ``Connection._nominated``."""
+    for transceiver in pc.getTransceivers():
+        connection = transceiver.receiver.transport.transport._connection
+        pair = connection._nominated.get(1)
+        if pair is not None:
+            return pair.remote_addr
+    return None

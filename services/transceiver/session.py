@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from services.transceiver.ice import IcePlan, ice_plan
+from services.transceiver.ice import IcePlan, ice_plan, selected_remote_address
 from services.transceiver.media import AgentAudioTrack, decode_inline
 
 log = logging.getLogger("voiceedge.transceiver")
+_RESERVED_EVENTS = ("session.started", "session.ended")  # docs/agent-protocol.md
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Session:
         self._outbound = AgentAudioTrack()
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._ws_ready = asyncio.Event()
+        self._connected = asyncio.Event()
         self._channel = None
         self._to_client: list[str] = []  # agent events waiting for the data channel to open
         self._tasks: set[asyncio.Task] = set()
@@ -117,6 +119,7 @@ class Session:
         state = self._pc.connectionState
         if state == "connected" and self.stats.connected_at is None:
             self.stats.connected_at = time.monotonic()
+            self._connected.set()
         elif state in ("failed", "closed") and not self._closing:
             self._spawn(self.close(f"connection {state}"))
 
@@ -151,8 +154,12 @@ class Session:
                                     "error": str(exc)}))
             self._spawn(self.close("agent unreachable"))
             return
-        await self._ws.send_str(json.dumps({"type": "session.started", "session_id": self.id,
-                                            "ufrag": self.plan.ufrag}))
+        await self._connected.wait()  # media can flow now, and the client's address is known
+        client = selected_remote_address(self._pc)
+        await self._ws.send_str(json.dumps({
+            "type": "session.started", "session_id": self.id, "ufrag": self.plan.ufrag,
+            "mode": self.plan.mode,
+            "client": {"address": f"{client[0]}:{client[1]}" if client else None}}))
         self._ws_ready.set()
         async for message in self._ws:
             if message.type == aiohttp.WSMsgType.BINARY:
@@ -180,6 +187,12 @@ class Session:
             pass
 
     async def _to_agent_text(self, text: str) -> None:
+        try:
+            kind = json.loads(text).get("type")
+        except (ValueError, AttributeError):
+            kind = None  # not ours to judge: the agent answers bad_event
+        if kind in _RESERVED_EVENTS:
+            return  # only the transceiver speaks for the session's lifecycle
         await self._ws_ready.wait()
         try:
             await self._ws.send_str(text)
