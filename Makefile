@@ -6,6 +6,7 @@ PY_SYSTEM := /usr/bin/python3
 VENV := .venv
 BIN := $(VENV)/bin
 REGION ?= apac
+SCENARIO ?= scenarios/default.yaml
 
 .PHONY: deps venv scenario test bench-relay clean help
 
@@ -27,7 +28,7 @@ $(BIN)/.installed: pyproject.toml services/relay/_fastpath.c | deps
 venv: deps $(BIN)/.installed
 
 scenario: venv
-	@$(BIN)/voiceedge scenario --region $(REGION)
+	@$(BIN)/voiceedge scenario $(SCENARIO) --region $(REGION)
 
 test: venv
 	@$(BIN)/python -m pytest $(PYTEST_ARGS)

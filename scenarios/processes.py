@@ -38,8 +38,16 @@ class ServiceProcess:
 
     def __init__(self, name: str, cmd: list[str], log_path: Path,
                  netns: str | None = None) -> None:
+        """``netns``: a name under /var/run/netns, or a namespace file path (a Mininet host's
+        /proc/PID/ns/net)."""
         self.name = name
-        self.cmd = (["ip", "netns", "exec", netns] if netns else []) + cmd
+        if netns is None:
+            prefix = []
+        elif netns.startswith("/"):
+            prefix = ["nsenter", f"--net={netns}"]
+        else:
+            prefix = ["ip", "netns", "exec", netns]
+        self.cmd = prefix + cmd
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
 

@@ -67,8 +67,9 @@ class lab_namespace:
 
 
 def enter(name: str) -> None:
-    """Move the calling thread into namespace ``name``."""
-    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    """Move the calling thread into namespace ``name`` (a name under /var/run/netns, or the
+    path of a namespace file such as /proc/PID/ns/net)."""
+    fd = os.open(name if name.startswith("/") else f"/var/run/netns/{name}", os.O_RDONLY)
     try:
         if _libc.setns(fd, CLONE_NEWNET) != 0:
             err = ctypes.get_errno()

@@ -16,20 +16,17 @@ class UserError(Exception):
     """An error the user can fix; printed as one line, exit status 2."""
 
 
-def _scenario(args: argparse.Namespace) -> int:
-    print(f"voiceedge scenario: scenarios are not built yet (region {args.region!r}); "
-          "see the scenarios issue. Nothing was run.", file=sys.stderr)
-    return 3
-
-
 def build_parser() -> argparse.ArgumentParser:
     from bench import relay as relay_bench
+    from topology.impairment import bench as impairment_bench
+    from scenarios import cli as scenario_cli
     from scenarios import demo_edge
     from services.agent import cli as agent_cli
     from services.client import cli as client_cli
     from services.relay import cli as relay_cli
     from services.signaling import cli as signaling_cli
     from services.transceiver import cli as transceiver_cli
+    from topology import cli as topology_cli
 
     parser = argparse.ArgumentParser(
         prog="voiceedge",
@@ -44,14 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     agent_cli.add_parser(sub)
     client_cli.add_parser(sub)
     demo_edge.add_parser(sub)
+    topology_cli.add_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks of the testbed's own parts")
     bench_sub = bench.add_subparsers(dest="target", metavar="TARGET", required=True)
     relay_bench.add_parser(bench_sub)
+    impairment_bench.add_parser(bench_sub)
 
-    scenario = sub.add_parser("scenario", help="run a scenario (not built yet)")
-    scenario.add_argument("--region", default="apac", help="client region or group (default apac)")
-    scenario.set_defaults(func=_scenario)
+    scenario_cli.add_parser(sub)
     return parser
 
 

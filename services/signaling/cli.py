@@ -13,11 +13,32 @@ def add_parser(sub) -> None:
                        description="Take SDP offers on POST /v1/calls and answer them through "
                                    "the transceiver with the most room.")
     p.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT")
-    p.add_argument("--transceiver", action="append", required=True, metavar="URL",
-                   help="a transceiver's control URL (repeat for several)")
+    p.add_argument("--transceiver", action="append", default=[], metavar="URL",
+                   help="a transceiver's control URL (repeat for several): one local cluster")
     p.add_argument("--advertise", metavar="HOST:PORT",
                    help="candidate for answers, e.g. the relay VIP (default: the transceiver's)")
+    p.add_argument("--clusters", metavar="FILE",
+                   help="geo steering: JSON list of {name, transceivers: [URL], advertise: "
+                        "'HOST:PORT' | null, rtt_ms} (instead of --transceiver)")
     p.set_defaults(func=run)
+
+
+def _load_clusters(path: str):
+    import json
+
+    from services.signaling.server import ClusterRoute
+
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+        return tuple(ClusterRoute(
+            name=c["name"], transceivers=tuple(c["transceivers"]),
+            advertise=parse_hostport(c["advertise"], "advertise") if c.get("advertise") else None,
+            rtt_ms=float(c.get("rtt_ms", 0.0))) for c in raw)
+    except FileNotFoundError:
+        raise ConfigError(f"clusters file {path} does not exist") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"clusters file {path}: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,9 +46,15 @@ def run(args: argparse.Namespace) -> int:
     from voiceedge.cli import UserError
 
     try:
-        config = SignalingConfig(
-            transceivers=tuple(args.transceiver), listen=parse_hostport(args.listen, "--listen"),
-            advertise=parse_hostport(args.advertise, "--advertise") if args.advertise else None)
+        listen = parse_hostport(args.listen, "--listen")
+        if args.clusters:
+            config = SignalingConfig(clusters=_load_clusters(args.clusters), listen=listen)
+        elif args.transceiver:
+            config = SignalingConfig.single(
+                tuple(args.transceiver), listen,
+                parse_hostport(args.advertise, "--advertise") if args.advertise else None)
+        else:
+            raise ConfigError("give --transceiver URL (repeatable) or --clusters FILE")
     except ConfigError as exc:
         raise UserError(str(exc)) from None
 

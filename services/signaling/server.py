@@ -5,10 +5,14 @@
 - Refusals are one line of text: ``415`` wrong content type, ``413`` oversized body, ``400``
   malformed offer / no audio / no BUNDLE, ``503`` no transceiver has room. Nothing is allocated
   for a refused offer.
-- The transceiver is the one with the most room, from its ``/status`` (polled in the
-  background); one that answers ``503`` is skipped for the next.
-- The answer's one candidate is ``advertise`` (the relay VIP the client should use), passed to
-  the transceiver per call.
+- Geo steering (the regional front): transceivers belong to clusters, each with the RTT from
+  this front's region; a call goes to the nearest cluster that is healthy and has room (from
+  each transceiver's ``/status``, polled in the background), to its transceiver with the most
+  room, and falls back to the next nearest when one is down, full (``503``) or unreachable. A
+  cluster-local signaling is the same with one cluster.
+- The answer's one candidate is the cluster's ``advertise`` address (the relay VIP the client
+  should use), passed to the transceiver per call.
+- The call id in ``Location`` names the cluster: ``{cluster}~{transceiver}~{session}``.
 """
 from __future__ import annotations
 
@@ -26,16 +30,31 @@ log = logging.getLogger("voiceedge.signaling")
 
 
 @dataclass(frozen=True)
+class ClusterRoute:
+    """A cluster this front may send calls to."""
+
+    name: str
+    transceivers: tuple[str, ...]             # control base URLs, e.g. http://10.2.5.2:8900
+    advertise: tuple[str, int] | None = None  # candidate for answers; None: the transceiver's
+    rtt_ms: float = 0.0                       # from this front's region: proximity
+
+
+@dataclass(frozen=True)
 class SignalingConfig:
-    transceivers: tuple[str, ...]            # control base URLs, e.g. http://127.0.0.1:8900
+    clusters: tuple[ClusterRoute, ...]
     listen: tuple[str, int] = ("127.0.0.1", 8080)
-    advertise: tuple[str, int] | None = None  # candidate for answers (relay VIP); None: default
     poll_interval: float = 1.0
+
+    @classmethod
+    def single(cls, transceivers: tuple[str, ...], listen=("127.0.0.1", 8080),
+               advertise: tuple[str, int] | None = None) -> "SignalingConfig":
+        return cls(clusters=(ClusterRoute("local", transceivers, advertise),), listen=listen)
 
 
 @dataclass
 class _Backend:
     url: str
+    cluster: ClusterRoute
     sessions: int = 0
     capacity: int = 0
     healthy: bool = False
@@ -55,10 +74,11 @@ class SignalingServer:
     """``async with SignalingServer(config) as s``: serves until the block ends."""
 
     def __init__(self, config: SignalingConfig) -> None:
-        if not config.transceivers:
+        if not any(c.transceivers for c in config.clusters):
             raise ValueError("signaling needs at least one transceiver")
         self.config = config
-        self.backends = [_Backend(url.rstrip("/")) for url in config.transceivers]
+        self.backends = [_Backend(url.rstrip("/"), cluster) for cluster in config.clusters
+                         for url in cluster.transceivers]
         self.stats = SignalingStats()
         self.port: int | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -89,7 +109,7 @@ class SignalingServer:
         self.port = site._server.sockets[0].getsockname()[1]
         log.info(json.dumps({"event": "signaling_started",
                              "listen": f"{self.config.listen[0]}:{self.port}",
-                             "transceivers": list(self.config.transceivers)}))
+                             "clusters": [c.name for c in self.config.clusters]}))
 
     async def stop(self) -> None:
         if self._poller is not None:
@@ -121,7 +141,9 @@ class SignalingServer:
             backend.healthy = False
 
     def _candidates(self) -> list[_Backend]:
-        return sorted((b for b in self.backends if b.room > 0), key=lambda b: -b.room)
+        """Nearest cluster first; within a cluster, the transceiver with the most room."""
+        return sorted((b for b in self.backends if b.room > 0),
+                      key=lambda b: (b.cluster.rtt_ms, b.cluster.name, -b.room))
 
     # ------------------------------------------------------------ API
 
@@ -138,10 +160,11 @@ class SignalingServer:
             check_offer(body)
         except OfferError as exc:
             return self._refuse(exc.status, str(exc))
-        params = {}
-        if self.config.advertise:
-            params["candidate"] = f"{self.config.advertise[0]}:{self.config.advertise[1]}"
         for backend in self._candidates():
+            params = {}
+            if backend.cluster.advertise:
+                host, port = backend.cluster.advertise
+                params["candidate"] = f"{host}:{port}"
             try:
                 async with self._http.post(f"{backend.url}/sessions", data=body, params=params,
                                            headers={"Content-Type": "application/sdp"}) as r:
@@ -159,7 +182,8 @@ class SignalingServer:
             self.stats.created += 1
             index = self.backends.index(backend)
             return web.Response(status=201, text=text, content_type="application/sdp",
-                                headers={"Location": f"/v1/calls/t{index}.{session}"})
+                                headers={"Location": f"/v1/calls/{backend.cluster.name}~{index}~{session}",
+                                         "X-Voiceedge-Cluster": backend.cluster.name})
         return self._refuse(503, "no transceiver has room for a call")
 
     def _refuse(self, status: int, reason: str) -> web.Response:
@@ -167,13 +191,10 @@ class SignalingServer:
         return web.Response(status=status, text=reason.splitlines()[0] + "\n")
 
     async def _delete_call(self, request: web.Request) -> web.Response:
-        call = request.match_info["call"]
-        index, _, session = call.partition(".")
-        if not index.startswith("t") or not index[1:].isdigit() or not session:
+        parts = request.match_info["call"].split("~")
+        if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) >= len(self.backends):
             return web.Response(status=404, text="no such call\n")
-        i = int(index[1:])
-        if i >= len(self.backends):
-            return web.Response(status=404, text="no such call\n")
+        i, session = int(parts[1]), parts[2]
         try:
             async with self._http.delete(f"{self.backends[i].url}/sessions/{session}") as r:
                 if r.status == 204:
@@ -185,8 +206,9 @@ class SignalingServer:
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.json_response({
             "calls_created": self.stats.created, "refused": self.stats.refused,
-            "transceivers": [{"url": b.url, "healthy": b.healthy, "sessions": b.sessions,
-                              "capacity": b.capacity} for b in self.backends]})
+            "transceivers": [{"url": b.url, "cluster": b.cluster.name, "healthy": b.healthy,
+                              "sessions": b.sessions, "capacity": b.capacity}
+                             for b in self.backends]})
 
 
 @web.middleware

@@ -1,0 +1,84 @@
+"""Scenario files: what a run builds, whom it calls, and how."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ARCHITECTURES = ("port-per-session", "cluster-relay", "global-relay")
+BASELINE = "port-per-session"
+DEFAULT_SCENARIO = Path(__file__).with_name("default.yaml")
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot run; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    clusters: tuple[str, ...]
+    sessions_per_region: int = 7
+    call_duration_s: float = 6.0
+    start_rate: float = 3.0
+    architectures: tuple[str, ...] = ARCHITECTURES
+    last_mile: str = "last_mile_broadband"
+    profiles: dict = field(default_factory=dict)
+    calibration_count: int = 150
+    calibration_rate: float = 100.0
+    description: str = ""
+    source: str = ""
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Scenario":
+        path = Path(path)
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise ScenarioError(f"scenario file {path} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise ScenarioError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ScenarioError(f"{path}: must be a mapping of fields")
+        known = {"name", "description", "clusters", "sessions_per_region", "call_duration_s",
+                 "start_rate", "architectures", "last_mile", "profiles", "calibration"}
+        unknown = set(doc) - known
+        if unknown:
+            raise ScenarioError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
+
+        def need(key, kind, check=lambda v: True, what="invalid"):
+            value = doc.get(key)
+            if not isinstance(value, kind) or isinstance(value, bool) or not check(value):
+                raise ScenarioError(f"{path}: {key}: {what} ({value!r})")
+            return value
+
+        clusters = need("clusters", list, lambda v: bool(v) and all(isinstance(c, str) for c in v),
+                        "a non-empty list of region names")
+        archs = doc.get("architectures", list(ARCHITECTURES))
+        if not isinstance(archs, list) or not archs or set(archs) - set(ARCHITECTURES):
+            raise ScenarioError(f"{path}: architectures: choose from {', '.join(ARCHITECTURES)}")
+        calibration = doc.get("calibration", {}) or {}
+        if not isinstance(calibration, dict) or set(calibration) - {"count", "rate"}:
+            raise ScenarioError(f"{path}: calibration: only count and rate")
+        profiles = doc.get("profiles", {}) or {}
+        if not isinstance(profiles, dict):
+            raise ScenarioError(f"{path}: profiles: a mapping of profile -> overrides")
+        scenario = cls(
+            name=need("name", str, lambda v: v.replace("-", "").replace("_", "").isalnum(),
+                      "letters, digits, - and _ only"),
+            clusters=tuple(clusters),
+            sessions_per_region=need("sessions_per_region", int, lambda v: 1 <= v <= 200,
+                                     "1..200"),
+            call_duration_s=float(need("call_duration_s", (int, float), lambda v: 2 <= v <= 600,
+                                       "2..600 s")),
+            start_rate=float(need("start_rate", (int, float), lambda v: 0 < v <= 50, "0..50/s")),
+            architectures=tuple(dict.fromkeys(archs)),
+            last_mile=doc.get("last_mile", "last_mile_broadband"),
+            profiles=profiles,
+            calibration_count=int(calibration.get("count", 150)),
+            calibration_rate=float(calibration.get("rate", 100)),
+            description=str(doc.get("description", "")).strip(), source=str(path))
+        if scenario.calibration_count < 20 or scenario.calibration_rate <= 0:
+            raise ScenarioError(f"{path}: calibration: count >= 20 and a positive rate")
+        return scenario

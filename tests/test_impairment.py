@@ -1,0 +1,402 @@
+"""Impairment backends: netem's commands (pure: this kernel has no netem), backend choice, the
+userspace NFQUEUE engine measured on two namespaces joined by a veth, and its failure modes.
+
+Needs root; never skipped: a testbed whose impairment is untested measures nothing.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from topology.impairment import bench
+from topology.impairment.backend import (BackendUnavailable, ImpairmentError, detect,
+                                         make_backend)
+from topology.impairment.direction import Direction
+from topology.impairment.lab import pair_lab
+from topology.impairment.model import (BernoulliLoss, GilbertElliottLoss, Impairment, NetNode,
+                                       impairment_from_dict, impairment_to_dict)
+from topology.impairment.netem import (NetemBackend, netem_args, netem_commands,
+                                       parse_qdisc_stats, teardown_commands)
+from topology.impairment.nsutil import in_netns
+from topology.impairment.probe import udp_probe
+from topology.impairment.userspace import UserspaceBackend
+
+# -- pure: netem commands, the per-packet model -------------------------------------------------
+
+
+def test_netem_commands_redirect_ingress_to_an_ifb_with_netem_on_it():
+    cmds = netem_commands("eth0", "vifb0", Impairment(delay_ms=20, jitter_ms=5))
+    assert cmds[0] == ["ip", "link", "add", "vifb0", "type", "ifb"]
+    assert cmds[1] == ["ip", "link", "set", "vifb0", "up"]
+    assert cmds[2] == ["tc", "qdisc", "add", "dev", "vifb0", "root", "handle", "1:", "netem",
+                       "limit", "20000", "delay", "20000us", "5000us", "distribution", "normal"]
+    # the redirect comes after netem is in place: nothing passes unimpaired meanwhile
+    assert cmds[3] == ["tc", "qdisc", "add", "dev", "eth0", "handle", "ffff:", "ingress"]
+    assert cmds[4] == ["tc", "filter", "add", "dev", "eth0", "parent", "ffff:", "protocol", "all",
+                       "u32", "match", "u32", "0", "0", "action", "mirred", "egress", "redirect",
+                       "dev", "vifb0"]
+    assert teardown_commands("eth0", "vifb0") == [
+        ["tc", "qdisc", "del", "dev", "eth0", "handle", "ffff:", "ingress"],
+        ["ip", "link", "del", "vifb0"]]
+
+
+def test_netem_args_loss_models_rate_uniform_and_fifo():
+    assert netem_args(Impairment()) == ["limit", "20000"]
+    assert netem_args(Impairment(loss=BernoulliLoss(2))) == ["limit", "20000", "loss", "random", "2%"]
+    assert netem_args(Impairment(loss=GilbertElliottLoss(p=1, r=25)))[2:] == [
+        "loss", "gemodel", "1%", "25%", "100%", "0%"]
+    # uniform: jitter is an sd, netem's "delay D J" is uniform on D +- J
+    assert netem_args(Impairment(delay_ms=10, jitter_ms=2, distribution="uniform"))[2:] == [
+        "delay", "10000us", "3464us"]
+    # reorder=False with jitter: the rate trick keeps netem FIFO
+    assert netem_args(Impairment(delay_ms=50, jitter_ms=10, reorder=False))[-2:] == ["rate", "10gbit"]
+    assert "rate" not in netem_args(Impairment(delay_ms=50, jitter_ms=10))
+    assert "rate" not in netem_args(Impairment(delay_ms=50, reorder=False))  # no jitter: FIFO anyway
+    assert netem_args(Impairment(delay_ms=5, jitter_ms=1, reorder=False, rate_mbit=1.5))[-2:] == [
+        "rate", "1500000bit"]
+
+
+def test_parse_qdisc_stats():
+    text = ("qdisc netem 1: root refcnt 2 limit 20000 delay 20ms  5ms\n"
+            " Sent 123456 bytes 980 pkt (dropped 20, overlimits 0 requeues 0)\n"
+            " backlog 600b 3p requeues 0\n")
+    assert parse_qdisc_stats(text) == {"seen": 1003, "delayed": 980, "dropped_loss": 20, "held": 3}
+    assert parse_qdisc_stats("") == {}
+
+
+def test_impairment_round_trips_through_json():
+    for imp in (Impairment(), Impairment(delay_ms=5, jitter_ms=1, distribution="uniform",
+                                         reorder=False, loss=BernoulliLoss(1), rate_mbit=10),
+                Impairment(loss=GilbertElliottLoss(p=1, r=25, bad_loss=90, good_loss=0.5))):
+        assert impairment_from_dict(json.loads(json.dumps(impairment_to_dict(imp)))) == imp
+
+
+def _loss_runs(lost: list[bool]) -> list[int]:
+    runs, run = [], 0
+    for x in lost + [False]:
+        if x:
+            run += 1
+        elif run:
+            runs.append(run)
+            run = 0
+    return runs
+
+
+def test_direction_loss_models_match_their_expectations():
+    ge = Direction(Impairment(loss=GilbertElliottLoss(p=1, r=25)), random.Random(1))
+    lost = [ge.decide(0.0) is None for _ in range(200_000)]
+    assert 100 * sum(lost) / len(lost) == pytest.approx(100 / 26, rel=0.1)  # 3.85%
+    assert statistics.fmean(_loss_runs(lost)) == pytest.approx(4.0, rel=0.1)
+    bern = Direction(Impairment(loss=BernoulliLoss(2)), random.Random(2))
+    lost = [bern.decide(0.0) is None for _ in range(200_000)]
+    assert 100 * sum(lost) / len(lost) == pytest.approx(2.0, rel=0.1)
+    assert statistics.fmean(_loss_runs(lost)) < 1.1
+
+
+def test_direction_delays_fifo_and_rate():
+    for dist in ("normal", "uniform"):
+        d = Direction(Impairment(delay_ms=50, jitter_ms=10, distribution=dist), random.Random(3))
+        delays = [d.decide(1.0) - 1.0 for _ in range(50_000)]
+        assert statistics.fmean(delays) == pytest.approx(0.050, abs=0.0005)
+        assert statistics.pstdev(delays) == pytest.approx(0.010, rel=0.05)
+    # no reorder: never before the previous packet, which raises the mean at high rates
+    d = Direction(Impairment(delay_ms=50, jitter_ms=10, reorder=False), random.Random(4))
+    releases = [d.decide(i / 1000) for i in range(5000)]
+    assert releases == sorted(releases)
+    assert statistics.fmean(r - i / 1000 for i, r in enumerate(releases)) > 0.055
+    # rate: 1000 bytes at 8 Mbit/s = 1 ms each, back to back
+    d = Direction(Impairment(rate_mbit=8), random.Random(5))
+    assert [round(d.decide(0.0, 1000), 6) for _ in range(3)] == [0.001, 0.002, 0.003]
+    # clipped at zero
+    d = Direction(Impairment(delay_ms=1, jitter_ms=10), random.Random(6))
+    assert min(d.decide(0.0) for _ in range(1000)) == 0.0
+
+
+# -- backend choice -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def root():
+    if os.geteuid() != 0:
+        pytest.fail("the impairment tests need root (namespaces, iptables): run `make test` as root")
+
+
+def test_detect_says_userspace_on_this_kernel(root):
+    assert detect() == "userspace"
+    assert isinstance(make_backend(None), UserspaceBackend)
+    assert isinstance(make_backend("userspace"), UserspaceBackend)
+    with pytest.raises(BackendUnavailable, match="no sch_netem"):
+        make_backend("netem")
+    with pytest.raises(ValueError, match="unknown impairment backend"):
+        make_backend("tbf")
+
+
+# -- on two namespaces joined by a veth -------------------------------------------------------------
+
+ENGINE_MODULE = b"topology.impairment.engine"
+
+
+def _our_engines() -> list[int]:
+    """Engine processes that are children of this test process."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ENGINE_MODULE in cmdline and ppid == os.getpid():
+            pids.append(int(proc.name))
+    return pids
+
+
+def _leftovers(*nodes) -> list[str]:
+    """NFQUEUE rules and bound queues left in ``nodes``."""
+    found = []
+    for node in nodes:
+        for save in ("iptables-save", "ip6tables-save"):
+            found += [f"{node.name}: {line}" for line in node.run(save).splitlines()
+                      if "NFQUEUE" in line]
+        queues = node.run("cat", "/proc/net/netfilter/nfnetlink_queue").strip()
+        if queues:
+            found.append(f"{node.name}: bound queue {queues}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def lab(root):
+    with pair_lab() as world:
+        yield world
+        assert not _leftovers(world.a, world.b)
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"veimp-{os.getpid()}" not in names
+    assert not Path("/proc/net/netfilter/nfnetlink_queue").read_text().strip()
+    assert not _our_engines()
+
+
+@pytest.fixture
+def backends(lab):
+    """Make backends; every one is stopped afterwards, whatever happened."""
+    made: list = []
+
+    def make(**options) -> UserspaceBackend:
+        made.append(UserspaceBackend(**options))
+        return made[-1]
+
+    yield make
+    for b in made:
+        b.stop()
+    assert not _leftovers(lab.a, lab.b)
+
+
+def probe(lab, **kw):
+    return udp_probe(lab.a.ns_path, lab.b.ns_path, kw.pop("addr", lab.addr_b), **kw)
+
+
+def _tolerance_ms(configured: float) -> float:
+    return max(1.0, 0.05 * configured) + 0.5
+
+
+def test_delay_and_jitter_normal(lab, backends):
+    be = backends(seed=11)
+    be.apply(lab.b, lab.if_b, Impairment(delay_ms=20, jitter_ms=5))
+    be.start()
+    r = probe(lab, count=300, rate=100)
+    assert r.received == 300
+    assert abs(r.mean_ms - 20) <= _tolerance_ms(20), r.summary()
+    assert r.sd_ms == pytest.approx(5, abs=0.75), r.summary()
+    assert r.reordered > 0  # reorder=True: jitter larger than the spacing lets packets overtake
+    s = be.stats()
+    iface = s["interfaces"][f"{lab.b.name}:vb"]
+    assert iface["seen"] >= 300 and iface["delayed"] == iface["seen"] and iface["dropped_loss"] == 0
+    assert iface["ipv6"] and iface["kernel"]["queue_dropped"] == 0
+    assert s["cpu_seconds"] > 0 and s["lateness_p50_us"] is not None
+    assert s["lateness_p50_us"] < 1000
+
+
+def test_ipv6_is_impaired_too(lab, backends):
+    be = backends()
+    be.apply(lab.b, lab.if_b, Impairment(delay_ms=10))
+    be.start()
+    r = probe(lab, addr=lab.addr6_b, count=50, rate=200)
+    assert r.received == 50 and abs(r.mean_ms - 10) <= _tolerance_ms(10), r.summary()
+    assert r.percentile_ms(0.0) >= 10.0
+
+
+def test_bernoulli_loss_within_a_binomial_band(lab, backends):
+    be = backends(seed=21, ipv6=False)  # IPv4 only: no neighbour discovery in the counts
+    be.apply(lab.b, lab.if_b, Impairment(loss=BernoulliLoss(2)))
+    be.start()
+    n = 3000
+    r = probe(lab, count=n, rate=1000, drain_s=0.2)
+    band = 4 * math.sqrt(n * 0.02 * 0.98)  # 4 sd of the binomial
+    assert abs((n - r.received) - 0.02 * n) <= band, r.summary()
+    iface = be.stats()["interfaces"][f"{lab.b.name}:vb"]
+    assert iface["seen"] == n and iface["dropped_loss"] == n - r.received  # every loss is ours
+    assert not iface["ipv6"]
+
+
+def test_gilbert_elliott_loss_is_bursty(lab, backends):
+    be = backends(seed=31)
+    loss = GilbertElliottLoss(p=1, r=25)  # 3.85% expected, bursts of 4 on average
+    be.apply(lab.b, lab.if_b, Impairment(loss=loss))
+    be.start()
+    r = probe(lab, count=6000, rate=2000, drain_s=0.2)
+    assert 1.5 <= r.loss_pct <= 6.5, r.summary()
+    assert statistics.fmean(r.loss_bursts) > 1.5, r.summary()
+
+
+def test_reorder_false_keeps_order_and_reorder_true_does_not(lab, backends):
+    jittery = dict(delay_ms=20, jitter_ms=10)
+    fifo = backends(seed=41)
+    fifo.apply(lab.b, lab.if_b, Impairment(reorder=False, **jittery))
+    fifo.start()
+    kept = probe(lab, count=500, rate=500, drain_s=0.2)
+    fifo.stop()
+    free = backends(seed=41)
+    free.apply(lab.b, lab.if_b, Impairment(**jittery))
+    free.start()
+    mixed = probe(lab, count=500, rate=500, drain_s=0.2)
+    assert kept.received == mixed.received == 500
+    assert kept.reordered == 0, kept.summary()
+    assert mixed.reordered > 50, mixed.summary()  # the check can see reordering when it happens
+
+
+def test_rate_serialises_packets(lab, backends):
+    be = backends()
+    be.apply(lab.b, lab.if_b, Impairment(rate_mbit=8))  # 1 us per byte
+    be.start()
+    # bursts of 20 back-to-back datagrams of 1000 bytes on the wire (972 + UDP 8 + IPv4 20)
+    r = probe(lab, count=60, rate=100, burst=20, size=972, drain_s=0.2)
+    assert r.received == 60
+    gaps = [b - a for a, b in zip(r.recv_ms, r.recv_ms[1:]) if b - a < 50]
+    assert statistics.median(gaps) == pytest.approx(1.0, abs=0.15), gaps
+
+
+def test_killed_engine_blackholes_traffic(lab, backends):
+    be = backends()
+    be.apply(lab.b, lab.if_b, Impairment(delay_ms=5))
+    be.start()
+    assert probe(lab, count=20, rate=200, drain_s=0.1).received == 20
+    os.kill(be.engine_pid, signal.SIGKILL)
+    after = probe(lab, count=50, rate=200, drain_s=0.2)
+    assert after.received == 0, "a dead engine must not let traffic through unimpaired"
+    with pytest.raises(ImpairmentError, match="not running"):
+        be.stats()
+    be.stop()
+    assert not _leftovers(lab.a, lab.b)
+    assert probe(lab, count=20, rate=200, drain_s=0.1).received == 20  # the rule is gone
+
+
+def test_sigterm_stops_the_engine_cleanly(lab, backends):
+    be = backends()
+    be.apply(lab.b, lab.if_b, Impairment(delay_ms=1))
+    be.start()
+    pid = be.engine_pid
+    os.kill(pid, signal.SIGTERM)
+    assert be._engine.proc.wait(timeout=5) == 0  # exit 0: it unbound and left on its own
+    assert "bound queue" not in "\n".join(_leftovers(lab.b))
+    assert probe(lab, count=20, rate=200, drain_s=0.1).received == 0  # the rule stays: blackhole
+    be.stop()
+    assert not _leftovers(lab.a, lab.b)
+
+
+def test_stop_removes_everything_and_is_idempotent(lab, backends):
+    be = backends()
+    be.apply(lab.b, lab.if_b, Impairment(delay_ms=3))
+    be.start()
+    be.apply(lab.a, lab.if_a, Impairment(delay_ms=3))  # after start: takes effect at once
+    assert _leftovers(lab.a) and _leftovers(lab.b)
+    assert probe(lab, count=20, rate=200, drain_s=0.1).mean_ms >= 3
+    engine = be.engine_pid
+    s = be.stats()
+    assert set(s["interfaces"]) == {f"{lab.a.name}:va", f"{lab.b.name}:vb"}
+    be.stop()
+    assert not _leftovers(lab.a, lab.b)
+    assert not Path(f"/proc/{engine}").exists() and engine not in _our_engines()
+    be.stop()
+    assert probe(lab, count=20, rate=200, drain_s=0.1).mean_ms < 1
+
+
+def test_stop_releases_what_the_engine_holds(lab, backends):
+    be = backends()
+    be.apply(lab.b, lab.if_b, Impairment(delay_ms=2000))
+    be.start()
+    with in_netns(lab.b.ns_path):
+        rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with in_netns(lab.a.ns_path):
+        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with rx, tx:
+        rx.bind((lab.addr_b, 0))
+        rx.settimeout(1.0)
+        for i in range(10):
+            tx.sendto(b"held %d" % i, rx.getsockname())
+        time.sleep(0.2)
+        assert be.stats()["interfaces"][f"{lab.b.name}:vb"]["held"] == 10
+        t0 = time.monotonic()
+        be.stop()
+        got = [rx.recv(64) for _ in range(10)]
+    assert sorted(got) == sorted(b"held %d" % i for i in range(10))
+    assert time.monotonic() - t0 < 1.5  # released at stop, not after their 2 s
+
+
+def test_a_failed_apply_after_start_leaves_the_rest_working(lab, backends):
+    be = backends()
+    be.apply(lab.b, lab.if_b, Impairment(delay_ms=2))
+    be.start()
+    with pytest.raises(ImpairmentError, match="ghost:x0"):
+        be.apply(NetNode("ghost", "/var/run/netns/no-such-namespace"), "x0", Impairment(delay_ms=1))
+    assert set(be.stats()["interfaces"]) == {f"{lab.b.name}:vb"}
+    assert probe(lab, count=20, rate=200, drain_s=0.1).mean_ms >= 2
+
+
+def test_a_busy_queue_fails_start_clearly(lab, backends):
+    holder = backends(queue_base=4300)
+    holder.apply(lab.b, lab.if_b, Impairment(delay_ms=1))
+    holder.start()
+    rival = backends(queue_base=4300)
+    rival.apply(lab.b, "lo", Impairment(delay_ms=1))
+    with pytest.raises(ImpairmentError, match="holds this queue"):
+        rival.start()
+    assert rival.engine_pid is None and len(_our_engines()) == 1
+    assert "--queue-num 4300" in "\n".join(_leftovers(lab.b))  # the holder's rule only
+    assert "-i lo" not in "\n".join(_leftovers(lab.b))
+
+
+def test_netem_backend_fails_here_and_leaves_nothing(lab):
+    be = NetemBackend()
+    be.apply(lab.b, lab.if_b, Impairment(delay_ms=5))
+    with pytest.raises(ImpairmentError, match="netem"):
+        be.start()
+    assert "vifb" not in lab.b.run("ip", "-o", "link")
+    assert "ingress" not in lab.b.run("tc", "qdisc", "show", "dev", "vb")
+    be.stop()
+
+
+def test_bench_reports_cost_and_accuracy(root, capsys):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["impairment", "--json", "--rate", "500", "--seconds", "1",
+                              "--delay-ms", "10", "--floor-seconds", "0.2"])
+    t0 = time.monotonic()
+    assert bench.run(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["received"] == report["sent"] == 500
+    assert abs(report["added_mean_ms"] - 10) <= _tolerance_ms(10)
+    assert report["cpu_us_per_packet"] > 0 and report["lateness_p50_us"] is not None
+    assert report["kernel_dropped"] == 0
+    assert time.monotonic() - t0 < 15

@@ -1,0 +1,130 @@
+"""Emulated worlds: Mininet hosts with userspace impairment, calibrated (needs root).
+
+On this machine and in CI the kernel has no netem: these run the userspace backend.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from topology.calibrate import calibrate
+from topology.impairment.backend import make_backend
+from topology.impairment.model import GilbertElliottLoss, Impairment
+from topology.plan import world_spec
+from topology.regions import RegionsCatalog
+from topology.world import World, WorldSpec
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
+
+
+def _matching() -> set[str]:
+    out = subprocess.run(["pgrep", "-f", "mininet:|mnexec|topology.impairment.engine|topology.probe"],
+                         capture_output=True, text=True).stdout.split()
+    return {p for p in out if int(p) != os.getpid()}
+
+
+@pytest.fixture(autouse=True)
+def _preexisting(monkeypatch):
+    """Processes of other runs on this machine are not this test's leftovers."""
+    monkeypatch.setattr(sys.modules[__name__], "_BEFORE", _matching())
+
+
+_BEFORE: set[str] = set()
+
+
+def leftovers() -> dict:
+    """What a world could leave behind in the root namespace (new since the test started)."""
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    queues = open("/proc/net/netfilter/nfnetlink_queue").read().strip() \
+        if os.path.exists("/proc/net/netfilter/nfnetlink_queue") else ""
+    procs = sorted(_matching() - _BEFORE)
+    return {"interfaces": [l.split(": ")[1] for l in links.splitlines() if "-eth" in l],
+            "queues": queues, "processes": procs}
+
+
+def test_three_region_world_calibrates_and_leaves_nothing():
+    catalog = RegionsCatalog.load()
+    spec = world_spec(catalog, ["apac-se", "na-east", "eu-west"])
+    world = World(spec, make_backend())
+    with world:
+        assert world.backend.name == "userspace"  # this kernel has no netem
+        report = calibrate(world, count=150)
+    assert report.ok, [(p.kind, p.src, p.dst, p.mean_ms, p.sd_ms, p.loss_pct)
+                       for p in report.failures]
+    assert len(report.paths) == 6 + 6 + 6 + 1
+    assert report.baseline_ms < 1.0  # the unimpaired path: the world is not flat by accident
+    public = [p for p in report.paths if p.kind == "public"]
+    assert all(p.mean_ms > 60 for p in public)
+    assert leftovers() == {"interfaces": [], "queues": "", "processes": []}
+
+
+def test_a_150_ms_path_with_jitter_and_bursty_loss_measures_inside_its_bands():
+    path = Impairment(delay_ms=150, jitter_ms=20, loss=GilbertElliottLoss(p=1.0, r=25.0))
+    spec = WorldSpec(regions=("a1", "b1"), clusters=(),
+                     impairments={("public", "a1", "b1"): path})
+    with World(spec, make_backend("userspace")) as world:
+        report = calibrate(world, count=400, rate=100)
+    [result] = [p for p in report.paths if p.kind == "public"]
+    assert result.ok, result
+    assert 140 < result.mean_ms < 160 and 15 < result.sd_ms < 25
+    assert result.received < result.sent  # the bursty loss is there (3.85% expected)
+
+
+def test_a_killed_engine_is_caught_by_calibration_not_reported_as_good():
+    spec = WorldSpec(regions=("a1", "b1"), clusters=(),
+                     impairments={("public", "a1", "b1"): Impairment(delay_ms=20)})
+    backend = make_backend("userspace")
+    with World(spec, backend) as world:
+        os.kill(backend.engine_pid, signal.SIGKILL)
+        time.sleep(0.2)
+        report = calibrate(world, count=50)
+    [result] = [p for p in report.paths if p.kind == "public"]
+    assert not report.ok and not result.ok
+    assert result.received == 0  # NFQUEUE without an engine blackholes: never unimpaired
+    assert leftovers()["queues"] == ""
+
+
+def test_teardown_after_an_exception_leaves_nothing():
+    spec = world_spec(RegionsCatalog.load(), ["apac-se", "na-east"])
+    with pytest.raises(RuntimeError, match="boom"):
+        with World(spec, make_backend()):
+            raise RuntimeError("boom")
+    assert leftovers() == {"interfaces": [], "queues": "", "processes": []}
+
+
+def test_teardown_after_ctrl_c_leaves_nothing(tmp_path):
+    script = tmp_path / "hold.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        from topology.impairment.backend import make_backend
+        from topology.plan import world_spec
+        from topology.regions import RegionsCatalog
+        from topology.world import World
+        spec = world_spec(RegionsCatalog.load(), ["apac-se", "na-east", "eu-west"])
+        with World(spec, make_backend()):
+            print("up", flush=True)
+            time.sleep(60)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up", proc.stderr.read()
+    assert len(leftovers()["processes"]) >= 12  # the world is really there: hosts, engine
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+    assert leftovers() == {"interfaces": [], "queues": "", "processes": []}
+
+
+def test_world_spec_rejects_bad_input():
+    with pytest.raises(ValueError, match="not in the world"):
+        WorldSpec(regions=("a",), clusters=("b",))
+    with pytest.raises(ValueError, match="repeat"):
+        WorldSpec(regions=("a", "a"), clusters=())
+    with pytest.raises(ValueError):
+        RegionsCatalog.load().resolve("atlantis")

@@ -1,0 +1,104 @@
+"""``voiceedge calibrate``: build a world, prove its links are the configured ones, tear down."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from topology.calibrate import CalibrationReport, calibrate
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("calibrate", help="build an emulated world and check every impaired link",
+                       description="Build the emulated world of --regions, probe every impaired "
+                                   "direction of every link, compare with the configuration, "
+                                   "tear down. Exit status 1 when a path is off.")
+    p.add_argument("--regions", default="apac-se,na-east,eu-west",
+                   help="region group, region, or comma list (default apac-se,na-east,eu-west)")
+    p.add_argument("--clusters", help="cluster regions (default: the catalogue's among them)")
+    p.add_argument("--backend", choices=("auto", "netem", "userspace"), default="auto",
+                   help="impairment backend (default: netem where the kernel has it)")
+    p.add_argument("--count", type=int, default=200, help="probe datagrams per path (default 200)")
+    p.add_argument("--rate", type=float, default=100.0, help="probe datagrams/s (default 100)")
+    p.add_argument("--json", action="store_true", help="print only JSON")
+    p.set_defaults(func=run)
+
+
+def build_and_calibrate(regions: str, clusters: str | None, backend: str, count: int,
+                        rate: float, say=lambda msg: None, progress=lambda d, t: None):
+    """Returns (report, world timings) or raises ValueError for bad input."""
+    from topology.impairment.backend import make_backend
+    from topology.plan import world_spec
+    from topology.regions import RegionsCatalog
+    from topology.world import World
+
+    catalog = RegionsCatalog.load()
+    names = [r.name for r in catalog.resolve(regions)]
+    cluster_names = [r.name for r in catalog.resolve(clusters)] if clusters else None
+    spec = world_spec(catalog, names, cluster_names)
+    impairment = make_backend(None if backend == "auto" else backend)
+    say(f"impairment backend: {impairment.name}; building {len(names)} regions "
+        f"({', '.join(names)}), clusters {', '.join(spec.clusters)}")
+    world = World(spec, impairment)
+    with world:
+        say(f"built in {world.build_seconds:.2f} s; probing {len(world.links) + 1} paths")
+        report = calibrate(world, count=count, rate=rate, progress=progress)
+        stats = impairment.stats()
+    timings = {"build_s": round(world.build_seconds, 2),
+               "teardown_s": round(world.teardown_seconds, 2)}
+    return report, timings, stats
+
+
+def run(args: argparse.Namespace) -> int:
+    from voiceedge.cli import UserError
+
+    if args.count < 20 or args.rate <= 0:
+        raise UserError("--count must be at least 20 and --rate positive")
+    if args.json:
+        say = progress = lambda *a: None  # noqa: E731
+    else:
+        from rich.console import Console
+        console = Console(stderr=True)
+        say = lambda msg: console.print(f"[dim]… {msg}[/dim]")  # noqa: E731
+        progress = lambda d, t: console.print(f"[dim]  {d}/{t} paths[/dim]", end="\r")  # noqa
+    try:
+        report, timings, stats = build_and_calibrate(args.regions, args.clusters, args.backend,
+                                                     args.count, args.rate, say, progress)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if args.json:
+        json.dump(report.to_dict() | {"timings": timings, "engine": _engine_summary(stats)},
+                  sys.stdout, indent=2)
+        print()
+    else:
+        print_report(report, timings)
+    return 0 if report.ok else 1
+
+
+def _engine_summary(stats: dict) -> dict:
+    return {k: v for k, v in stats.items() if not isinstance(v, (dict, list))}
+
+
+def print_report(report: CalibrationReport, timings: dict | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    verdict = "[green]PASS[/green]" if report.ok else "[red]FAIL[/red]"
+    table = Table(title=f"calibration ({report.backend} backend): {verdict}")
+    for col in ("path", "hosts", "delay ms cfg / meas", "sd ms cfg / meas",
+                "loss % cfg / meas", "recv", "ok"):
+        table.add_column(col, justify="right" if col != "path" else "left")
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    for p in report.paths:
+        mark = lambda good: "" if good else "[red]![/red]"  # noqa: E731
+        table.add_row(
+            f"{p.kind} {p.src}->{p.dst}", f"{p.sender}->{p.receiver}",
+            f"{p.expected_mean_ms:.2f} / {fmt(p.mean_ms)}{mark(p.mean_ok)}",
+            f"{p.expected_sd_ms:.2f} / {fmt(p.sd_ms)}{mark(p.sd_ok)}",
+            f"{p.expected_loss_pct:.2f} / {p.loss_pct:.2f}{mark(p.loss_ok)}",
+            f"{p.received}/{p.sent}", "yes" if p.ok else "[red]NO[/red]")
+    console = Console(width=max(Console().width, 120))
+    console.print(table)
+    if timings:
+        console.print(f"world built in {timings['build_s']} s, torn down in "
+                      f"{timings['teardown_s']} s; unimpaired path {report.baseline_ms} ms")

@@ -1,0 +1,148 @@
+"""A one-way UDP probe between two namespaces: what an impaired path really does.
+
+Each datagram carries its sequence number and its send time on CLOCK_MONOTONIC, which every
+namespace of the machine shares; the receiver takes its own monotonic time right after the
+datagram is read. So the delay is one-way and includes the receiving host's ingress, where
+impairment happens (kernel timestamps, as plain ``ping`` takes them, would miss it).
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import socket
+import statistics
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+from topology.impairment.nsutil import in_netns
+
+_HEADER = struct.Struct(">IQ")  # seq, send time in ns
+PR_SET_TIMERSLACK = 29
+
+
+@dataclass
+class ProbeResult:
+    sent: int
+    arrivals: list[tuple[int, float]]  # (seq, one-way delay in ms) in arrival order
+    recv_ms: list[float]  # receive times (monotonic, ms), same order
+
+    @property
+    def received(self) -> int:
+        return len(self.arrivals)
+
+    @property
+    def delays_ms(self) -> list[float]:
+        return [d for _, d in self.arrivals]
+
+    @property
+    def loss_pct(self) -> float:
+        return 100.0 * (self.sent - len({s for s, _ in self.arrivals})) / self.sent
+
+    @property
+    def mean_ms(self) -> float:
+        return statistics.fmean(self.delays_ms) if self.arrivals else math.nan
+
+    @property
+    def sd_ms(self) -> float:
+        return statistics.pstdev(self.delays_ms) if len(self.arrivals) > 1 else math.nan
+
+    def percentile_ms(self, q: float) -> float:
+        d = sorted(self.delays_ms)
+        return d[min(len(d) - 1, int(q * len(d)))] if d else math.nan
+
+    @property
+    def reordered(self) -> int:
+        """Datagrams that arrived after one with a higher sequence number."""
+        top, count = -1, 0
+        for seq, _ in self.arrivals:
+            if seq < top:
+                count += 1
+            top = max(top, seq)
+        return count
+
+    @property
+    def loss_bursts(self) -> list[int]:
+        """Lengths of the runs of consecutive lost sequence numbers."""
+        got = {s for s, _ in self.arrivals}
+        runs, run = [], 0
+        for seq in range(self.sent):
+            if seq in got:
+                if run:
+                    runs.append(run)
+                run = 0
+            else:
+                run += 1
+        if run:
+            runs.append(run)
+        return runs
+
+    def summary(self) -> dict:
+        bursts = self.loss_bursts
+        return {"sent": self.sent, "received": self.received, "loss_pct": round(self.loss_pct, 3),
+                "mean_ms": round(self.mean_ms, 3), "sd_ms": round(self.sd_ms, 3),
+                "p50_ms": round(self.percentile_ms(0.5), 3),
+                "p99_ms": round(self.percentile_ms(0.99), 3), "reordered": self.reordered,
+                "mean_loss_burst": round(statistics.fmean(bursts), 2) if bursts else 0.0}
+
+
+def _low_timer_slack() -> None:
+    ctypes.CDLL(None).prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(1000), 0, 0, 0)
+
+
+def udp_probe(src_ns: str, dst_ns: str, dst_addr: str, *, count: int = 300, rate: float = 100.0,
+              size: int = 64, drain_s: float = 0.5, burst: int = 1) -> ProbeResult:
+    """Send ``count`` datagrams of ``size`` bytes from namespace ``src_ns`` to ``dst_addr`` in
+    ``dst_ns``, ``rate`` per second (in groups of ``burst`` back to back), and wait ``drain_s``
+    after the last for stragglers."""
+    family = socket.AF_INET6 if ":" in dst_addr else socket.AF_INET
+    with in_netns(dst_ns):
+        rx = socket.socket(family, socket.SOCK_DGRAM)
+    with in_netns(src_ns):
+        tx = socket.socket(family, socket.SOCK_DGRAM)
+    arrivals: list[tuple[int, float]] = []
+    recv_ms: list[float] = []
+    done = threading.Event()
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        rx.bind((dst_addr, 0))
+        rx.settimeout(0.05)
+        target = rx.getsockname()[:2]
+
+        def receive() -> None:
+            buf = bytearray(max(size, _HEADER.size))
+            while not done.is_set():
+                try:
+                    rx.recv_into(buf)
+                except TimeoutError:
+                    continue
+                now = time.monotonic_ns()
+                seq, sent_ns = _HEADER.unpack_from(buf)
+                arrivals.append((seq, (now - sent_ns) / 1e6))
+                recv_ms.append(now / 1e6)
+
+        def send() -> None:
+            _low_timer_slack()
+            pad = b"\0" * max(0, size - _HEADER.size)
+            start = time.monotonic()
+            for seq in range(count):
+                if seq % burst == 0:
+                    wait = start + (seq // burst) * burst / rate - time.monotonic()
+                    if wait > 0:
+                        time.sleep(wait)
+                tx.sendto(_HEADER.pack(seq, time.monotonic_ns()) + pad, target)
+
+        receiver = threading.Thread(target=receive, name="probe-rx", daemon=True)
+        receiver.start()
+        sender = threading.Thread(target=send, name="probe-tx", daemon=True)
+        sender.start()
+        sender.join()
+        time.sleep(drain_s)
+        done.set()
+        receiver.join()
+    finally:
+        done.set()
+        rx.close()
+        tx.close()
+    return ProbeResult(count, arrivals, recv_ms)

@@ -1,0 +1,253 @@
+"""An emulated world: Mininet hosts for routers, services and clients, per region.
+
+Per region *i* (numbered from 1 in the order given):
+
+    client_i --last mile-- pub_i ==public internet mesh== pub_j
+                             |                                  edge_i: ingress relay + signaling
+    edge_i ------------------+  (public side)                           front, on the anycast
+    edge_i ---------------- bb_i ==backbone mesh======== bb_j           addresses
+    cluster_i (cluster regions only) -- pub_i and -- bb_i: cluster relay, transceivers, agent
+
+Address plan (region *i*, so every address tells its region): ``10.i.1.0/24`` client-pub,
+``10.i.2.0/24`` edge-pub, ``10.i.3.0/24`` edge-bb, ``10.i.4.0/24`` cluster-pub,
+``10.i.5.0/24`` cluster-bb (router ``.1``, host ``.2``); the public mesh link between regions
+*i* < *j* is ``10.200.k.0/24`` and the backbone one ``10.201.k.0/24`` (*k* numbers the pair;
+``.1`` on *i*, ``.2`` on *j*). Geo steering is anycast: every edge host carries the relay VIP
+``203.0.113.10`` and the signaling address ``203.0.113.20``, and each public router routes them
+to its own region's edge.
+
+Impairment is applied where each direction is received (ingress): last mile on the client and
+on its public router; public internet and backbone on both routers of every mesh link. The
+links inside a region (edge, cluster to their routers) are not impaired (same data centre).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+
+from topology.impairment.model import Impairment, NetNode
+
+log = logging.getLogger("voiceedge.topology")
+
+RELAY_VIP = "203.0.113.10"
+SIGNALING_VIP = "203.0.113.20"
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    """What to build: regions (short names, in order), which of them host clusters, and the
+    impairment of each direction of each impaired link."""
+
+    regions: tuple[str, ...]
+    clusters: tuple[str, ...]
+    # (kind, from region, to region) -> Impairment; kinds: last_mile_up (client -> pub),
+    # last_mile_down (pub -> client), public, backbone.
+    impairments: dict[tuple[str, str, str], Impairment] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.regions:
+            raise ValueError("a world needs at least one region")
+        if len(set(self.regions)) != len(self.regions):
+            raise ValueError("regions repeat")
+        if len(self.regions) > 60:
+            raise ValueError("at most 60 regions (the address plan numbers them 1..60)")
+        unknown = set(self.clusters) - set(self.regions)
+        if unknown:
+            raise ValueError(f"cluster regions not in the world: {', '.join(sorted(unknown))}")
+
+
+@dataclass(frozen=True)
+class ImpairedLink:
+    """One impaired direction: received by ``node`` on ``interface``."""
+
+    kind: str
+    src: str          # region the direction leaves
+    dst: str          # region it reaches
+    sender: str       # host names at both ends
+    receiver: str
+    receiver_ip: str  # the receiver's address on this link (probe target)
+    interface: str
+    impairment: Impairment
+
+
+def _reap(shells) -> None:
+    """Wait for the hosts' shells to exit (Mininet only sends SIGHUP); kill stragglers."""
+    deadline = time.monotonic() + 5
+    for shell in shells:
+        try:
+            shell.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except Exception:  # still there after 5 s: SIGHUP was ignored
+            shell.kill()
+            shell.wait()
+
+
+class World:
+    """``with World(spec, backend) as world:`` builds the hosts and links, applies impairment,
+    and tears everything down on exit, also after an exception or Ctrl-C."""
+
+    def __init__(self, spec: WorldSpec, backend) -> None:
+        self.spec = spec
+        self.backend = backend
+        self.net = None
+        self.index = {name: i + 1 for i, name in enumerate(spec.regions)}
+        self.links: list[ImpairedLink] = []
+        self.addresses: dict[str, dict[str, str]] = {}  # host -> role -> address
+        self.build_seconds: float | None = None
+        self.teardown_seconds: float | None = None
+
+    # ------------------------------------------------------------ names and addresses
+
+    def host(self, role: str, region: str):
+        return self.net[f"{role}{self.index[region]}"]
+
+    def node(self, name: str) -> NetNode:
+        host = self.net[name]
+        return NetNode(name, f"/proc/{host.pid}/ns/net")
+
+    @staticmethod
+    def lan(i: int, subnet: int, which: int) -> str:
+        return f"10.{i}.{subnet}.{which}"
+
+    # ------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> "World":
+        started = time.monotonic()
+        try:
+            self._build()
+            self.backend.start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        self.build_seconds = time.monotonic() - started
+        return self
+
+    def __exit__(self, *exc) -> None:
+        started = time.monotonic()
+        try:
+            self.backend.stop()
+        finally:
+            if self.net is not None:
+                from mininet.log import setLogLevel
+                setLogLevel("error")
+                shells = [h.shell for h in self.net.hosts if h.shell is not None]
+                self.net.stop()
+                self.net = None
+                _reap(shells)
+        self.teardown_seconds = time.monotonic() - started
+
+    def _build(self) -> None:
+        from mininet.link import Link
+        from mininet.log import setLogLevel
+        from mininet.net import Mininet
+        from mininet.node import Host
+
+        setLogLevel("error")
+        spec = self.spec
+        # No switches, no controller (no Open vSwitch here): hosts joined by veth pairs. Not
+        # calling net.build() keeps Mininet from re-addressing the first interface of hosts.
+        self.net = net = Mininet(topo=None, controller=None, link=Link, host=Host, build=False)
+        for region in spec.regions:
+            i = self.index[region]
+            for role in ("pub", "bb", "edge", "client") + (
+                    ("cluster",) if region in spec.clusters else ()):
+                net.addHost(f"{role}{i}", ip=None)
+        for host in net.hosts:
+            host.cmd("ip link set lo up")  # services bind loopback addresses inside hosts
+        for region in spec.regions:
+            self._build_region(region)
+        for a, b in itertools.combinations(spec.regions, 2):
+            self._build_mesh(a, b)
+        for region in spec.regions:
+            self._route_region(region)
+        for link in self.links:
+            self.backend.apply(self.node(link.receiver), link.interface, link.impairment)
+
+    def _link(self, a: str, b: str, ip_a: str, ip_b: str):
+        net = self.net
+        node_a, node_b = net[a], net[b]
+        name_a = f"{a}-eth{len(node_a.intfList())}"
+        name_b = f"{b}-eth{len(node_b.intfList())}"
+        net.addLink(node_a, node_b, intfName1=name_a, intfName2=name_b,
+                    params1={"ip": f"{ip_a}/24"}, params2={"ip": f"{ip_b}/24"})
+        return name_a, name_b
+
+    def _impair(self, kind: str, src: str, dst: str, sender: str, receiver: str,
+                receiver_ip: str, interface: str) -> None:
+        impairment = self.spec.impairments.get((kind, src, dst))
+        if impairment is not None and not impairment.is_null:
+            self.links.append(ImpairedLink(kind, src, dst, sender, receiver, receiver_ip,
+                                           interface, impairment))
+
+    def _build_region(self, region: str) -> None:
+        i = self.index[region]
+        pub, bb, edge, client = f"pub{i}", f"bb{i}", f"edge{i}", f"client{i}"
+        c_if, p_if = self._link(client, pub, self.lan(i, 1, 2), self.lan(i, 1, 1))
+        self._impair("last_mile_up", region, region, client, pub, self.lan(i, 1, 1), p_if)
+        self._impair("last_mile_down", region, region, pub, client, self.lan(i, 1, 2), c_if)
+        self._link(edge, pub, self.lan(i, 2, 2), self.lan(i, 2, 1))
+        self._link(edge, bb, self.lan(i, 3, 2), self.lan(i, 3, 1))
+        self.addresses[client] = {"public": self.lan(i, 1, 2)}
+        self.addresses[edge] = {"public": self.lan(i, 2, 2), "backbone": self.lan(i, 3, 2),
+                                "relay_vip": RELAY_VIP, "signaling_vip": SIGNALING_VIP}
+        if region in self.spec.clusters:
+            cluster = f"cluster{i}"
+            self._link(cluster, pub, self.lan(i, 4, 2), self.lan(i, 4, 1))
+            self._link(cluster, bb, self.lan(i, 5, 2), self.lan(i, 5, 1))
+            self.addresses[cluster] = {"public": self.lan(i, 4, 2),
+                                       "backbone": self.lan(i, 5, 2)}
+
+    def _build_mesh(self, a: str, b: str) -> None:
+        i, j = self.index[a], self.index[b]
+        k = self._pair_number(i, j)
+        for kind, role, net_octet in (("public", "pub", 200), ("backbone", "bb", 201)):
+            ip_a, ip_b = f"10.{net_octet}.{k}.1", f"10.{net_octet}.{k}.2"
+            if_a, if_b = self._link(f"{role}{i}", f"{role}{j}", ip_a, ip_b)
+            self._impair(kind, a, b, f"{role}{i}", f"{role}{j}", ip_b, if_b)
+            self._impair(kind, b, a, f"{role}{j}", f"{role}{i}", ip_a, if_a)
+
+    def _pair_number(self, i: int, j: int) -> int:
+        n = len(self.spec.regions)
+        pairs = [(x, y) for x in range(1, n + 1) for y in range(x + 1, n + 1)]
+        return pairs.index((min(i, j), max(i, j))) + 1
+
+    def _peer_ip(self, role: str, i: int, j: int) -> str:
+        """Address of router ``role``+j on the mesh link between regions i and j."""
+        k = self._pair_number(i, j)
+        octet = 200 if role == "pub" else 201
+        return f"10.{octet}.{k}.{2 if j > i else 1}"
+
+    def _route_region(self, region: str) -> None:
+        net, i = self.net, self.index[region]
+        others = [self.index[r] for r in self.spec.regions if r != region]
+        pub, bb, edge, client = (net[f"pub{i}"], net[f"bb{i}"], net[f"edge{i}"],
+                                 net[f"client{i}"])
+        for router in (pub, bb):
+            router.cmd("sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0")
+        cmds = {pub: [], bb: [], edge: [], client: []}
+        # Clients and edges reach everything public through their public router.
+        cmds[client].append(f"ip route add default via {self.lan(i, 1, 1)}")
+        cmds[edge].append(f"ip route add default via {self.lan(i, 2, 1)}")
+        for vip in (RELAY_VIP, SIGNALING_VIP):
+            cmds[edge].append(f"ip addr add {vip}/32 dev lo")
+            cmds[pub].append(f"ip route add {vip}/32 via {self.lan(i, 2, 2)}")
+        cluster = net.get(f"cluster{i}") if region in self.spec.clusters else None
+        if cluster is not None:
+            cmds[cluster] = [f"ip route add default via {self.lan(i, 4, 1)}"]
+        for j in others:
+            # Public internet: every region's client/edge/cluster subnets via that region's
+            # public router; backbone: edge and cluster backbone subnets via its bb router.
+            for subnet in (1, 2, 4):
+                cmds[pub].append(f"ip route add 10.{j}.{subnet}.0/24 via {self._peer_ip('pub', i, j)}")
+            for subnet in (3, 5):
+                cmds[bb].append(f"ip route add 10.{j}.{subnet}.0/24 via {self._peer_ip('bb', i, j)}")
+                cmds[edge].append(f"ip route add 10.{j}.{subnet}.0/24 via {self.lan(i, 3, 1)}")
+                if cluster is not None:
+                    cmds[cluster].append(
+                        f"ip route add 10.{j}.{subnet}.0/24 via {self.lan(i, 5, 1)}")
+        for host, lines in cmds.items():
+            if lines:
+                out = host.cmd("; ".join(lines))
+                if "Error" in out or "RTNETLINK" in out:
+                    raise RuntimeError(f"routing on {host.name}: {out.strip()}")
