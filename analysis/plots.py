@@ -249,7 +249,8 @@ def plot_media_timeseries(results: Results, out_dir: Path, per_architecture: int
 
 # G.107 Annex B user satisfaction (MOS lower limits), for the MOS panel's bands.
 SATISFACTION = ((4.34, "very satisfied"), (4.03, "satisfied"), (3.60, "some dissatisfied"),
-                (3.10, "many dissatisfied"), (2.58, "nearly all dissatisfied"), (1.0, "not recommended"))
+                (3.10, "many dissatisfied"), (2.58, "nearly all dissatisfied"),
+                (1.0, "not recommended"))
 
 
 def _strip(ax, groups: list[np.ndarray], colours: list[str], seed: int = 7) -> None:
@@ -402,7 +403,7 @@ def plot_region_matrix(results: Results, out_dir: Path, stats: Stats | None = No
                 row = stats.row(arch, metric, region)
                 if row is not None and row.n:
                     values.loc[region, arch] = row.p50
-                    text.loc[region, arch] = (f"{row.p50:.0f}\n[{row.p50_lo:.0f}–{row.p50_hi:.0f}]"
+                    text.loc[region, arch] = (f"{row.p50:.0f}\n[{row.p50_lo:.0f}, {row.p50_hi:.0f}]"
                                               f"\nn={row.n}")
         info = METRIC_BY_NAME[metric]
         _heatmap(ax, values, text, f"{info.label} p50, ms [95% CI]", f"{info.label} p50 (ms)")

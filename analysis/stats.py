@@ -63,19 +63,33 @@ def percentiles(values, qs=PERCENTILES) -> np.ndarray:
     return np.percentile(v, qs, method="linear")
 
 
-def bootstrap_ci(values, qs=PERCENTILES, boot: Bootstrap = Bootstrap()
+def bootstrap_ci(values, qs=PERCENTILES, boot: Bootstrap = Bootstrap(), strata=None
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Lower and upper bounds of each percentile's bootstrap confidence interval."""
+    """Lower and upper bounds of each percentile's bootstrap confidence interval.
+
+    With ``strata`` (a label per value, e.g. the client region), each resample draws within
+    every stratum as many values as it has: a run fixes the sessions per region, so the
+    resamples keep the regions' mix.
+    """
     v = np.asarray(values, dtype=float)
-    v = v[~np.isnan(v)]
+    labels = np.zeros(v.size, dtype=int) if strata is None else pd.factorize(
+        pd.Series(list(strata)))[0]
+    keep = ~np.isnan(v)
+    v, labels = v[keep], labels[keep]
     if v.size == 0:
         return np.full(len(qs), np.nan), np.full(len(qs), np.nan)
+    order = np.argsort(labels, kind="stable")
+    v, labels = v[order], labels[order]
+    sizes = np.bincount(labels)
+    sizes = sizes[sizes > 0]
+    offsets = np.r_[0, np.cumsum(sizes)[:-1]]
     rng = np.random.default_rng(boot.seed)
     chunk = max(1, 2_000_000 // v.size)  # bound the resample matrix to ~16 MB
     estimates = []
     for start in range(0, boot.resamples, chunk):
         n = min(chunk, boot.resamples - start)
-        idx = rng.integers(0, v.size, size=(n, v.size))
+        idx = np.concatenate([rng.integers(0, size, size=(n, size)) + offset
+                              for size, offset in zip(sizes, offsets)], axis=1)
         estimates.append(np.percentile(v[idx], qs, axis=1, method="linear"))
     est = np.concatenate(estimates, axis=1)
     tail = 100 * (1 - boot.level) / 2
@@ -123,7 +137,8 @@ class Stats:
 
     def row(self, architecture: str, metric: str, region: str = ALL) -> pd.Series | None:
         m = self.metrics
-        hit = m[(m.architecture == architecture) & (m.metric == metric) & (m.client_region == region)]
+        hit = m[(m.architecture == architecture) & (m.metric == metric)
+                & (m.client_region == region)]
         return None if hit.empty else hit.iloc[0]
 
     def success_row(self, architecture: str, region: str = ALL) -> pd.Series | None:
@@ -132,12 +147,12 @@ class Stats:
         return None if hit.empty else hit.iloc[0]
 
 
-def _metric_row(values, boot: Bootstrap) -> dict:
+def _metric_row(values, strata, boot: Bootstrap) -> dict:
     v = np.asarray(values, dtype=float)
+    lo, hi = bootstrap_ci(v, PERCENTILES, boot, strata)
     v = v[~np.isnan(v)]
     row = {"n": int(v.size), "mean": float(v.mean()) if v.size else math.nan}
     point = percentiles(v)
-    lo, hi = bootstrap_ci(v, PERCENTILES, boot)
     for q, p, a, b in zip(PERCENTILES, point, lo, hi):
         row.update({f"p{q}": p, f"p{q}_lo": a, f"p{q}_hi": b})
     return row
@@ -156,7 +171,7 @@ def compute_stats(results: Results, boot: Bootstrap = Bootstrap(),
     """Success and metric percentiles per architecture, pooled (ALL) and per client region.
 
     Metrics come from successful sessions only; loss-burst lengths are pooled over the bursts
-    of the group's sessions.
+    of the group's sessions. Pooled rows bootstrap within client regions (see bootstrap_ci).
     """
     sessions = with_derived(results.sessions, model)
     metric_rows, success_rows = [], []
@@ -169,16 +184,18 @@ def compute_stats(results: Results, boot: Bootstrap = Bootstrap(),
                              "success_lo": 100 * lo, "success_hi": 100 * hi})
         for metric in METRICS:
             if metric.name == "loss_burst_len":
-                values = [b for bursts in ok["loss_bursts"] for b in bursts]
+                pairs = [(b, r) for bursts, r in zip(ok["loss_bursts"], ok["client_region"])
+                         for b in bursts]
+                values, strata = [p[0] for p in pairs], [p[1] for p in pairs]
             else:
-                values = ok[metric.name].to_numpy(dtype=float)
+                values, strata = ok[metric.name].to_numpy(dtype=float), ok["client_region"]
             metric_rows.append({"architecture": arch, "client_region": region,
-                                "metric": metric.name, **_metric_row(values, boot)})
+                                "metric": metric.name, **_metric_row(values, strata, boot)})
     return Stats(metrics=pd.DataFrame(metric_rows), success=pd.DataFrame(success_rows),
                  sessions=sessions, bootstrap=boot)
 
 
-def thin_tail(n: int, q: int) -> bool:
-    """True when fewer than 5 observations lie beyond percentile q: its CI is then bounded by
-    the sample's extremes and says little."""
-    return n * (100 - q) / 100 < 5
+def thin_tail(n: int, q: int, min_beyond: int = 10) -> bool:
+    """True when fewer than ``min_beyond`` observations lie beyond percentile q (above 50):
+    the bootstrap then mostly reshuffles the sample's few extremes and its CI is too narrow."""
+    return q > 50 and n * (100 - q) / 100 < min_beyond

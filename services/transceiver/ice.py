@@ -116,11 +116,34 @@ class MuxStunProtocol(StunProtocol):
 
 
 class EdgeConnection(aioice.Connection):
-    """An aioice Connection whose host candidate comes from the plan."""
+    """An aioice Connection whose host candidate comes from the plan, and which accepts a
+    nominated pair the way an ICE-lite agent does (RFC 8445 §2.5, §7.3.1.5)."""
 
     def __init__(self, plan: IcePlan, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.plan = plan
+
+    def check_incoming(self, message, addr, protocol) -> None:
+        """An authenticated check with USE-CANDIDATE from the controlling client validates and
+        nominates its pair at once.
+
+        Stock aioice (full ICE) waits for its own triggered check on that pair to succeed. A
+        server behind a relay cannot check towards the client before the client's first check
+        teaches it the address, so that wait is one more media round trip of setup that only
+        the relayed architectures would pay: an artefact of this transceiver, not of the
+        architecture (edge servers are commonly ICE-lite). Same rule in both modes."""
+        super().check_incoming(message, addr, protocol)
+        if "USE-CANDIDATE" not in message.attributes or self.ice_controlling:
+            return
+        for pair in self._check_list:
+            if pair.protocol is protocol and pair.remote_addr == (addr[0], addr[1]):
+                if not pair.nominated:
+                    if pair.task is not None:
+                        pair.task.cancel()  # the triggered check is no longer needed
+                    pair.state = aioice.ice.CandidatePair.State.SUCCEEDED
+                    pair.nominated = True
+                    self.check_complete(pair)
+                return
 
     async def get_component_candidates(self, component: int, addresses: list[str],
                                        timeout: int = 5) -> list[Candidate]:

@@ -1,0 +1,48 @@
+"""``voiceedge report``: the report of a results folder, or what moved between two runs."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("report", help="plotted HTML/Markdown report of a results folder, or "
+                                      "compare two runs",
+                       description="Write report.html (self-contained), report.md and plots/ "
+                                   "for a results folder and print their paths; or, with "
+                                   "--compare OLD NEW, print in Markdown what moved between two "
+                                   "runs (changes whose 95%% CIs do not overlap are flagged).")
+    p.add_argument("results", nargs="?", metavar="RESULTS_DIR", type=Path,
+                   help="a results folder written by `voiceedge scenario`")
+    p.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), type=Path,
+                   help="compare two results folders instead")
+    p.add_argument("--out", metavar="DIR", type=Path,
+                   help="where the report goes (default: RESULTS_DIR itself)")
+    p.add_argument("--resamples", type=int, default=2000,
+                   help="bootstrap resamples per confidence interval (default 2000)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from analysis.compare import compare
+    from analysis.load import ResultsError
+    from analysis.report import write_report
+    from analysis.stats import Bootstrap
+    from voiceedge.cli import UserError
+
+    if (args.results is None) == (args.compare is None):
+        raise UserError("give either RESULTS_DIR or --compare OLD NEW")
+    if args.compare and args.out:
+        raise UserError("--out applies to a report, not to --compare")
+    if args.resamples < 100:
+        raise UserError(f"--resamples {args.resamples}: use at least 100")
+    boot = Bootstrap(resamples=args.resamples)
+    try:
+        if args.compare:
+            print(compare(*args.compare, boot=boot))
+        else:
+            for path in write_report(args.results, args.out, boot=boot):
+                print(path)
+    except ResultsError as exc:
+        raise UserError(str(exc)) from None
+    return 0

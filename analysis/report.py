@@ -1,0 +1,179 @@
+"""The report of one results folder: a self-contained HTML page and a Markdown summary.
+
+``write_report(dir)`` writes ``report.html`` (plots embedded as base64 PNG, no external
+resources), ``report.md`` and the PNGs under ``plots/``; ``compare(old, new)`` says what moved
+between two runs (analysis/compare.py).
+"""
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+from analysis import tables
+from analysis.compare import compare  # noqa: F401  (part of this module's API)
+from analysis.load import Results, load_results
+from analysis.mos import EModel
+from analysis.plots import write_plots
+from analysis.stats import ALL, Bootstrap, Stats, compute_stats
+
+CAPTIONS = {
+    "cdf_setup_ms": "Setup time (session start -> DTLS connected) per session. Dashed: the "
+                    "network floor the runner recorded for the same sessions (floor_setup_ms: "
+                    "what the emulated paths' delays alone allow); the gap is the stack's and "
+                    "the architecture's overhead.",
+    "cdf_first_ice_rtt_ms": "RTT of the first successful ICE check on the selected pair, per "
+                            "session. Dashed: the media-path RTT of the topology; a relay adds "
+                            "its forwarding time on top.",
+    "setup_timeline": "Where the time to first audio goes: the median of each phase over "
+                      "successful sessions (medians do not add up to the median total). Black "
+                      "tick: median setup floor.",
+    "media_timeseries": "RTT (RTCP receiver reports, smoothed by the stack) and RFC 3550 jitter "
+                        "about once a second during the call, for the session nearest the "
+                        "median RTT of each architecture and client region.",
+    "loss_mos": "Packet loss per session, the lengths of loss runs, and the E-model MOS per "
+                "session (bands: G.107 user satisfaction).",
+    "ports": "Public UDP ports the edge exposes at the measured peak of concurrent sessions, and "
+             "the growth each architecture implies (dotted: extrapolated).",
+    "region_matrix": "Median setup and first ICE RTT per client region and architecture, with "
+                     "95% bootstrap CIs and the number of successful sessions.",
+}
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
+max-width:1200px;padding:0 1em;color:#222;line-height:1.4}
+h1{font-size:1.6em;margin-bottom:.2em}h2{margin-top:2em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.85em;margin:.6em 0}
+th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;white-space:nowrap}
+th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}
+.note{font-size:.8em;color:#555;margin:.2em 0 1em}.meta{color:#555}
+figure{margin:1.5em 0}figure img{max-width:100%;border:1px solid #eee}
+figcaption{font-size:.85em;color:#444;max-width:900px}
+details summary{cursor:pointer;font-weight:600;margin:.5em 0}
+.warn{background:#fff4e5;border-left:4px solid #e69f00;padding:.5em 1em}
+"""
+
+
+def _method(boot: Bootstrap, model: EModel) -> list[str]:
+    c = model.codec
+    return [
+        "Percentiles: numpy 'linear' (Hyndman & Fan type 7, as summary.json). Metrics from "
+        "successful sessions only.",
+        f"CIs: {int(boot.level * 100)}% percentile bootstrap over sessions, {boot.resamples} "
+        f"resamples, seed {boot.seed}; success rate: Wilson score interval.",
+        f"MOS: E-model (G.107, simplified): R = {model.r0_minus_is} - Id - Ie_eff + "
+        f"{model.advantage:g}; one-way delay = RTT/2 + {model.jitter_factor:g} x jitter + "
+        f"{c.frame_ms:g} ms; codec {c.name}: Ie {c.ie:g}, Bpl {c.bpl:g} (assumption); BurstR "
+        f"per session from its loss runs. See docs/analysis.md.",
+    ]
+
+
+def _img(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+
+
+def _warnings(results: Results, stats: Stats) -> list[str]:
+    """Things a reader must know before trusting the numbers."""
+    out = []
+    if not results.calibration.get("ok", False):
+        out.append("Calibration FAILED: the emulated world is not the configured one.")
+    for _, s in stats.success[stats.success.client_region == ALL].iterrows():
+        if s.sessions and s.ok < s.sessions:
+            out.append(f"{s.architecture}: {s.sessions - s.ok} of {s.sessions} sessions failed "
+                       f"(see Failures).")
+    over = stats.metrics[(stats.metrics.metric == "setup_over_floor_ms")
+                         & (stats.metrics.client_region == ALL)]
+    for _, r in over.iterrows():
+        if r.n and r.p50 < 0:
+            out.append(f"{r.architecture}: median setup is {-r.p50:.0f} ms below the recorded "
+                       f"network floor: the floor_setup_ms in sessions.csv is not a lower bound "
+                       f"for this run (check how the runner that wrote it computed floors).")
+    return out
+
+
+def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: EModel) -> str:
+    e = html.escape
+    c = results.config
+    title = (f"voiceedge report: {c.get('scenario', {}).get('name', '?')} — clients in "
+             f"{', '.join(results.client_regions)}")
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(title)}"
+             f"</title><style>{_CSS}</style></head><body>",
+             f"<h1>{e(title)}</h1>",
+             f"<p class='meta'>{e(results.name)} · clusters {e(', '.join(c.get('clusters', [])))}"
+             f" · impairment backend <b>{e(str(c.get('backend', '?')))}</b> · calibration "
+             f"<b>{'passed' if results.calibration.get('ok') else 'FAILED'}</b> · commit "
+             f"{e(str(c.get('commit') or '-'))} · started {e(str(c.get('started', '-')))}</p>"]
+    warnings = _warnings(results, stats)
+    if warnings:
+        parts.append("<div class='warn'>" + "".join(f"<p>{e(w)}</p>" for w in warnings) + "</div>")
+    parts += ["<h2 id='summary'>Summary per architecture</h2>",
+              tables.to_html(tables.headline(results, stats))]
+    parts.append("<h2 id='plots'>Plots</h2>")
+    for name, path in plots.items():
+        parts.append(f"<figure id='{e(name)}'>{_img(path)}<figcaption>"
+                     f"{e(CAPTIONS.get(name, ''))}</figcaption></figure>")
+    parts.append("<h2 id='stats'>Statistics per architecture</h2>")
+    for arch in results.architectures:
+        parts += [f"<h3>{e(arch)}</h3>", tables.to_html(tables.metric_detail(stats, arch))]
+    if len(results.client_regions) > 1:
+        parts += ["<h2 id='regions'>Per client region</h2>",
+                  tables.to_html(tables.per_region(results, stats))]
+        parts.append("<details><summary>every metric per client region</summary>")
+        for region in results.client_regions:
+            for arch in results.architectures:
+                parts += [f"<h3>{e(region)} · {e(arch)}</h3>",
+                          tables.to_html(tables.metric_detail(stats, arch, region))]
+        parts.append("</details>")
+    parts += ["<h2 id='failures'>Failures</h2>", tables.to_html(tables.failures(results)),
+              "<h2 id='ports'>Ports and relays</h2>", tables.to_html(tables.ports(results)),
+              tables.to_html(tables.relays(results)),
+              "<h2 id='calibration'>Calibration</h2>",
+              tables.to_html(tables.calibration(results)),
+              "<h2 id='config'>Configuration</h2>", tables.to_html(tables.configuration(results)),
+              "<details><summary>emulated paths (impairments)</summary>",
+              tables.to_html(tables.impairments(results)), "</details>",
+              "<h2 id='method'>Method</h2><ul>"]
+    parts += [f"<li>{e(line)}</li>" for line in _method(stats.bootstrap, model)]
+    parts.append("</ul></body></html>")
+    return "\n".join(parts)
+
+
+def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], model: EModel,
+                    base: Path) -> str:
+    c = results.config
+    lines = [f"# {c.get('scenario', {}).get('name', '?')}: clients in "
+             f"{', '.join(results.client_regions)}", "",
+             f"`{results.name}` · clusters {', '.join(c.get('clusters', []))} · impairment "
+             f"backend **{c.get('backend', '?')}** · calibration "
+             f"**{'passed' if results.calibration.get('ok') else 'FAILED'}** · commit "
+             f"{c.get('commit') or '-'}", ""]
+    lines += [f"> **Warning:** {w}" for w in _warnings(results, stats)]
+    lines += ["", "## Summary per architecture", "",
+              tables.to_markdown(tables.headline(results, stats))]
+    if len(results.client_regions) > 1:
+        lines += ["## Per client region", "", tables.to_markdown(tables.per_region(results, stats))]
+    fails = tables.failures(results)
+    if fails.rows:
+        lines += ["## Failures", "", tables.to_markdown(fails)]
+    lines += ["## Plots", ""]
+    for name, path in plots.items():
+        rel = path.relative_to(base) if path.is_relative_to(base) else path
+        lines += [f"![{name}]({rel.as_posix()})", "", f"_{CAPTIONS.get(name, '')}_", ""]
+    lines += ["Full tables, calibration and configuration: `report.html`.", "", "## Method", ""]
+    lines += [f"- {line}" for line in _method(stats.bootstrap, model)]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(results_dir: str | Path, out_dir: str | Path | None = None,
+                 boot: Bootstrap = Bootstrap(), model: EModel = EModel()) -> tuple[Path, Path]:
+    """Write report.html, report.md and plots/*.png (into the results folder by default)."""
+    results = load_results(results_dir)
+    out = Path(out_dir) if out_dir is not None else results.path
+    out.mkdir(parents=True, exist_ok=True)
+    stats = compute_stats(results, boot, model)
+    plots = write_plots(results, out / "plots", stats)
+    html_path, md_path = out / "report.html", out / "report.md"
+    html_path.write_text(render_html(results, stats, plots, model), encoding="utf-8")
+    md_path.write_text(render_markdown(results, stats, plots, model, out), encoding="utf-8")
+    return html_path, md_path

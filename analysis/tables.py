@@ -1,0 +1,229 @@
+"""The report's tables as (header, rows) of strings, and their HTML and Markdown renderings."""
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass, field
+
+from analysis.load import Results
+from analysis.stats import ALL, METRIC_BY_NAME, METRICS, PERCENTILES, Stats, thin_tail
+from scenarios.spec import BASELINE
+
+THIN = "†"  # marks a CI with fewer than 10 observations beyond the percentile
+
+
+@dataclass
+class Table:
+    header: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    note: str = ""
+
+
+def fmt(value, metric: str = "") -> str:
+    """A number with the precision its metric deserves; '-' for a missing one."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if metric in ("mos", "loss_pct"):
+        return f"{value:.2f}"
+    if metric == "loss_burst_len" or abs(value) < 10:
+        return f"{value:.1f}"
+    return f"{value:.0f}"
+
+
+def count(value) -> str:
+    """An integer count; '-' when missing."""
+    return "-" if value is None or value != value else f"{int(value)}"
+
+
+def estimate(row, q: int, metric: str) -> str:
+    """'p [lo, hi]' for percentile q of a Stats.metrics row, marked when its tail is thin."""
+    if row is None or not row.n:
+        return "-"
+    cell = (f"{fmt(row[f'p{q}'], metric)} [{fmt(row[f'p{q}_lo'], metric)}, "
+            f"{fmt(row[f'p{q}_hi'], metric)}]")
+    return cell + (THIN if thin_tail(int(row.n), q) else "")
+
+
+def unit(metric: str) -> str:
+    u = METRIC_BY_NAME[metric].unit
+    return f" ({u})" if u else ""
+
+
+def headline(results: Results, stats: Stats) -> Table:
+    """One row per architecture, pooled over client regions."""
+    table = Table(["architecture", "sessions ok", "success % [CI]", "public UDP ports",
+                   "setup p50 (ms)", "setup p95 (ms)", "setup over floor p50 (ms)",
+                   "first ICE RTT p50 (ms)", "media RTT p50 (ms)", "jitter p50 (ms)",
+                   "loss p50 (%)", "MOS p50", "Δ setup p50 vs baseline (ms)"],
+                  note=f"p50/p95 [95% bootstrap CI]; {THIN} fewer than 10 sessions beyond the "
+                       f"percentile (CI indicative only); success: Wilson 95% interval.")
+    base = stats.row(BASELINE, "setup_ms")
+    ports = results.ports.set_index("architecture")["public_udp_ports"].to_dict()
+    for arch in results.architectures:
+        s = stats.success_row(arch)
+        setup = stats.row(arch, "setup_ms")
+        delta = "-" if arch == BASELINE or base is None or not setup.n else \
+            f"{setup.p50 - base.p50:+.0f}"
+        table.rows.append([
+            arch, f"{s.ok}/{s.sessions}",
+            f"{fmt(s.success_pct)} [{fmt(s.success_lo)}, {fmt(s.success_hi)}]",
+            count(ports.get(arch)), estimate(setup, 50, "setup_ms"),
+            estimate(setup, 95, "setup_ms"),
+            estimate(stats.row(arch, "setup_over_floor_ms"), 50, "setup_over_floor_ms"),
+            estimate(stats.row(arch, "first_ice_rtt_ms"), 50, "first_ice_rtt_ms"),
+            estimate(stats.row(arch, "rtt_ms"), 50, "rtt_ms"),
+            estimate(stats.row(arch, "jitter_ms"), 50, "jitter_ms"),
+            estimate(stats.row(arch, "loss_pct"), 50, "loss_pct"),
+            estimate(stats.row(arch, "mos"), 50, "mos"), delta])
+    return table
+
+
+def metric_detail(stats: Stats, arch: str, region: str = ALL) -> Table:
+    """Every metric of one architecture: n, mean and each percentile with its CI."""
+    table = Table(["metric", "n", "mean"] + [f"p{q} [CI]" for q in PERCENTILES],
+                  note=f"{THIN} fewer than 10 observations beyond the percentile: its CI "
+                       f"reshuffles a few extremes and is too narrow; read it as indicative.")
+    for m in METRICS:
+        row = stats.row(arch, m.name, region)
+        if row is None:
+            continue
+        table.rows.append([m.label + unit(m.name), str(int(row.n)), fmt(row["mean"], m.name)]
+                          + [estimate(row, q, m.name) for q in PERCENTILES])
+    return table
+
+
+def per_region(results: Results, stats: Stats) -> Table:
+    """One row per (client region, architecture): the p50 of the main metrics."""
+    keys = ("setup_ms", "setup_over_floor_ms", "first_ice_rtt_ms", "rtt_ms", "loss_pct", "mos")
+    table = Table(["client region", "architecture", "cluster", "sessions ok"]
+                  + [f"{METRIC_BY_NAME[k].label} p50{unit(k)}" for k in keys],
+                  note="p50 [95% bootstrap CI].")
+    sessions = results.sessions
+    for region in results.client_regions:
+        for arch in results.architectures:
+            s = stats.success_row(arch, region)
+            if s is None or not s.sessions:
+                continue
+            mine = sessions[(sessions.architecture == arch) & (sessions.client_region == region)]
+            clusters = ", ".join(sorted(mine.cluster_region.dropna().unique())) or "-"
+            table.rows.append([region, arch, clusters, f"{s.ok}/{s.sessions}"]
+                              + [estimate(stats.row(arch, k, region), 50, k) for k in keys])
+    return table
+
+
+def failures(results: Results) -> Table:
+    """Failed sessions grouped by architecture, stage and error."""
+    table = Table(["architecture", "stage", "error", "sessions"])
+    failed = results.sessions[~results.sessions.ok]
+    if failed.empty:
+        return table
+    grouped = failed.fillna({"stage": "?", "error": "?"}).groupby(
+        ["architecture", "stage", "error"], sort=False).size()
+    for (arch, stage, error), count in grouped.items():
+        table.rows.append([arch, stage, error, str(count)])
+    return table
+
+
+def ports(results: Results) -> Table:
+    table = Table(["architecture", "peak concurrent sessions", "public UDP ports"])
+    for _, row in results.ports.iterrows():
+        table.rows.append([row.architecture, count(row.concurrent_sessions),
+                           count(row.public_udp_ports)])
+    return table
+
+
+def relays(results: Results) -> Table:
+    """Per relay: packets both ways, flows, and every non-zero drop counter."""
+    table = Table(["architecture", "relay", "packets to server", "packets to client",
+                   "flows created", "flows recovered", "drops"])
+    for arch, by_relay in results.relays.items():
+        for name, c in (by_relay or {}).items():
+            drops = {k.removeprefix("drops_"): v for k, v in c.items()
+                     if k.startswith("drops_") and v}
+            table.rows.append([arch, name, str(c.get("packets_to_server", "-")),
+                               str(c.get("packets_to_client", "-")),
+                               str(c.get("flows_created", "-")), str(c.get("flows_recovered", "-")),
+                               ", ".join(f"{k} {v}" for k, v in drops.items()) or "none"])
+    return table
+
+
+def calibration(results: Results) -> Table:
+    cal = results.calibration
+    table = Table(["path", "kind", "expected mean / sd (ms)", "measured mean / sd (ms)",
+                   "expected loss (%)", "measured loss (%)", "reordered", "ok"],
+                  note=f"backend {cal.get('backend', '?')}; unimpaired baseline "
+                       f"{cal.get('baseline_ms', '?')} ms; calibration "
+                       f"{'passed' if cal.get('ok') else 'FAILED'}.")
+    for p in cal.get("paths", []):
+        table.rows.append([
+            f"{p.get('src')} -> {p.get('dst')} ({p.get('sender')} -> {p.get('receiver')})",
+            str(p.get("kind")),
+            f"{fmt(p.get('expected_mean_ms'))} / {fmt(p.get('expected_sd_ms'))}",
+            f"{fmt(p.get('mean_ms'))} / {fmt(p.get('sd_ms'))}",
+            fmt(p.get("expected_loss_pct"), "loss_pct"), fmt(p.get("loss_pct"), "loss_pct"),
+            str(p.get("reordered", "-")), "yes" if p.get("ok") else "NO"])
+    return table
+
+
+def configuration(results: Results) -> Table:
+    """The run's scenario and world, one setting per row."""
+    c = results.config
+    scenario = c.get("scenario", {})
+    table = Table(["setting", "value"])
+    items = [("scenario", scenario.get("name")), ("scenario file", scenario.get("source")),
+             ("client regions", ", ".join(c.get("client_regions", []))),
+             ("clusters", ", ".join(c.get("clusters", []))),
+             ("world regions", ", ".join(c.get("world_regions", []))),
+             ("architectures", ", ".join(scenario.get("architectures", []))),
+             ("sessions per region", scenario.get("sessions_per_region")),
+             ("call duration (s)", scenario.get("call_duration_s")),
+             ("start rate (sessions/s)", scenario.get("start_rate")),
+             ("last mile", scenario.get("last_mile")),
+             ("profile overrides", scenario.get("profiles") or "none"),
+             ("impairment backend", c.get("backend")), ("commit", c.get("commit")),
+             ("started", c.get("started"))]
+    for key, value in items:
+        table.rows.append([key, "-" if value in (None, "") else str(value)])
+    return table
+
+
+def impairments(results: Results) -> Table:
+    table = Table(["kind", "direction", "delay (ms)", "jitter (ms)", "distribution", "loss",
+                   "rate (Mbit/s)"])
+    for key, imp in results.config.get("impairments", {}).items():
+        kind, _, direction = key.partition(" ")
+        loss = imp.get("loss") or {}
+        if "pct" in loss:
+            loss_text = f"{loss['pct']:g} % random"
+        elif loss:
+            loss_text = ("Gilbert-Elliott " + ", ".join(
+                f"{k} {v:.3g}" for k, v in loss.items()))
+        else:
+            loss_text = "none"
+        table.rows.append([kind, direction, fmt(imp.get("delay_ms")), fmt(imp.get("jitter_ms")),
+                           str(imp.get("distribution", "-")), loss_text,
+                           fmt(imp.get("rate_mbit")) if imp.get("rate_mbit") else "unlimited"])
+    return table
+
+
+def to_html(table: Table) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(h)}</th>" for h in table.header)
+    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
+                   for row in table.rows)
+    note = f'<p class="note">{e(table.note)}</p>' if table.note else ""
+    if not table.rows:
+        return '<p class="note">none</p>'
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
+
+
+def to_markdown(table: Table) -> str:
+    if not table.rows:
+        return "none\n"
+    cell = lambda c: str(c).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(cell(h) for h in table.header) + " |",
+             "|" + "|".join("---" for _ in table.header) + "|"]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in table.rows]
+    if table.note:
+        lines += ["", f"_{table.note}_"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,434 @@
+"""analysis/: statistics, E-model MOS, loading, plots, report and run comparison, on results
+folders built here with the columns of a real run (no root, no network)."""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import plots
+from analysis.cli import add_parser, run as cli_run
+from analysis.compare import compare, verdict
+from analysis.load import FILES, ResultsError, load_results, parse_bursts
+from analysis.mos import OPUS, EModel, burst_ratio, delay_impairment, \
+    effective_equipment_impairment, mos_from_r
+from analysis.report import write_report
+from analysis.stats import ALL, Bootstrap, bootstrap_ci, compute_stats, percentiles, \
+    thin_tail, wilson_interval, with_derived
+from scenarios.runner import SAMPLE_FIELDS, SESSION_FIELDS
+from voiceedge.cli import UserError
+
+PNG = b"\x89PNG\r\n\x1a\n"
+ARCHS = ("port-per-session", "cluster-relay", "global-relay")
+# (client region, cluster, public media RTT, backbone media RTT, signaling RTT), ms
+REGIONS = (("apac-se", "eu-west", 266.0, 190.0, 193.0), ("au", "na-east", 300.0, 220.0, 228.0))
+
+
+def write_run(directory: Path, *, seed: int = 1, n: int = 40, setup_shift: dict | None = None,
+              regions=REGIONS) -> Path:
+    """A results folder shaped like scenarios/runner.py's: every file, every column."""
+    rng = np.random.default_rng(seed)
+    setup_shift = setup_shift or {}
+    directory.mkdir(parents=True)
+    sessions, samples = [], []
+    for arch in ARCHS:
+        for region, cluster, public, backbone, signaling_rtt in regions:
+            media = backbone if arch == "global-relay" else public
+            relay_cost = 0.0 if arch == "port-per-session" else 4.0
+            for i in range(n):
+                if i == n - 1 and arch == "cluster-relay":  # one failure per region
+                    sessions.append({"architecture": arch, "client_region": region,
+                                     "cluster_region": cluster, "session": i, "ok": False,
+                                     "error": "setup timeout", "stage": "setup",
+                                     "loss_bursts": "[]", "floor_setup_ms": signaling_rtt
+                                     + 2 * media, "floor_media_rtt_ms": media,
+                                     "floor_signaling_rtt_ms": signaling_rtt})
+                    continue
+                offer = rng.uniform(2, 6)
+                signaling = signaling_rtt + rng.normal(20, 4)
+                ice_rtt = media + relay_cost + abs(rng.normal(2, 1))
+                ice_connected = offer + signaling + ice_rtt + rng.normal(10, 2)
+                setup = (ice_connected + 1.5 * media + rng.normal(30, 6)
+                         + setup_shift.get(arch, 0.0))
+                rtt = media + relay_cost + rng.normal(1, 0.5)
+                bursts = [int(b) for b in rng.choice([1, 1, 1, 2, 3], size=rng.integers(0, 4))]
+                lost, received = sum(bursts), 290 - sum(bursts)
+                sessions.append({
+                    "architecture": arch, "client_region": region, "cluster_region": cluster,
+                    "session": i, "ok": True, "error": "", "stage": "done",
+                    "signaling_ms": round(signaling, 3), "offer_ms": round(offer, 3),
+                    "first_ice_rtt_ms": round(ice_rtt, 3),
+                    "ice_connected_ms": round(ice_connected, 3), "setup_ms": round(setup, 3),
+                    "first_audio_ms": round(setup + rtt, 3), "rtt_ms": round(rtt, 3),
+                    "jitter_ms": round(abs(rng.normal(2.5, 0.5)), 3),
+                    "loss_pct": round(100 * lost / 290, 3), "packets_received": received,
+                    "packets_lost": lost, "loss_bursts": json.dumps(bursts),
+                    "echo_verified": True, "datachannel_verified": True,
+                    "floor_signaling_rtt_ms": signaling_rtt, "floor_media_rtt_ms": media,
+                    "floor_setup_ms": signaling_rtt + 2 * media})
+                for k in range(1, 6):
+                    samples.append({"architecture": arch, "client_region": region, "session": i,
+                                    "t_ms": 1000.0 * k + setup, "packets_received": 50 * k,
+                                    "packets_lost": 0, "jitter_ms": 2.5 + 0.1 * k,
+                                    "rtt_ms": "" if k == 1 else rtt})
+    with open(directory / "sessions.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=SESSION_FIELDS)
+        w.writeheader()
+        w.writerows(sessions)
+    with open(directory / "samples.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=SAMPLE_FIELDS)
+        w.writeheader()
+        w.writerows(samples)
+    total = n * len(regions)
+    with open(directory / "ports.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["architecture", "concurrent_sessions", "public_udp_ports"])
+        w.writerows([["port-per-session", total, total], ["cluster-relay", total, 2],
+                     ["global-relay", total, len(regions)]])
+    counters = {"packets_to_server": 100, "packets_to_client": 90, "flows_created": 3,
+                "flows_recovered": 0, "drops_bad_ufrag": 0, "drops_no_route": 2}
+    (directory / "relays.json").write_text(json.dumps(
+        {"port-per-session": {}, "cluster-relay": {"relay-eu-west": counters},
+         "global-relay": {"ingress-apac-se": counters}}))
+    names = [r[0] for r in regions]
+    (directory / "config.json").write_text(json.dumps({
+        "scenario": {"name": "default", "clusters": ["na-east", "eu-west"],
+                     "sessions_per_region": n, "call_duration_s": 6.0, "start_rate": 3.0,
+                     "architectures": list(ARCHS), "last_mile": "last_mile_broadband",
+                     "profiles": {}},
+        "client_regions": names, "clusters": ["na-east", "eu-west"], "backend": "userspace",
+        "commit": "abc1234", "started": "2026-11-29T18:05:31+0000",
+        "impairments": {"public apac-se->eu-west": {
+            "delay_ms": 133.0, "jitter_ms": 2.0, "distribution": "normal", "reorder": True,
+            "loss": {"p": 0.25, "r": 33.3, "bad_loss": 100.0, "good_loss": 0.0},
+            "rate_mbit": None}}}))
+    (directory / "calibration.json").write_text(json.dumps({
+        "backend": "userspace", "ok": True, "baseline_ms": 0.09, "paths": [
+            {"kind": "public", "src": "apac-se", "dst": "eu-west", "sender": "pub1",
+             "receiver": "pub5", "expected_mean_ms": 133.0, "expected_sd_ms": 2.0,
+             "expected_loss_pct": 0.7, "sent": 150, "received": 149, "mean_ms": 133.2,
+             "sd_ms": 2.1, "loss_pct": 0.67, "reordered": 0, "ok": True}]}))
+    (directory / "summary.json").write_text(json.dumps({"backend": "userspace"}))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return write_run(tmp_path_factory.mktemp("runs") / "default-apac-20260101-000000")
+
+
+@pytest.fixture(scope="module")
+def results(run_dir):
+    return load_results(run_dir)
+
+
+@pytest.fixture(scope="module")
+def stats(results):
+    return compute_stats(results)
+
+
+# ------------------------------------------------------------------ statistics
+
+def test_percentiles_of_1_to_100_are_numpy_linear_and_match_the_runner():
+    values = np.arange(1, 101)
+    assert percentiles(values) == pytest.approx([50.5, 90.1, 95.05, 99.01])
+    runner = statistics.quantiles(values, n=100, method="inclusive")  # summary.json's method
+    assert percentiles(values, (50, 95)) == pytest.approx([runner[49], runner[94]])
+    assert np.isnan(percentiles([np.nan, np.nan])).all()
+
+
+def test_bootstrap_ci_contains_the_true_median_and_is_reproducible():
+    sample = np.random.default_rng(3).normal(100.0, 15.0, 400)
+    lo, hi = bootstrap_ci(sample, (50,))
+    assert lo[0] < 100.0 < hi[0]
+    assert lo[0] < np.median(sample) < hi[0]
+    assert hi[0] - lo[0] < 6  # ~ 2 x 1.96 x 1.25 x 15 / sqrt(400) = 3.7
+    again = bootstrap_ci(sample, (50,))
+    assert (lo, hi) == (again[0], again[1])
+
+
+def test_bootstrap_ci_covers_the_true_median_about_95_percent_of_the_time():
+    rng = np.random.default_rng(11)
+    boot = Bootstrap(resamples=400)
+    covered = 0
+    for _ in range(200):
+        lo, hi = bootstrap_ci(rng.normal(0.0, 1.0, 60), (50,), boot)
+        covered += lo[0] <= 0.0 <= hi[0]
+    assert 0.88 <= covered / 200 <= 0.995
+
+
+def test_stratified_bootstrap_keeps_each_region_s_share():
+    values = [0.0] * 5 + [10.0] * 5
+    regions = ["a"] * 5 + ["b"] * 5
+    lo, hi = bootstrap_ci(values, (50,), strata=regions)
+    assert lo[0] == hi[0] == 5.0
+    lo, hi = bootstrap_ci(values, (50,))
+    assert lo[0] == 0.0 and hi[0] == 10.0
+
+
+def test_thin_tail_rule():
+    assert not thin_tail(7, 50)
+    assert thin_tail(199, 95) and not thin_tail(200, 95)
+    assert thin_tail(999, 99) and not thin_tail(1000, 99)
+
+
+def test_wilson_interval_known_values():
+    lo, hi = wilson_interval(8, 10)
+    assert (lo, hi) == pytest.approx((0.4902, 0.9433), abs=1e-4)
+    assert wilson_interval(10, 10)[1] == 1.0
+    assert all(math.isnan(v) for v in wilson_interval(0, 0))
+
+
+def test_success_rate_and_metrics_count_only_successful_sessions(stats):
+    s = stats.success_row("cluster-relay")
+    assert (s.sessions, s.ok) == (80, 78)
+    assert s.success_pct == pytest.approx(97.5)
+    assert s.success_lo < 97.5 < s.success_hi
+    assert stats.success_row("port-per-session").success_pct == 100.0
+    assert stats.row("cluster-relay", "setup_ms").n == 78
+    assert stats.row("cluster-relay", "setup_ms", "au").n == 39
+    assert set(stats.metrics.client_region) == {ALL, "apac-se", "au"}
+
+
+def test_overhead_above_floor_and_burst_lengths(results, stats):
+    derived = with_derived(results.sessions)
+    ok = derived[derived.ok]
+    assert np.allclose(ok.setup_over_floor_ms, ok.setup_ms - ok.floor_setup_ms)
+    assert np.allclose(ok.first_ice_rtt_over_floor_ms, ok.first_ice_rtt_ms - ok.floor_media_rtt_ms)
+    bursts = [b for bs in ok[ok.architecture == "global-relay"].loss_bursts for b in bs]
+    row = stats.row("global-relay", "loss_burst_len")
+    assert row.n == len(bursts)
+    assert row.p50 == pytest.approx(np.percentile(bursts, 50))
+    assert stats.row("global-relay", "first_ice_rtt_over_floor_ms").p50 > 0
+
+
+# ------------------------------------------------------------------ E-model
+
+@pytest.mark.parametrize("r, mos", [(93.2, 4.41), (90, 4.34), (80, 4.03), (70, 3.60),
+                                    (60, 3.10), (50, 2.58)])
+def test_mos_of_published_r_values(r, mos):
+    # G.107 Annex B, Table B.1 (lower limits of the user-satisfaction classes) lists the
+    # cubic's values rounded up to two decimals (R = 80 -> 4.024 -> 4.03).
+    assert math.ceil(round(mos_from_r(r) * 100, 6)) / 100 == mos
+    assert mos_from_r(r) == pytest.approx(mos, abs=0.01)
+
+
+def test_mos_limits():
+    assert mos_from_r(-5) == 1.0
+    assert mos_from_r(0) == 1.0
+    assert mos_from_r(100) == 4.5
+    assert mos_from_r(120) == 4.5
+    assert 1.0 <= mos_from_r(3) < 1.2
+
+
+@pytest.mark.parametrize("d, expected", [(0, 0.0), (100, 2.4), (177.3, 4.2552), (300, 20.697)])
+def test_delay_impairment_knee_at_177_3_ms(d, expected):
+    assert delay_impairment(d) == pytest.approx(expected, abs=1e-3)
+
+
+def test_effective_equipment_impairment_and_burst_ratio():
+    assert effective_equipment_impairment(OPUS, 0.0) == OPUS.ie
+    assert effective_equipment_impairment(OPUS, 1.0) == pytest.approx(95 / 26.1)
+    assert (effective_equipment_impairment(OPUS, 2.0, burst_r=3.0)
+            > effective_equipment_impairment(OPUS, 2.0, burst_r=1.0))
+    assert burst_ratio(990, 10, [1] * 10) == 1.0  # isolated losses: random
+    assert burst_ratio(990, 10, [5, 5]) == pytest.approx(1 / (2 / 990 + 2 / 10))
+    assert burst_ratio(300, 0, []) == 1.0
+    with pytest.raises(ValueError):
+        effective_equipment_impairment(OPUS, -1.0)
+
+
+def test_session_mos_from_rtt_jitter_and_loss():
+    model = EModel()
+    assert model.one_way_delay(200.0, 5.0) == 130.0  # 100 + 2 x 5 + 20
+    assert model.mos(0.0, 0.0, 0.0) == pytest.approx(mos_from_r(93.2 - 0.48))
+    assert model.mos(300, 3, 0.0) > model.mos(600, 3, 0.0) > model.mos(600, 3, 3.0)
+
+
+# ------------------------------------------------------------------ loading
+
+def test_parse_bursts():
+    assert parse_bursts("[1, 2, 1]") == [1, 2, 1]
+    assert parse_bursts("[]") == []
+    assert parse_bursts(float("nan")) == []
+    assert parse_bursts("") == []
+    for bad in ("[0]", "oops", '{"a": 1}', "[1.5]"):
+        with pytest.raises(ValueError):
+            parse_bursts(bad)
+
+
+def test_load_reads_every_file(results):
+    assert results.architectures == list(ARCHS)
+    assert results.client_regions == ["apac-se", "au"]
+    assert results.sessions.ok.dtype == bool
+    assert results.sessions.loss_bursts.map(type).eq(list).all()
+    assert results.config["backend"] == "userspace" and results.calibration["ok"]
+    assert len(results.ports) == 3 and "cluster-relay" in results.relays
+
+
+def _one_line(exc: pytest.ExceptionInfo) -> str:
+    text = str(exc.value)
+    assert "\n" not in text
+    return text
+
+
+def test_clear_error_for_folders_that_are_not_results(tmp_path, run_dir):
+    with pytest.raises(ResultsError) as exc:
+        load_results(tmp_path)
+    assert "not a results folder" in _one_line(exc)
+    with pytest.raises(ResultsError) as exc:
+        load_results(tmp_path / "nope")
+    assert "not a directory" in _one_line(exc)
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for name in ("config.json", "calibration.json"):
+        (partial / name).write_text((run_dir / name).read_text())
+    with pytest.raises(ResultsError) as exc:
+        load_results(partial)
+    assert "sessions.csv" in _one_line(exc) and "calibration failed" in str(exc.value)
+
+
+def test_clear_error_for_a_missing_column_or_bad_bursts(tmp_path, run_dir):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in FILES:
+        (bad / name).write_text((run_dir / name).read_text())
+    frame = pd.read_csv(run_dir / "sessions.csv")
+    frame.drop(columns=["setup_ms"]).to_csv(bad / "sessions.csv", index=False)
+    with pytest.raises(ResultsError) as exc:
+        load_results(bad)
+    assert "setup_ms" in _one_line(exc)
+    frame.loc[3, "loss_bursts"] = "[1, -2]"
+    frame.to_csv(bad / "sessions.csv", index=False)
+    with pytest.raises(ResultsError) as exc:
+        load_results(bad)
+    assert "row 4" in _one_line(exc)
+
+
+# ------------------------------------------------------------------ plots
+
+def _png(path: Path) -> None:
+    assert path.is_file() and path.suffix == ".png"
+    data = path.read_bytes()
+    assert data[:8] == PNG and len(data) > 10_000
+
+
+@pytest.mark.parametrize("draw", [
+    lambda r, s, d: plots.plot_cdf(r, "setup_ms", d, s),
+    lambda r, s, d: plots.plot_cdf(r, "first_ice_rtt_ms", d, s),
+    lambda r, s, d: plots.plot_setup_timeline(r, d, s),
+    lambda r, s, d: plots.plot_media_timeseries(r, d),
+    lambda r, s, d: plots.plot_loss_mos(r, d, s),
+    lambda r, s, d: plots.plot_ports(r, d),
+    lambda r, s, d: plots.plot_region_matrix(r, d, s),
+], ids=["cdf_setup", "cdf_ice", "timeline", "media", "loss_mos", "ports", "regions"])
+def test_each_plot_writes_a_png(draw, results, stats, tmp_path):
+    path = draw(results, stats, tmp_path / "plots")
+    assert path.parent == tmp_path / "plots"
+    _png(path)
+
+
+def test_setup_phases_add_up_to_first_audio(results):
+    ok = results.sessions[results.sessions.ok]
+    phases = plots.setup_phases(ok)
+    assert np.allclose(phases.sum(axis=1), ok.first_audio_ms)
+    assert (phases.iloc[:, 2] > 0).all()  # ICE after the answer
+
+
+def test_architecture_colours_are_fixed_and_distinct():
+    colours = [plots.arch_colour(a, list(ARCHS) + ["turn", "other"])
+               for a in ARCHS + ("turn", "other")]
+    assert len(set(colours)) == len(colours)
+    assert plots.arch_colour("cluster-relay", ["cluster-relay"]) == \
+        plots.ARCH_COLOURS["cluster-relay"]
+
+
+def test_single_region_run_has_no_region_matrix(tmp_path):
+    one = load_results(write_run(tmp_path / "one", n=12, regions=REGIONS[:1]))
+    written = plots.write_plots(one, tmp_path / "plots")
+    assert "region_matrix" not in written and len(written) == 6
+    for path in written.values():
+        _png(path)
+
+
+# ------------------------------------------------------------------ report and compare
+
+def test_report_is_self_contained(run_dir, tmp_path):
+    html_path, md_path = write_report(run_dir, tmp_path / "report")
+    page = html_path.read_text()
+    refs = re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)""", page, flags=re.I)
+    assert refs and all(r.startswith(("data:", "#")) for r in refs)
+    assert page.count("data:image/png;base64,") == 7
+    assert "<link" not in page and "<script" not in page and "@import" not in page
+    for text in ("userspace", "calibration", "abc1234", "sessions per region", "setup timeout"):
+        assert text in page
+    md = md_path.read_text()
+    assert "| cluster-relay | 78/80 |" in md
+    assert "plots/cdf_setup_ms.png" in md
+    for name in ("cdf_setup_ms", "setup_timeline", "ports", "region_matrix"):
+        _png(tmp_path / "report" / "plots" / f"{name}.png")
+
+
+def test_verdict_needs_disjoint_intervals():
+    assert verdict(10, 12, 13, 15) == "regression"
+    assert verdict(10, 12, 13, 15, higher_is_better=True) == "improvement"
+    assert verdict(10, 12, 5, 9) == "improvement"
+    assert verdict(10, 12, 11, 15) == ""
+    assert verdict(10, 12, float("nan"), 15) == ""
+
+
+def test_compare_flags_a_setup_regression(tmp_path, run_dir):
+    slower = write_run(tmp_path / "slower", setup_shift={"cluster-relay": 30.0})
+    text = compare(run_dir, slower)
+    flagged = [line for line in text.splitlines() if line.startswith("- REGRESSION")]
+    assert any("cluster-relay setup (ms) p50" in line for line in flagged), text
+    assert not any("port-per-session" in line or "global-relay" in line for line in flagged)
+    assert "IMPROVEMENT" not in text
+
+
+def test_compare_does_not_flag_an_unchanged_run(tmp_path, run_dir):
+    again = write_run(tmp_path / "again", seed=2)  # same world, other random draws
+    text = compare(run_dir, again)
+    assert "**No change**" in text, text
+    assert "REGRESSION" not in text and "IMPROVEMENT" not in text
+
+
+def test_compare_names_configuration_differences(tmp_path, run_dir):
+    other = write_run(tmp_path / "other", seed=2)
+    config = json.loads((other / "config.json").read_text())
+    config["backend"] = "netem"
+    (other / "config.json").write_text(json.dumps(config))
+    assert "backend: userspace -> netem" in compare(run_dir, other)
+
+
+# ------------------------------------------------------------------ command line
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["report", *argv])
+
+
+def test_cli_report_and_compare(run_dir, tmp_path, capsys):
+    assert cli_run(_args(str(run_dir), "--out", str(tmp_path / "r"), "--resamples", "200")) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed == [str(tmp_path / "r" / "report.html"), str(tmp_path / "r" / "report.md")]
+    assert cli_run(_args("--compare", str(run_dir), str(run_dir), "--resamples", "200")) == 0
+    assert "No change" in capsys.readouterr().out
+
+
+def test_cli_user_errors(tmp_path):
+    with pytest.raises(UserError, match="not a results folder"):
+        cli_run(_args(str(tmp_path)))
+    with pytest.raises(UserError, match="either RESULTS_DIR or --compare"):
+        cli_run(_args())
+    with pytest.raises(UserError, match="either"):
+        cli_run(_args(str(tmp_path), "--compare", str(tmp_path), str(tmp_path)))
