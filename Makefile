@@ -8,11 +8,12 @@ BIN := $(VENV)/bin
 REGION ?= apac
 SCENARIO ?= scenarios/default.yaml
 
-.PHONY: deps venv scenario test bench-relay clean help
+.PHONY: deps venv scenario test budgets bench-relay clean help
 
 help:
 	@echo "make scenario REGION=apac   run the scenario for clients in REGION"
 	@echo "make test                   run the tests"
+	@echo "make budgets                run the compact CI scenario and check the latency budgets"
 	@echo "make bench-relay            benchmark the relay's forwarding cost and added latency"
 
 deps:
@@ -32,6 +33,9 @@ scenario: venv
 
 test: venv
 	@$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+budgets: venv
+	@$(BIN)/voiceedge budgets
 
 bench-relay: venv
 	@$(BIN)/voiceedge bench relay $(BENCH_ARGS)

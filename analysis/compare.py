@@ -17,7 +17,6 @@ from analysis.tables import Table, fmt, to_markdown
 
 COMPARED = ("setup_ms", "setup_over_floor_ms", "first_ice_rtt_ms", "signaling_ms",
             "first_audio_ms", "rtt_ms", "jitter_ms", "loss_pct", "mos")
-COMPARED_PERCENTILES = (50, 95)
 _CONFIG_KEYS = (("client regions", ("client_regions",)), ("clusters", ("clusters",)),
                 ("backend", ("backend",)), ("scenario", ("scenario", "name")),
                 ("sessions per region", ("scenario", "sessions_per_region")),
@@ -55,7 +54,7 @@ def compare_stats(old: Stats, new: Stats, architectures: list[str]) -> pd.DataFr
             ro, rn = old.row(arch, metric), new.row(arch, metric)
             if ro is None or rn is None:
                 continue
-            for q in COMPARED_PERCENTILES:
+            for q in (50, METRIC_BY_NAME[metric].tail[1]):  # p50 and p95 (MOS: p5)
                 lo_o, hi_o, lo_n, hi_n = (ro[f"p{q}_lo"], ro[f"p{q}_hi"], rn[f"p{q}_lo"],
                                           rn[f"p{q}_hi"])
                 thin = thin_tail(int(ro.n), q) or thin_tail(int(rn.n), q)

@@ -42,6 +42,7 @@ def _figure(width: float, height: float) -> Figure:
 def _save(fig: Figure, out_dir: Path, name: str, results: Results) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     commit = results.config.get("commit")
+    fig.get_layout_engine().set(rect=(0, 0.03, 1, 0.97))  # room for the footer below
     fig.text(0.998, 0.003, results.name + (f" @ {commit}" if commit else ""), ha="right",
              va="bottom", fontsize=6, color="0.45")
     path = out_dir / f"{name}.png"
@@ -349,11 +350,11 @@ def plot_ports(results: Results, out_dir: Path, extrapolate_to: int = 10_000) ->
         ax.plot(x[~inside], y[~inside], color=colour, lw=1.6, ls=":")
         ax.scatter([peak], [max(measured, 1)], color=colour, s=60, zorder=4, edgecolors="k",
                    label=f"{arch}: {measured:.0f} at {peak:.0f} sessions, {rule}")
-        ax.annotate(f"{y[-1]:,.0f}", (x[-1], y[-1]), textcoords="offset points", xytext=(4, 0),
-                    va="center", fontsize=8, color=colour)
+        ax.annotate(f"{y[-1]:,.0f} ports", (x[-1], y[-1]), textcoords="offset points",
+                    xytext=(4, 0), va="center", fontsize=8, color=colour)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlim(1, top * 1.6)
+    ax.set_xlim(1, top * 2.5)
     ax.set_ylim(0.7, top * 3)
     ax.set_xlabel("concurrent sessions (log scale)")
     ax.set_ylabel("public UDP ports exposed (log scale)")
@@ -369,7 +370,8 @@ def plot_ports(results: Results, out_dir: Path, extrapolate_to: int = 10_000) ->
 
 # ------------------------------------------------------------------ region matrix
 
-def _heatmap(ax, table: pd.DataFrame, text: pd.DataFrame, title: str, unit: str) -> None:
+def _heatmap(ax, table: pd.DataFrame, text: pd.DataFrame, title: str, unit: str,
+             labels: dict[str, str]) -> None:
     values = table.to_numpy(dtype=float)
     finite = values[np.isfinite(values)]
     norm = Normalize(finite.min(), finite.max()) if finite.size else Normalize(0, 1)
@@ -380,13 +382,23 @@ def _heatmap(ax, table: pd.DataFrame, text: pd.DataFrame, title: str, unit: str)
             ax.text(j, i, text.iat[i, j], ha="center", va="center", fontsize=8,
                     color="white" if dark else "black")
         else:
-            ax.text(j, i, "no data", ha="center", va="center", fontsize=8, color="0.5")
+            ax.text(j, i, "no successful\nsessions", ha="center", va="center", fontsize=8,
+                    color="0.5")
     ax.set_xticks(range(table.shape[1]), table.columns, rotation=15)
-    ax.set_yticks(range(table.shape[0]), table.index)
+    ax.set_yticks(range(table.shape[0]), [labels.get(r, r) for r in table.index])
     ax.set_xlabel("architecture")
-    ax.set_ylabel("client region")
+    ax.set_ylabel("client region -> cluster")
     ax.set_title(title, fontsize=10)
     ax.figure.colorbar(image, ax=ax, label=unit, shrink=0.85)
+
+
+def _served_by(results: Results) -> dict[str, str]:
+    """'region -> cluster' labels: the cluster most of the region's sessions reached."""
+    s = results.sessions.dropna(subset=["cluster_region"])
+    out = {}
+    for region, group in s.groupby("client_region"):
+        out[region] = f"{region} -> {group.cluster_region.mode().iloc[0]}"
+    return out
 
 
 def plot_region_matrix(results: Results, out_dir: Path, stats: Stats | None = None) -> Path:
@@ -406,7 +418,8 @@ def plot_region_matrix(results: Results, out_dir: Path, stats: Stats | None = No
                     text.loc[region, arch] = (f"{row.p50:.0f}\n[{row.p50_lo:.0f}, {row.p50_hi:.0f}]"
                                               f"\nn={row.n}")
         info = METRIC_BY_NAME[metric]
-        _heatmap(ax, values, text, f"{info.label} p50, ms [95% CI]", f"{info.label} p50 (ms)")
+        _heatmap(ax, values, text, f"{info.label} p50, ms [95% CI]", f"{info.label} p50 (ms)",
+                 _served_by(results))
     fig.suptitle(f"Per client region\n{_subtitle(results)}", fontsize=10)
     return _save(fig, out_dir, "region_matrix", results)
 

@@ -148,7 +148,8 @@ def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], mode
              f"backend **{c.get('backend', '?')}** · calibration "
              f"**{'passed' if results.calibration.get('ok') else 'FAILED'}** · commit "
              f"{c.get('commit') or '-'}", ""]
-    lines += [f"> **Warning:** {w}" for w in _warnings(results, stats)]
+    for warning in _warnings(results, stats):
+        lines += [f"> **Warning:** {warning}", ""]
     lines += ["", "## Summary per architecture", "",
               tables.to_markdown(tables.headline(results, stats))]
     if len(results.client_regions) > 1:

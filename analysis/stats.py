@@ -18,7 +18,7 @@ from analysis.load import Results
 from analysis.mos import EModel, burst_ratio
 
 ALL = "all"  # the client_region of rows pooled over every client region
-PERCENTILES = (50, 90, 95, 99)
+PERCENTILES = (1, 5, 10, 50, 90, 95, 99)  # computed for every metric
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,11 @@ class Metric:
     label: str
     unit: str
     higher_is_better: bool = False
+
+    @property
+    def tail(self) -> tuple[int, int, int]:
+        """The percentiles of the metric's bad tail: high values, or low ones for MOS."""
+        return (10, 5, 1) if self.higher_is_better else (90, 95, 99)
 
 
 METRICS = (
@@ -127,7 +132,7 @@ def with_derived(sessions: pd.DataFrame, model: EModel = EModel()) -> pd.DataFra
 
 @dataclass
 class Stats:
-    """``metrics``: a row per (architecture, client_region, metric) with n, mean, p50 .. p99
+    """``metrics``: a row per (architecture, client_region, metric) with n, mean, p1 .. p99
     and their ``_lo``/``_hi`` bounds; ``success``: a row per (architecture, client_region)."""
 
     metrics: pd.DataFrame
@@ -196,6 +201,6 @@ def compute_stats(results: Results, boot: Bootstrap = Bootstrap(),
 
 
 def thin_tail(n: int, q: int, min_beyond: int = 10) -> bool:
-    """True when fewer than ``min_beyond`` observations lie beyond percentile q (above 50):
-    the bootstrap then mostly reshuffles the sample's few extremes and its CI is too narrow."""
-    return q > 50 and n * (100 - q) / 100 < min_beyond
+    """True when fewer than ``min_beyond`` observations lie beyond percentile q (on its side of
+    the median): the bootstrap then reshuffles a few extremes and its CI is too narrow."""
+    return q != 50 and n * min(q, 100 - q) / 100 < min_beyond

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from analysis.load import Results
-from analysis.stats import ALL, METRIC_BY_NAME, METRICS, PERCENTILES, Stats, thin_tail
+from analysis.stats import ALL, METRIC_BY_NAME, METRICS, Stats, thin_tail
 from scenarios.spec import BASELINE
 
 THIN = "†"  # marks a CI with fewer than 10 observations beyond the percentile
@@ -80,15 +80,17 @@ def headline(results: Results, stats: Stats) -> Table:
 
 def metric_detail(stats: Stats, arch: str, region: str = ALL) -> Table:
     """Every metric of one architecture: n, mean and each percentile with its CI."""
-    table = Table(["metric", "n", "mean"] + [f"p{q} [CI]" for q in PERCENTILES],
-                  note=f"{THIN} fewer than 10 observations beyond the percentile: its CI "
+    table = Table(["metric", "n", "mean", "p50 [CI]", "p90 (MOS: p10) [CI]",
+                   "p95 (MOS: p5) [CI]", "p99 (MOS: p1) [CI]"],
+                  note="Tail columns show the bad tail: high values, low ones for MOS. "
+                       f"{THIN} fewer than 10 observations beyond the percentile: its CI "
                        f"reshuffles a few extremes and is too narrow; read it as indicative.")
     for m in METRICS:
         row = stats.row(arch, m.name, region)
         if row is None:
             continue
         table.rows.append([m.label + unit(m.name), str(int(row.n)), fmt(row["mean"], m.name)]
-                          + [estimate(row, q, m.name) for q in PERCENTILES])
+                          + [estimate(row, q, m.name) for q in (50, *m.tail)])
     return table
 
 
@@ -147,6 +149,10 @@ def relays(results: Results) -> Table:
     return table
 
 
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def calibration(results: Results) -> Table:
     cal = results.calibration
     table = Table(["path", "kind", "expected mean / sd (ms)", "measured mean / sd (ms)",
@@ -158,8 +164,8 @@ def calibration(results: Results) -> Table:
         table.rows.append([
             f"{p.get('src')} -> {p.get('dst')} ({p.get('sender')} -> {p.get('receiver')})",
             str(p.get("kind")),
-            f"{fmt(p.get('expected_mean_ms'))} / {fmt(p.get('expected_sd_ms'))}",
-            f"{fmt(p.get('mean_ms'))} / {fmt(p.get('sd_ms'))}",
+            f"{_ms(p.get('expected_mean_ms'))} / {_ms(p.get('expected_sd_ms'))}",
+            f"{_ms(p.get('mean_ms'))} / {_ms(p.get('sd_ms'))}",
             fmt(p.get("expected_loss_pct"), "loss_pct"), fmt(p.get("loss_pct"), "loss_pct"),
             str(p.get("reordered", "-")), "yes" if p.get("ok") else "NO"])
     return table

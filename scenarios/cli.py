@@ -70,9 +70,14 @@ def run(args: argparse.Namespace) -> int:
     except ServiceError as exc:
         raise UserError(f"a service did not start: {exc}") from None
     summary = summarise(result)
+    from analysis.report import write_report
+
+    say("writing the report")
+    html, md = write_report(result.directory)
+    summary["report"] = {"html": str(html), "markdown": str(md)}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         print_summary(summary)
-        console.print(f"results: {result.directory}")
+        console.print(f"results: {result.directory}\nreport:  {html}\nsummary: {md}")
     return 0

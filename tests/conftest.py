@@ -151,3 +151,26 @@ def relay_factory(tmp_path):
     yield make
     for relay in started:
         relay.stop()
+
+
+def run_scenario(path: Path, region: str, out: Path, env: dict | None = None,
+                 timeout: float = 600) -> tuple[dict, Path]:
+    """``voiceedge scenario`` as a child process; returns (summary, results folder)."""
+    import json
+    import os
+
+    proc = subprocess.run([sys.executable, "-m", "voiceedge", "scenario", str(path), "--region",
+                           region, "--results", str(out), "--json"], capture_output=True,
+                          text=True, cwd=REPO, timeout=timeout, env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [directory] = list(out.iterdir())
+    return json.loads(proc.stdout), directory
+
+
+@pytest.fixture(scope="session")
+def ci_results(tmp_path_factory):
+    """One run of the compact CI scenario (scenarios/ci.yaml), shared by the tests that read it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (Mininet)")
+    return run_scenario(REPO / "scenarios" / "ci.yaml", "apac-se",
+                        tmp_path_factory.mktemp("ci-results"))

@@ -139,7 +139,8 @@ def stats(results):
 
 def test_percentiles_of_1_to_100_are_numpy_linear_and_match_the_runner():
     values = np.arange(1, 101)
-    assert percentiles(values) == pytest.approx([50.5, 90.1, 95.05, 99.01])
+    assert percentiles(values, (50, 90, 95, 99)) == pytest.approx([50.5, 90.1, 95.05, 99.01])
+    assert percentiles(values, (1, 5)) == pytest.approx([1.99, 5.95])
     runner = statistics.quantiles(values, n=100, method="inclusive")  # summary.json's method
     assert percentiles(values, (50, 95)) == pytest.approx([runner[49], runner[94]])
     assert np.isnan(percentiles([np.nan, np.nan])).all()
@@ -178,6 +179,7 @@ def test_thin_tail_rule():
     assert not thin_tail(7, 50)
     assert thin_tail(199, 95) and not thin_tail(200, 95)
     assert thin_tail(999, 99) and not thin_tail(1000, 99)
+    assert thin_tail(199, 5) and not thin_tail(200, 5)
 
 
 def test_wilson_interval_known_values():

@@ -17,21 +17,8 @@ from tests.conftest import REPO
 CI = REPO / "scenarios" / "ci.yaml"
 
 
-@pytest.fixture(scope="module")
-def ci_run(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("needs root (Mininet)")
-    out = tmp_path_factory.mktemp("results")
-    proc = subprocess.run([sys.executable, "-m", "voiceedge", "scenario", str(CI), "--region",
-                           "apac-se", "--results", str(out), "--json"],
-                          capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    [directory] = list(out.iterdir())
-    return json.loads(proc.stdout), directory
-
-
-def test_every_architecture_runs_every_session(ci_run):
-    summary, _ = ci_run
+def test_every_architecture_runs_every_session(ci_results):
+    summary, _ = ci_results
     assert summary["calibration_ok"] and summary["backend"] == "userspace"
     archs = summary["architectures"]
     assert list(archs) == ["port-per-session", "cluster-relay", "global-relay"]
@@ -39,16 +26,18 @@ def test_every_architecture_runs_every_session(ci_run):
         assert a["sessions"] == 4 and a["ok"] == 4, name
 
 
-def test_the_numbers_make_physical_sense(ci_run):
-    summary, directory = ci_run
+def test_the_numbers_make_physical_sense(ci_results):
+    summary, directory = ci_results
     archs = summary["architectures"]
     # apac-se -> na-east: the backbone path is far shorter than the inflated public one.
     g, p = archs["global-relay"], archs["port-per-session"]
     assert g["first_ice_rtt_ms"]["p50"] < p["first_ice_rtt_ms"]["p50"] - 50
     for name, a in archs.items():
-        # Nothing beats the network floor the topology implies, by more than probe noise.
-        assert a["first_ice_rtt_over_floor_ms"]["p50"] > -2, name
-        assert a["setup_over_floor_ms"]["p50"] > -5, name
+        # Nothing beats the network floor the topology implies by more than the path's jitter
+        # allows: a round trip's sd here is about 3 ms (1-2 ms per hop and direction), so the
+        # median of 4 sessions may sit up to ~6 ms (3 sd of that median) below the mean floor.
+        assert a["first_ice_rtt_over_floor_ms"]["p50"] > -6, name
+        assert a["setup_over_floor_ms"]["p50"] > -10, name
     # First ICE RTT via the global relay: its median within 2 ms + 5% of the path RTT the
     # topology implies (single sessions see the path's jitter and the first check's set-up).
     rows = [r for r in csv.DictReader(open(directory / "sessions.csv"))
@@ -63,8 +52,8 @@ def test_the_numbers_make_physical_sense(ci_run):
     assert g["public_udp_ports"] == 1
 
 
-def test_results_folder_has_everything_and_nothing_else(ci_run):
-    _, directory = ci_run
+def test_results_folder_has_everything_and_nothing_else(ci_results):
+    _, directory = ci_results
     names = {p.name for p in directory.iterdir()}
     assert {"config.json", "calibration.json", "sessions.csv", "samples.csv", "ports.csv",
             "relays.json", "summary.json", "logs"} <= names

@@ -4,7 +4,10 @@ Every impaired direction of every link is probed (topology/probe.py: UDP at a fi
 monotonic timestamps) and compared with its configuration:
 
 - mean one-way delay within max(1 ms, 5%) + 0.5 ms per hop;
-- standard deviation within 25% + 0.5 ms of the configured jitter;
+- spread within 25% + 0.5 ms of the configured jitter, with the standard deviation estimated
+  robustly (IQR / 1.349, exact for normal jitter): a handful of datagrams held up by the
+  probe's own scheduling on a busy 2-core machine must not fail a link (the plain standard
+  deviation is reported too);
 - the count of lost datagrams inside the central 99.8% of what the configured loss model gives
   for that many datagrams (simulated: bursty loss is far from binomial on a few hundred
   packets);
@@ -39,6 +42,7 @@ class Expectation:
     sd_ms: float
     loss: LossModel | None = None
     hops: int = 1
+    distribution: str = "normal"
 
     @property
     def loss_pct(self) -> float:
@@ -48,7 +52,8 @@ class Expectation:
     def of(cls, impairment: Impairment | None) -> "Expectation":
         if impairment is None:
             return cls(0.0, 0.0)
-        return cls(impairment.delay_ms, impairment.jitter_ms, impairment.loss)
+        return cls(impairment.delay_ms, impairment.jitter_ms, impairment.loss,
+                   distribution=impairment.distribution)
 
 
 @functools.lru_cache(maxsize=64)
@@ -88,6 +93,7 @@ class PathResult:
     received: int
     mean_ms: float | None
     sd_ms: float | None
+    sd_robust_ms: float | None
     loss_pct: float
     mean_ok: bool
     sd_ok: bool
@@ -125,14 +131,22 @@ def judge(exp: Expectation, sent: int, delays: list[float], reordered: int, kind
     loss_pct = 100.0 * (sent - received) / sent if sent else 100.0
     mean = statistics.fmean(delays) if delays else None
     sd = statistics.pstdev(delays) if len(delays) > 1 else None
+    robust = None
+    if len(delays) >= 8:
+        q1, q3 = np.percentile(delays, [25, 75])
+        robust = float(q3 - q1) / 1.349
     tolerance = max(1.0, 0.05 * exp.mean_ms) + 0.5 * exp.hops
     mean_ok = mean is not None and abs(mean - exp.mean_ms) <= tolerance
-    sd_ok = sd is not None and abs(sd - exp.sd_ms) <= 0.25 * exp.sd_ms + 0.5
+    # A uniform delay's IQR / 1.349 is 1.284 times its standard deviation.
+    expected_spread = exp.sd_ms * (1.284 if exp.distribution == "uniform" else 1.0)
+    sd_ok = robust is not None and abs(robust - expected_spread) <= 0.25 * expected_spread + 0.5
     lo, hi = loss_band(exp.loss, sent)
     loss_ok = lo <= sent - received <= hi
     return PathResult(kind, src, dst, sender, receiver, exp.mean_ms, exp.sd_ms, exp.loss_pct,
                       sent, received, None if mean is None else round(mean, 3),
-                      None if sd is None else round(sd, 3), round(loss_pct, 2), mean_ok, sd_ok,
+                      None if sd is None else round(sd, 3),
+                      None if robust is None else round(robust, 3), round(loss_pct, 2), mean_ok,
+                      sd_ok,
                       loss_ok, reordered)
 
 

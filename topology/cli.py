@@ -85,7 +85,7 @@ def print_report(report: CalibrationReport, timings: dict | None = None) -> None
 
     verdict = "[green]PASS[/green]" if report.ok else "[red]FAIL[/red]"
     table = Table(title=f"calibration ({report.backend} backend): {verdict}")
-    for col in ("path", "hosts", "delay ms cfg / meas", "sd ms cfg / meas",
+    for col in ("path", "hosts", "delay ms cfg / meas", "jitter ms cfg / meas",
                 "loss % cfg / meas", "recv", "ok"):
         table.add_column(col, justify="right" if col != "path" else "left")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
@@ -94,7 +94,7 @@ def print_report(report: CalibrationReport, timings: dict | None = None) -> None
         table.add_row(
             f"{p.kind} {p.src}->{p.dst}", f"{p.sender}->{p.receiver}",
             f"{p.expected_mean_ms:.2f} / {fmt(p.mean_ms)}{mark(p.mean_ok)}",
-            f"{p.expected_sd_ms:.2f} / {fmt(p.sd_ms)}{mark(p.sd_ok)}",
+            f"{p.expected_sd_ms:.2f} / {fmt(p.sd_robust_ms)}{mark(p.sd_ok)}",
             f"{p.expected_loss_pct:.2f} / {p.loss_pct:.2f}{mark(p.loss_ok)}",
             f"{p.received}/{p.sent}", "yes" if p.ok else "[red]NO[/red]")
     console = Console(width=max(Console().width, 120))

@@ -17,6 +17,8 @@ class UserError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from analysis import budgets_cli
+    from analysis import cli as report_cli
     from bench import relay as relay_bench
     from topology.impairment import bench as impairment_bench
     from scenarios import cli as scenario_cli
@@ -42,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     client_cli.add_parser(sub)
     demo_edge.add_parser(sub)
     topology_cli.add_parser(sub)
+    budgets_cli.add_parser(sub)
+    report_cli.add_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks of the testbed's own parts")
     bench_sub = bench.add_subparsers(dest="target", metavar="TARGET", required=True)

@@ -31,6 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--max-flows", type=int, default=100_000, help="flow table cap per worker")
     p.add_argument("--metrics", default="127.0.0.1:9478", metavar="HOST:PORT",
                    help="Prometheus metrics address ('none' to disable)")
+    # Test-only regression switch (see RelayConfig.test_processing_delay_ms); not in --help.
+    p.add_argument("--test-processing-delay-ms", type=float, help=argparse.SUPPRESS,
+                   default=float(os.environ.get("VOICEEDGE_TEST_RELAY_DELAY_MS", "0") or 0))
     p.set_defaults(func=run)
 
 
@@ -68,7 +71,8 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
         hop_bind=args.hop_bind, relay_id=args.relay_id,
         secret=secret_from_env(os.environ.get("VOICEEDGE_UFRAG_SECRET")),
         redis_url=args.redis, workers=args.workers, cpus=cpus,
-        idle_timeout=args.idle_timeout, max_flows=args.max_flows, metrics=metrics)
+        idle_timeout=args.idle_timeout, max_flows=args.max_flows, metrics=metrics,
+        test_processing_delay_ms=max(0.0, args.test_processing_delay_ms))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -82,6 +82,9 @@ class RelayConfig:
     redis_queue: int = 10_000
     metrics: tuple[str, int] | None = ("127.0.0.1", 9478)
     batch: int = 64
+    # Test-only: sleep this long before handling each readiness event, an injected regression
+    # that the CI latency budgets must catch (tests/test_budgets.py). Never set in production.
+    test_processing_delay_ms: float = 0.0
 
     @property
     def tier(self) -> str:

@@ -230,9 +230,12 @@ class RelayWorker:
             ep.register(fd, select.EPOLLIN)
         self._running = True
         next_sweep = time.monotonic() + _SWEEP_EVERY
+        injected = self.config.test_processing_delay_ms / 1000.0
         try:
             while self._running:
                 for fd, _ in ep.poll(_SWEEP_EVERY, len(handlers)):
+                    if injected:
+                        time.sleep(injected)
                     handlers[fd]()
                 now = time.monotonic()
                 if now >= next_sweep:

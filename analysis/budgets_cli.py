@@ -1,0 +1,51 @@
+"""``voiceedge budgets``: run the compact CI scenario (or take a results folder) and gate it."""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from analysis.budgets import BUDGETS_FILE
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("budgets", help="check latency budgets (CI gate)",
+                       description="Check a results folder against the latency budgets; "
+                                   "without one, run the budgets file's scenario first. Exit "
+                                   "status 1 when a budget is exceeded.")
+    p.add_argument("results", nargs="?", type=Path, help="results folder (default: run one)")
+    p.add_argument("--budgets", type=Path, default=BUDGETS_FILE, help="budgets file")
+    p.add_argument("--json", action="store_true", help="print only JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from analysis.budgets import BudgetError, BudgetFile, check, print_table, to_json
+    from voiceedge.cli import UserError
+
+    try:
+        budgets = BudgetFile.load(args.budgets)
+    except BudgetError as exc:
+        raise UserError(str(exc)) from None
+    results = args.results
+    if results is None:
+        root = Path(tempfile.mkdtemp(prefix="voiceedge-budgets-"))
+        cmd = [sys.executable, "-m", "voiceedge", "scenario", budgets.scenario, "--region",
+               budgets.region, "--results", str(root)]
+        if args.json:
+            cmd.append("--json")
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL if args.json else None)
+        if proc.returncode != 0:
+            raise UserError(f"the budget scenario did not run (exit {proc.returncode})")
+        [results] = list(root.iterdir())
+    try:
+        verdicts = check(results, budgets)
+    except BudgetError as exc:
+        raise UserError(str(exc)) from None
+    if args.json:
+        print(to_json(verdicts))
+    else:
+        print_table(verdicts, f"latency budgets ({args.budgets.name}) on {results}")
+    return 0 if all(v.ok for v in verdicts) else 1

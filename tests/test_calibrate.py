@@ -1,0 +1,43 @@
+"""Calibration verdicts on constructed measurements (no root needed)."""
+from __future__ import annotations
+
+import numpy as np
+
+from topology.calibrate import Expectation, judge, loss_band
+from topology.impairment.model import BernoulliLoss, GilbertElliottLoss, Impairment
+
+
+def verdict(impairment: Impairment, delays, sent=200):
+    return judge(Expectation.of(impairment), sent, list(delays), 0, "public", "a", "b", "x", "y")
+
+
+def test_a_configured_path_passes_and_a_few_scheduling_outliers_do_not_fail_it():
+    rng = np.random.default_rng(3)
+    delays = rng.normal(20, 5, 200)
+    delays[:3] += 40  # three datagrams held up by the probe's own scheduling
+    r = verdict(Impairment(delay_ms=20, jitter_ms=5), delays)
+    assert r.ok and r.sd_ms > 6 and 4 < r.sd_robust_ms < 6
+
+
+def test_a_flat_world_fails():
+    r = verdict(Impairment(delay_ms=20, jitter_ms=5), np.full(200, 0.1))
+    assert not r.mean_ok and not r.sd_ok and not r.ok
+
+
+def test_too_much_jitter_fails():
+    r = verdict(Impairment(delay_ms=20, jitter_ms=1), np.random.default_rng(1).normal(20, 4, 200))
+    assert r.mean_ok and not r.sd_ok
+
+
+def test_a_blackhole_fails_and_loss_is_judged_against_its_model():
+    assert not verdict(Impairment(delay_ms=20), [], sent=200).ok
+    lo, hi = loss_band(BernoulliLoss(2.0), 1000)
+    assert lo <= 20 <= hi and hi < 40 and lo > 5
+    lo, hi = loss_band(GilbertElliottLoss(p=1.0, r=25.0), 1000)
+    assert lo <= 38 <= hi and hi > 60  # bursty loss spreads far wider than binomial
+    assert loss_band(None, 200) == (0, 0)
+    good = verdict(Impairment(delay_ms=5, loss=BernoulliLoss(2.0)),
+                   np.full(196, 5.0), sent=200)
+    assert good.loss_ok
+    bad = verdict(Impairment(delay_ms=5, loss=BernoulliLoss(2.0)), np.full(150, 5.0), sent=200)
+    assert not bad.loss_ok
