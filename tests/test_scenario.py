@@ -23,7 +23,7 @@ def test_every_architecture_runs_every_session(ci_results):
     archs = summary["architectures"]
     assert list(archs) == ["port-per-session", "cluster-relay", "global-relay"]
     for name, a in archs.items():
-        assert a["sessions"] == 4 and a["ok"] == 4, name
+        assert a["sessions"] == 6 and a["ok"] == 6, name
 
 
 def test_the_numbers_make_physical_sense(ci_results):
@@ -47,7 +47,7 @@ def test_the_numbers_make_physical_sense(ci_results):
     median = statistics.median(float(r["first_ice_rtt_ms"]) for r in rows)
     assert abs(median - floor) <= 2 + 0.05 * floor, (median, floor)
     # One UDP port per session against one per relay.
-    assert p["public_udp_ports"] == 4
+    assert p["public_udp_ports"] == 6
     assert archs["cluster-relay"]["public_udp_ports"] == 1
     assert g["public_udp_ports"] == 1
 
@@ -60,17 +60,17 @@ def test_results_folder_has_everything_and_nothing_else(ci_results):
     config = json.loads((directory / "config.json").read_text())
     assert config["backend"] == "userspace" and config["clusters"] == ["na-east"]
     sessions = list(csv.DictReader(open(directory / "sessions.csv")))
-    assert len(sessions) == 12 and {r["cluster_region"] for r in sessions} == {"na-east"}
+    assert len(sessions) == 18 and {r["cluster_region"] for r in sessions} == {"na-east"}
     samples = list(csv.DictReader(open(directory / "samples.csv")))
     assert samples and {r["architecture"] for r in samples} == {
         "port-per-session", "cluster-relay", "global-relay"}
     relays = json.loads((directory / "relays.json").read_text())
-    assert relays["global-relay"]["ingress-apac-se"]["flows_created"] == 4
+    assert relays["global-relay"]["ingress-apac-se"]["flows_created"] == 6
 
 
 def test_scenario_files_are_checked(tmp_path):
     good = Scenario.load(CI)
-    assert good.clusters == ("na-east",) and good.sessions_per_region == 4
+    assert good.clusters == ("na-east",) and good.sessions_per_region == 6
     cases = {
         "clusters: []\nname: x\nsessions_per_region: 1\ncall_duration_s: 3\nstart_rate: 1\n":
             "clusters",

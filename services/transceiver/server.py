@@ -129,6 +129,9 @@ class TransceiverServer:
         if self._http is not None:
             await self._http.close()
         if self.mux is not None:
+            log.info(json.dumps({"event": "transceiver_stopped",
+                                 "sessions_total": self.sessions_total,
+                                 "mux": vars(self.mux.counters)}))
             self.mux.close()
 
     # ------------------------------------------------------------ sessions
