@@ -20,6 +20,7 @@ from pathlib import Path
 from scenarios.processes import ServiceProcess, http_ok, redis_cmd, tcp_open, voiceedge_cmd
 from services.client.config import ClientConfig
 from services.client.runner import run_sessions
+from services.relay.counters import scrape
 from services.transceiver.ice import MODES, SHARED
 from topology.netns import in_namespace, lab_namespace
 
@@ -156,7 +157,8 @@ async def _demo(cfg: DemoConfig, edge: str, workdir: Path, say) -> DemoResult:
                 None, _get_json, f"http://127.0.0.1:{CONTROL}/status"), None
         relay = {}
         if shared:
-            relay = _relay_counters(f"http://127.0.0.1:{RELAY_METRICS}/metrics")
+            relay = {k: v for k, v in scrape(f"http://127.0.0.1:{RELAY_METRICS}/metrics").items()
+                     if v}
     finally:
         for proc in reversed(services):
             proc.stop()
@@ -205,17 +207,6 @@ async def _watch_transceiver(pid: int, cfg: DemoConfig) -> tuple[dict, float | N
     if live < cfg.sessions:
         return status, None
     return status, round((cpu1 - cpu0) / (t1 - t0) / live * 1000, 1)
-
-
-def _relay_counters(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=2) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("voiceedge_relay_"):
-            name = line.split("{", 1)[0].removeprefix("voiceedge_relay_").removesuffix("_total")
-            out[name] = out.get(name, 0) + float(line.rsplit(" ", 1)[1])
-    return {k: int(v) for k, v in out.items() if v}
 
 
 def add_parser(sub) -> None:

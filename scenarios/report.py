@@ -15,7 +15,7 @@ def print_summary(summary: dict) -> None:
     table = Table(title=f"clients in {', '.join(summary['client_regions'])} -> clusters "
                         f"{', '.join(summary['clusters'])} ({summary['backend']} impairment)",
                   caption="p50 / p95; Δ: p50 minus the port-per-session baseline's; floor: "
-                          "setup above signaling RTT + ICE RTT + 2 DTLS RTTs of the topology")
+                          "setup above the topology's signaling RTT + 2 media RTTs")
     table.add_column("architecture")
     table.add_column("ok", justify="right")
     table.add_column("UDP ports", justify="right")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from scenarios.processes import ServiceError, ServiceProcess, http_ok, redis_cmd, tcp_open, voiceedge_cmd
 from scenarios.spec import BASELINE, Scenario
+from services.relay.counters import scrape
 from topology.calibrate import CalibrationReport, calibrate
 from topology.netns import in_namespace
 from topology.plan import world_spec
@@ -80,17 +81,6 @@ class RunResult:
 def _get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=2) as r:
         return json.loads(r.read())
-
-
-def _metrics(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=2) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("voiceedge_relay_"):
-            name = line.split("{", 1)[0].removeprefix("voiceedge_relay_").removesuffix("_total")
-            out[name] = out.get(name, 0) + float(line.rsplit(" ", 1)[1])
-    return {k: int(v) for k, v in out.items()}
 
 
 class ScenarioRunner:
@@ -272,7 +262,7 @@ class ScenarioRunner:
         time.sleep(0.6)  # relays publish their counters twice a second
         for proc, host in services:
             if proc.name.startswith(("relay-", "ingress-")):
-                out[proc.name] = in_namespace(world.node(host).ns_path, _metrics,
+                out[proc.name] = in_namespace(world.node(host).ns_path, scrape,
                                               f"http://127.0.0.1:{METRICS_PORT}/metrics")
         return out
 

@@ -20,6 +20,7 @@ from aiortc.mediastreams import AudioStreamTrack
 from scenarios.processes import ServiceProcess, http_ok, redis_cmd, tcp_open, voiceedge_cmd
 from services.client.config import ClientConfig
 from services.client.session import run_session
+from services.relay.counters import scrape
 from topology.netns import in_namespace, lab_namespace
 
 EDGE = "10.77.0.1"
@@ -82,14 +83,8 @@ class Edge:
             proc.stop()
 
 
-def relay_counters() -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS}/metrics", timeout=2).read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("voiceedge_relay_"):
-            name = line.split("{", 1)[0].removeprefix("voiceedge_relay_").removesuffix("_total")
-            out[name] = out.get(name, 0) + float(line.rsplit(" ", 1)[1])
-    return out
+def relay_counters() -> dict[str, int]:
+    return scrape(f"http://127.0.0.1:{METRICS}/metrics")
 
 
 def test_audio_and_data_channel_both_ways_through_relay_transceiver_and_agent(lab, tmp_path):

@@ -8,17 +8,16 @@ made in) or by starting processes with ``ip netns exec``.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import subprocess
 import threading
 from dataclasses import dataclass
 
-CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL("libc.so.6", use_errno=True)
+from topology.impairment.nsutil import NamespaceError, in_netns
+from topology.impairment.nsutil import setns
 
 
-class NetnsError(RuntimeError):
+class NetnsError(NamespaceError):
     """A namespace could not be made or entered (not root, no iproute2)."""
 
 
@@ -66,16 +65,25 @@ class lab_namespace:
         subprocess.run(["ip", "netns", "delete", self.ns.name], capture_output=True)
 
 
+def ns_path(name: str) -> str:
+    """The namespace file for ``name``: a name under /var/run/netns, or already a path (such as
+    a Mininet host's /proc/PID/ns/net)."""
+    return name if name.startswith("/") else f"/var/run/netns/{name}"
+
+
 def enter(name: str) -> None:
-    """Move the calling thread into namespace ``name`` (a name under /var/run/netns, or the
-    path of a namespace file such as /proc/PID/ns/net)."""
-    fd = os.open(name if name.startswith("/") else f"/var/run/netns/{name}", os.O_RDONLY)
+    """Move the calling thread into namespace ``name`` (for good: see ``entered``)."""
+    fd = os.open(ns_path(name), os.O_RDONLY)
     try:
-        if _libc.setns(fd, CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise NetnsError(f"setns {name}: {os.strerror(err)}")
+        setns(fd, name)
     finally:
         os.close(fd)
+
+
+def entered(name: str) -> in_netns:
+    """Context manager: the calling thread (and threads it starts meanwhile) works inside
+    namespace ``name`` and returns to its own on exit."""
+    return in_netns(ns_path(name))
 
 
 def in_namespace(name: str, fn, *args, **kwargs):
@@ -95,29 +103,3 @@ def in_namespace(name: str, fn, *args, **kwargs):
     if "error" in box:
         raise box["error"]
     return box.get("result")
-
-
-class entered:
-    """Context manager: the calling thread works inside namespace ``name`` (threads it starts
-    meanwhile too), and returns to its original namespace on exit."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._home: int | None = None
-
-    def __enter__(self) -> "entered":
-        self._home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-        try:
-            enter(self.name)
-        except NetnsError:
-            os.close(self._home)
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            if _libc.setns(self._home, CLONE_NEWNET) != 0:
-                raise NetnsError(f"cannot return from {self.name}: "
-                                 f"{os.strerror(ctypes.get_errno())}")
-        finally:
-            os.close(self._home)

@@ -60,3 +60,18 @@ class Drops:
 
     def add(self, reason: str, n: int = 1) -> None:
         self.counts[reason] += n
+
+
+def scrape(url: str, timeout: float = 2.0) -> dict[str, int]:
+    """A relay's counters from its Prometheus endpoint, summed over workers, named as in
+    COUNTERS (without the ``voiceedge_relay_`` prefix and ``_total`` suffix)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("voiceedge_relay_"):
+            name = line.split("{", 1)[0].removeprefix("voiceedge_relay_").removesuffix("_total")
+            out[name] = out.get(name, 0) + float(line.rsplit(" ", 1)[1])
+    return {k: int(v) for k, v in out.items()}

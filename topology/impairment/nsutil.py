@@ -18,7 +18,7 @@ class NamespaceError(RuntimeError):
     """A namespace could not be made, entered or left."""
 
 
-def _setns(fd: int, what: str) -> None:
+def setns(fd: int, what: str) -> None:
     if _libc.setns(fd, CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         raise NamespaceError(f"setns {what}: {os.strerror(err)}")
@@ -40,7 +40,7 @@ class in_netns:
             os.close(self._home)
             raise NamespaceError(f"cannot open {self.ns_path}: {exc.strerror}") from None
         try:
-            _setns(fd, self.ns_path)
+            setns(fd, self.ns_path)
         except NamespaceError:
             os.close(self._home)
             raise
@@ -51,7 +51,7 @@ class in_netns:
     def __exit__(self, *exc) -> None:
         try:
             # A thread left in a foreign namespace would poison everything it does later.
-            _setns(self._home, "back home")
+            setns(self._home, "back home")
         finally:
             os.close(self._home)
 
