@@ -3,11 +3,9 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

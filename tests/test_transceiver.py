@@ -9,7 +9,6 @@ import asyncio
 import gc
 import json
 import os
-import socket
 import urllib.request
 
 import aiohttp

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 
 from services.agent.config import MODES, AgentConfig, ConfigError
 
@@ -44,24 +42,15 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         raise UserError(str(exc)) from None
 
 
-async def serve(config: AgentConfig) -> None:
-    """Serve until SIGINT or SIGTERM, then close every session and stop."""
-    from services.agent.server import AgentServer
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    async with AgentServer(config):
-        await stop.wait()
-
-
 def run(args: argparse.Namespace) -> int:
     from voiceedge.cli import UserError
 
+    from services.agent.server import AgentServer
+    from services.lifecycle import serve_until_signal
+
     config = config_from_args(args)
     try:
-        asyncio.run(serve(config))
+        serve_until_signal(lambda: AgentServer(config))
     except OSError as exc:
         raise UserError(f"cannot listen on {config.host}:{config.port}: {exc}") from None
     return 0

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 
 from services.config import ConfigError, parse_hostport
 
@@ -58,16 +56,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise UserError(str(exc)) from None
 
-    async def serve() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        async with SignalingServer(config):
-            await stop.wait()
+    from services.lifecycle import serve_until_signal
 
     try:
-        asyncio.run(serve())
+        serve_until_signal(lambda: SignalingServer(config))
     except OSError as exc:
         raise UserError(f"cannot listen on {args.listen}: {exc}") from None
     return 0

@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import signal
 
 from services.config import ConfigError, parse_hostport
 from services.transceiver import ice
@@ -61,16 +59,10 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
 
-    async def serve() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        async with TransceiverServer(config):
-            await stop.wait()
+    from services.lifecycle import serve_until_signal
 
     try:
-        asyncio.run(serve())
+        serve_until_signal(lambda: TransceiverServer(config))
     except OSError as exc:
         raise UserError(f"cannot open the transceiver's sockets: {exc}") from None
     return 0

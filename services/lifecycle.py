@@ -1,0 +1,22 @@
+"""Running a service until it is told to stop."""
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+
+
+def serve_until_signal(make_server: Callable[[], AbstractAsyncContextManager]) -> None:
+    """Run ``async with make_server():`` until SIGINT or SIGTERM, then leave the block (which
+    stops the service cleanly)."""
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with make_server():
+            await stop.wait()
+
+    asyncio.run(serve())
