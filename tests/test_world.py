@@ -70,11 +70,13 @@ def test_a_150_ms_path_with_jitter_and_bursty_loss_measures_inside_its_bands():
     spec = WorldSpec(regions=("a1", "b1"), clusters=(),
                      impairments={("public", "a1", "b1"): path})
     with World(spec, make_backend("userspace")) as world:
-        report = calibrate(world, count=400, rate=100)
+        report = calibrate(world, count=1000, rate=200)
     [result] = [p for p in report.paths if p.kind == "public"]
     assert result.ok, result
-    assert 140 < result.mean_ms < 160 and 15 < result.sd_ms < 25
-    assert result.received < result.sent  # the bursty loss is there (3.85% expected)
+    assert 140 < result.mean_ms < 160 and 15 < result.sd_robust_ms < 25
+    # The bursty loss is there: 3.85% expected; no loss at all in 1000 datagrams has a
+    # probability of about 4e-5 (the chain staying good), so this cannot flake.
+    assert result.received < result.sent
 
 
 def test_a_killed_engine_is_caught_by_calibration_not_reported_as_good():
