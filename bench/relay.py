@@ -60,7 +60,7 @@ class PhaseRow:
     cpu_us_per_packet_rounds: list[float] | None
     latency_p50_us: float
     latency_p99_us: float
-    batch_mean: float | None = None  # datagrams per receive call
+    batch_mean: float | None = None  # datagrams per wake-up of the relay
     added_p50_us: float | None = None
     added_p99_us: float | None = None
 

@@ -25,7 +25,7 @@ COUNTERS = {
     "bytes_to_server": "bytes forwarded towards transceivers (client datagrams, no headers)",
     "packets_to_client": "datagrams forwarded towards clients",
     "bytes_to_client": "bytes forwarded towards clients (client datagrams, no headers)",
-    "receive_batches": "recvmmsg calls that returned datagrams (datagrams / this = batch size)",
+    "receive_batches": "socket wake-ups that returned datagrams (datagrams / this = datagrams per wake-up)",
     "flows_created": "flows created from an authenticated STUN first packet",
     "flows_recovered": "flows re-created from the Redis flow cache",
     "flows_expired": "flows removed after the idle timeout",
