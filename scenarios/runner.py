@@ -172,6 +172,7 @@ class ScenarioRunner:
                     str(logs / f"samples-{region}.jsonl"), "-q"),
                     logs / f"client-{region}.log", netns=world.node(host).ns_path).start()
                 clients.append(proc)
+                services.append((proc, host))  # stopped with the services, also on Ctrl-C
             watcher = _TransceiverWatch(world, self.clusters, arch)
             watcher.start()
             total = sc.sessions_per_region * len(self.client_regions)
