@@ -59,6 +59,22 @@ async def call(http: aiohttp.ClientSession, url: str, timeout: float = 10.0, aud
     return pc, location, answer
 
 
+def local_config(**overrides) -> TransceiverConfig:
+    """An in-process transceiver on the lab's edge address, control API on a free port."""
+    return TransceiverConfig(cluster_id=1, transceiver_id=1, media_host=EDGE,
+                             control=("127.0.0.1", 0), **overrides)
+
+
+async def offer_only(http: aiohttp.ClientSession, url: str):
+    """POST an offer from a peer that will never connect; returns (peer, status, text)."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTrack(AudioStreamTrack())
+    await pc.setLocalDescription(await pc.createOffer())
+    async with http.post(url, data=pc.localDescription.sdp,
+                         headers={"Content-Type": "application/sdp"}) as r:
+        return pc, r.status, await r.text()
+
+
 def get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=2) as r:
         return json.loads(r.read())
@@ -103,8 +119,7 @@ def test_sessions_end_cleanly_and_leave_nothing_behind(lab):
     """100 sessions set up and torn down in sequence: no growth in fds, tasks or mux state."""
 
     async def scenario():
-        cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host=EDGE,
-                                control=("127.0.0.1", 0))
+        cfg = local_config()
         async with TransceiverServer(cfg) as server, aiohttp.ClientSession() as http:
             url = f"http://127.0.0.1:{server.control_port}/sessions"
 
@@ -136,8 +151,7 @@ def test_sessions_end_cleanly_and_leave_nothing_behind(lab):
 
 def test_client_closing_ends_the_server_session(lab):
     async def scenario():
-        cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host=EDGE,
-                                control=("127.0.0.1", 0), setup_timeout=2.0)
+        cfg = local_config(setup_timeout=2.0)
         async with TransceiverServer(cfg) as server, aiohttp.ClientSession() as http:
             url = f"http://127.0.0.1:{server.control_port}/sessions"
             pc, _, _ = await call(http, url)
@@ -154,16 +168,10 @@ def test_client_closing_ends_the_server_session(lab):
 
 def test_setup_timeout_releases_a_session_that_never_connects(lab):
     async def scenario():
-        cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host=EDGE,
-                                control=("127.0.0.1", 0), setup_timeout=1.0)
+        cfg = local_config(setup_timeout=1.0)
         async with TransceiverServer(cfg) as server, aiohttp.ClientSession() as http:
-            pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-            pc.addTrack(AudioStreamTrack())
-            await pc.setLocalDescription(await pc.createOffer())
-            async with http.post(f"http://127.0.0.1:{server.control_port}/sessions",
-                                 data=pc.localDescription.sdp,
-                                 headers={"Content-Type": "application/sdp"}) as r:
-                assert r.status == 201
+            pc, status, _ = await offer_only(http, f"http://127.0.0.1:{server.control_port}/sessions")
+            assert status == 201
             await pc.close()  # the client goes away before any ICE check
             await asyncio.sleep(1.6)
             return len(server.sessions), server.mux.sessions
@@ -173,17 +181,11 @@ def test_setup_timeout_releases_a_session_that_never_connects(lab):
 
 def test_capacity_gives_503_and_nothing_half_allocated(lab):
     async def scenario():
-        cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host=EDGE,
-                                control=("127.0.0.1", 0), max_sessions=1)
+        cfg = local_config(max_sessions=1)
         async with TransceiverServer(cfg) as server, aiohttp.ClientSession() as http:
             url = f"http://127.0.0.1:{server.control_port}/sessions"
             pc, _, _ = await call(http, url)
-            other = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-            other.addTrack(AudioStreamTrack())
-            await other.setLocalDescription(await other.createOffer())
-            async with http.post(url, data=other.localDescription.sdp,
-                                 headers={"Content-Type": "application/sdp"}) as r:
-                status, text = r.status, await r.text()
+            other, status, text = await offer_only(http, url)
             await other.close()
             await pc.close()
             return status, text, server.sessions_refused, server.mux.sessions
@@ -204,8 +206,7 @@ BAD_OFFERS = [
 
 def test_bad_offers_get_4xx_with_one_line_and_allocate_nothing(lab):
     async def scenario():
-        cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host=EDGE,
-                                control=("127.0.0.1", 0))
+        cfg = local_config()
         out = []
         async with TransceiverServer(cfg) as server, aiohttp.ClientSession() as http:
             url = f"http://127.0.0.1:{server.control_port}/sessions"
