@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from voiceedge.errors import ConfigError
+
 BUDGETS_FILE = Path(__file__).with_name("budgets.yaml")
 BASELINE = "port-per-session"
 _DERIVED = {"setup_over_floor_ms": ("setup_ms", "floor_setup_ms"),
@@ -27,7 +29,7 @@ _METRICS = {"setup_ms", "first_ice_rtt_ms", "signaling_ms", "first_audio_ms", "r
             "jitter_ms", "loss_pct", "success_pct", *_DERIVED}
 
 
-class BudgetError(ValueError):
+class BudgetError(ConfigError):
     """A budgets file or results folder the gate cannot use."""
 
 

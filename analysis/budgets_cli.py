@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from analysis.budgets import BUDGETS_FILE
+from voiceedge.errors import UserError
 
 
 def add_parser(sub) -> None:
@@ -23,7 +24,6 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from analysis.budgets import BudgetError, BudgetFile, check, print_table, to_json
-    from voiceedge.cli import UserError
 
     try:
         budgets = BudgetFile.load(args.budgets)

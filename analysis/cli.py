@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from voiceedge.errors import UserError
 
 
 def add_parser(sub) -> None:
@@ -28,7 +29,6 @@ def run(args: argparse.Namespace) -> int:
     from analysis.load import ResultsError
     from analysis.report import write_report
     from analysis.stats import Bootstrap
-    from voiceedge.cli import UserError
 
     if (args.results is None) == (args.compare is None):
         raise UserError("give either RESULTS_DIR or --compare OLD NEW")

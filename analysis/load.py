@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from voiceedge.errors import UserError
+
 # The columns the analysis reads; a run writes more (scenarios/runner.py SESSION_FIELDS).
 SESSION_COLUMNS = (
     "architecture", "client_region", "cluster_region", "session", "ok", "error", "stage",
@@ -23,7 +25,7 @@ _NUMERIC = tuple(c for c in SESSION_COLUMNS if c.endswith(("_ms", "_pct"))) + (
 _TEXT = ("architecture", "client_region", "cluster_region", "error", "stage")
 
 
-class ResultsError(Exception):
+class ResultsError(UserError):
     """A folder that is not a complete results folder; the message is one line."""
 
 

@@ -31,6 +31,7 @@ from services.relay.server import RelayServer
 from services.wire import hop as hopwire
 from services.wire.stun import binding_request
 from services.wire.ufrag import UfragCodec
+from voiceedge.errors import UserError
 
 
 
@@ -270,7 +271,6 @@ def add_parser(sub) -> None:
 
 
 def _main(args) -> int:
-    from voiceedge.cli import UserError
 
     if args.rate <= 0 or args.flows <= 0 or args.seconds <= 0 or not 16 <= args.size <= 1400:
         raise UserError("--rate, --flows, --seconds must be positive and --size 16..1400")

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from scenarios.spec import DEFAULT_SCENARIO
+from voiceedge.errors import UserError
 
 
 def add_parser(sub) -> None:
@@ -34,7 +35,6 @@ def run(args: argparse.Namespace) -> int:
     from scenarios.runner import CalibrationFailed, ScenarioRunner, summarise
     from scenarios.spec import Scenario, ScenarioError
     from topology.cli import print_report
-    from voiceedge.cli import UserError
 
     from rich.markup import escape
 

@@ -23,6 +23,7 @@ from services.client.runner import run_sessions
 from services.relay.counters import scrape
 from services.transceiver.ice import MODES, SHARED
 from topology.netns import in_namespace, lab_namespace
+from voiceedge.errors import UserError
 
 VIP_PORT, MEDIA_PORT = 3478, 3480
 AGENT, SIGNALING, CONTROL, REDIS, RELAY_METRICS = 18800, 18080, 18900, 16379, 19478
@@ -228,7 +229,6 @@ def add_parser(sub) -> None:
 
 
 def _main(args) -> int:
-    from voiceedge.cli import UserError
 
     if args.sessions < 1 or args.duration <= 0 or args.rate <= 0 or (
             args.concurrency is not None and args.concurrency < 1):

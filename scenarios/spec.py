@@ -6,12 +6,14 @@ from pathlib import Path
 
 import yaml
 
+from voiceedge.errors import ConfigError
+
 ARCHITECTURES = ("port-per-session", "cluster-relay", "global-relay")
 BASELINE = "port-per-session"
 DEFAULT_SCENARIO = Path(__file__).with_name("default.yaml")
 
 
-class ScenarioError(ValueError):
+class ScenarioError(ConfigError):
     """A scenario file that cannot run; the message names the file and the field."""
 
 

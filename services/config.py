@@ -1,9 +1,7 @@
 """Configuration helpers shared by the services."""
 from __future__ import annotations
 
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message says what to fix."""
+from voiceedge.errors import ConfigError
 
 
 def parse_hostport(text: str, what: str = "address", allow_zero: bool = False) -> tuple[str, int]:

@@ -17,11 +17,12 @@ import pytest
 
 from services.agent import pcm
 from services.agent.cli import add_parser, config_from_args
-from services.agent.config import AgentConfig, ConfigError
+from services.agent.config import AgentConfig
+from voiceedge.errors import ConfigError
 from services.agent.pacing import Pacer
 from services.agent.server import AgentServer
 from services.agent.vad import EnergyVad, VadEvent
-from voiceedge.cli import UserError
+from voiceedge.errors import UserError
 
 LOUD = -6.0     # dBFS peak of the caller's "speech" in the tests
 QUIET = 200     # square amplitude just above -45 dBFS (-44.3)

@@ -24,7 +24,7 @@ from analysis.report import write_report
 from analysis.stats import ALL, Bootstrap, bootstrap_ci, compute_stats, percentiles, \
     thin_tail, wilson_interval, with_derived
 from scenarios.runner import SAMPLE_FIELDS, SESSION_FIELDS
-from voiceedge.cli import UserError
+from voiceedge.errors import UserError
 
 PNG = b"\x89PNG\r\n\x1a\n"
 ARCHS = ("port-per-session", "cluster-relay", "global-relay")

@@ -26,6 +26,7 @@ from services.client.config import ClientConfig
 from services.client.runner import run_sessions
 from services.client.seqstats import SeqTracker, extend_seq, loss_stats, unwrap
 from services.client.session import ping_event, run_session
+from voiceedge.errors import UserError
 
 CALL_S = 2.0
 
@@ -440,7 +441,6 @@ def test_cli_runs_sessions_and_writes_results(echo_peer, tmp_path, capsys):
 
 
 def test_cli_failures_and_user_errors(echo_peer, capsys):
-    from voiceedge.cli import UserError
     args = parse_cli("--url", echo_peer.url("/reject"), "-q")
     assert args.func(args) == 1
     assert "failed x1: HTTP 400: offer has no audio m-line" in capsys.readouterr().out

@@ -6,6 +6,7 @@ import json
 import sys
 
 from topology.calibrate import CalibrationReport, calibrate
+from voiceedge.errors import UserError
 
 
 def add_parser(sub) -> None:
@@ -50,7 +51,6 @@ def build_and_calibrate(regions: str, clusters: str | None, backend: str, count:
 
 
 def run(args: argparse.Namespace) -> int:
-    from voiceedge.cli import UserError
 
     if args.count < 20 or args.rate <= 0:
         raise UserError("--count must be at least 20 and --rate positive")

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from topology.impairment.model import BernoulliLoss, GilbertElliottLoss, Impairment, LossModel
+from voiceedge.errors import ConfigError
 
 ALL = "all"  # built-in group: every region, in file order
 BACKBONE, PUBLIC_INTERNET, INTRA_REGION = "backbone", "public_internet", "intra_region"
@@ -45,7 +46,7 @@ REGION_NAME = re.compile(r"[a-z][a-z0-9-]*")
 PROFILE_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
-class CatalogError(ValueError):
+class CatalogError(ConfigError):
     """A regions file or override that cannot describe a world; the message names the entry."""
 
 

@@ -10,10 +10,7 @@ import logging
 import sys
 
 from voiceedge import __version__
-
-
-class UserError(Exception):
-    """An error the user can fix; printed as one line, exit status 2."""
+from voiceedge.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.agent.config import MODES, AgentConfig, ConfigError
+from services.agent.config import MODES, AgentConfig
+from voiceedge.errors import ConfigError
+from voiceedge.errors import UserError
 
 
 def add_parser(sub) -> None:
@@ -31,7 +33,6 @@ def add_parser(sub) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
-    from voiceedge.cli import UserError
 
     try:
         return AgentConfig(host=args.listen, port=args.port, mode=args.mode,
@@ -43,7 +44,6 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from voiceedge.cli import UserError
 
     from services.agent.server import AgentServer
     from services.lifecycle import serve_until_signal

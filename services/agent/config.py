@@ -3,11 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from voiceedge.errors import ConfigError
+
 MODES = ("echo", "reply")
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot work; the message says which and why."""
 
 
 @dataclass(frozen=True)

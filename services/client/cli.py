@@ -8,6 +8,7 @@ import sys
 
 from services.client.config import ClientConfig, IceServer
 from services.client.results import SessionResult
+from voiceedge.errors import UserError
 
 
 def add_parser(sub) -> None:
@@ -40,7 +41,6 @@ def add_parser(sub) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ClientConfig:
-    from voiceedge.cli import UserError
 
     if args.sessions < 1:
         raise UserError("--sessions must be at least 1")
@@ -97,7 +97,6 @@ def summary(results: list[SessionResult]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from services.client.runner import run_sessions
-    from voiceedge.cli import UserError
 
     config = config_from_args(args)
     report = None if args.quiet else (lambda r: print(_line(r), file=sys.stderr, flush=True))

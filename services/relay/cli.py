@@ -4,9 +4,11 @@ from __future__ import annotations
 import argparse
 import os
 
-from services.config import ConfigError, parse_hostport
+from services.config import parse_hostport
+from voiceedge.errors import ConfigError
 from services.relay.config import RelayConfig, RouteTable
 from services.wire.ufrag import secret_from_env
+from voiceedge.errors import UserError
 
 
 def add_parser(sub) -> None:
@@ -38,7 +40,6 @@ def add_parser(sub) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> RelayConfig:
-    from voiceedge.cli import UserError
 
     try:
         routes = RouteTable.load(args.routes, args.tier)
@@ -77,7 +78,6 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
 
 def run(args: argparse.Namespace) -> int:
     from services.relay.server import RelayServer
-    from voiceedge.cli import UserError
 
     config = config_from_args(args)
     server = RelayServer(config)

@@ -5,7 +5,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.config import ConfigError, parse_hostport
+from services.config import parse_hostport
+from voiceedge.errors import ConfigError
 
 TIERS = ("ingress", "cluster")
 

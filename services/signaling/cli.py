@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.config import ConfigError, parse_hostport
+from services.config import parse_hostport
+from voiceedge.errors import ConfigError
+from voiceedge.errors import UserError
 
 
 def add_parser(sub) -> None:
@@ -41,7 +43,6 @@ def _load_clusters(path: str):
 
 def run(args: argparse.Namespace) -> int:
     from services.signaling.server import SignalingConfig, SignalingServer
-    from voiceedge.cli import UserError
 
     try:
         listen = parse_hostport(args.listen, "--listen")

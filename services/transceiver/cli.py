@@ -4,9 +4,11 @@ from __future__ import annotations
 import argparse
 import os
 
-from services.config import ConfigError, parse_hostport
+from services.config import parse_hostport
+from voiceedge.errors import ConfigError
 from services.transceiver import ice
 from services.wire.ufrag import MAX_CLUSTER_ID, MAX_TRANSCEIVER_ID, secret_from_env
+from voiceedge.errors import UserError
 
 
 def add_parser(sub) -> None:
@@ -34,7 +36,6 @@ def add_parser(sub) -> None:
 
 def config_from_args(args: argparse.Namespace):
     from services.transceiver.server import TransceiverConfig
-    from voiceedge.cli import UserError
 
     try:
         if not 0 <= args.cluster <= MAX_CLUSTER_ID or not 0 <= args.transceiver_id <= MAX_TRANSCEIVER_ID:
@@ -55,7 +56,6 @@ def config_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from services.transceiver.server import TransceiverServer
-    from voiceedge.cli import UserError
 
     config = config_from_args(args)
 

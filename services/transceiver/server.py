@@ -25,7 +25,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from services.config import ConfigError, parse_hostport
+from services.config import parse_hostport
+from voiceedge.errors import ConfigError
 from services.transceiver import ice
 from services.transceiver.mux import SharedSocket
 from services.transceiver.session import Session

@@ -20,6 +20,7 @@ from topology.impairment.lab import pair_lab
 from topology.impairment.model import Impairment
 from topology.impairment.probe import udp_probe
 from topology.impairment.userspace import UserspaceBackend
+from voiceedge.errors import UserError
 
 CPU_TARGET_PCT_PER_1000PPS = 10.0
 LATENESS_P50_TARGET_US = 100.0
@@ -156,7 +157,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from voiceedge.cli import UserError
 
     if os.geteuid() != 0:
         raise UserError("needs root (network namespaces, iptables)")
