@@ -91,16 +91,19 @@ class RelayProcess:
 
     def metrics_by_worker(self) -> dict[str, dict[str, float]]:
         """{counter: {worker: value}}, names without the voiceedge_relay_ prefix and _total."""
+        from prometheus_client.parser import text_string_to_metric_families
+
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         text = urllib.request.urlopen(url, timeout=2).read().decode()
         out: dict[str, dict[str, float]] = {}
-        for line in text.splitlines():
-            if not line.startswith("voiceedge_relay_"):
-                continue
-            name, rest = line.split("{", 1)
-            worker = rest.split('worker="', 1)[1].split('"', 1)[0]
-            name = name.removeprefix("voiceedge_relay_").removesuffix("_total")
-            out.setdefault(name, {})[worker] = float(line.rsplit(" ", 1)[1])
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if not sample.name.startswith("voiceedge_relay_") or "worker" not in sample.labels:
+                    continue
+                if sample.name.endswith("_created"):  # the client library's creation stamps
+                    continue
+                name = sample.name.removeprefix("voiceedge_relay_").removesuffix("_total")
+                out.setdefault(name, {})[sample.labels["worker"]] = sample.value
         return out
 
     def metrics(self) -> dict[str, float]:

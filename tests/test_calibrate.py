@@ -1,9 +1,11 @@
 """Calibration verdicts on constructed measurements (no root needed)."""
 from __future__ import annotations
 
+import io
+
 import numpy as np
 
-from topology.calibrate import Expectation, judge, loss_band
+from topology.calibrate import FAMILY_TAIL, Expectation, judge, loss_band
 from topology.impairment.model import BernoulliLoss, GilbertElliottLoss, Impairment
 
 
@@ -41,3 +43,34 @@ def test_a_blackhole_fails_and_loss_is_judged_against_its_model():
     assert good.loss_ok
     bad = verdict(Impairment(delay_ms=5, loss=BernoulliLoss(2.0)), np.full(150, 5.0), sent=200)
     assert not bad.loss_ok
+
+
+def test_the_progress_bar_is_drawn_only_on_a_terminal():
+    from rich.console import Console
+
+    from topology.cli import paths_progress
+
+    pipe = io.StringIO()
+    with paths_progress(Console(file=pipe, force_terminal=False)) as progress:
+        assert progress is None
+    assert pipe.getvalue() == ""
+    tty = io.StringIO()
+    with paths_progress(Console(file=tty, force_terminal=True, width=80)) as progress:
+        assert tty.getvalue() == ""  # nothing until the first call
+        for done in range(4):
+            progress(done, 3)
+    assert "3/3" in tty.getvalue() and "probing paths" in tty.getvalue()
+
+
+def test_the_loss_band_is_corrected_for_the_number_of_paths():
+    loss = BernoulliLoss(1.0)
+    one = loss_band(loss, 200, tail=FAMILY_TAIL)
+    many = loss_band(loss, 200, tail=FAMILY_TAIL / 51)
+    assert many[0] <= one[0] and many[1] > one[1]
+    lost = many[1]  # inside the band of a 51-path world, outside that of a 1-path world
+    delays = np.full(200 - lost, 5.0)
+    imp = Impairment(delay_ms=5, loss=loss)
+    assert judge(Expectation.of(imp), 200, list(delays), 0, "public", "a", "b", "x", "y",
+                 paths=51).loss_ok
+    assert not judge(Expectation.of(imp), 200, list(delays), 0, "public", "a", "b", "x", "y",
+                     paths=1).loss_ok

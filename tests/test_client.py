@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -26,6 +29,9 @@ from services.client.config import ClientConfig
 from services.client.runner import run_sessions
 from services.client.seqstats import SeqTracker, extend_seq, loss_stats, unwrap
 from services.client.session import ping_event, run_session
+from services.logs import Event
+from tests.conftest import REPO
+from tests.logcheck import service_records
 from voiceedge.errors import UserError
 
 CALL_S = 2.0
@@ -336,6 +342,32 @@ def test_unreachable_signaling_url_fails_with_a_clear_reason():
     assert result.stage == "signaling"
 
 
+def test_the_client_process_logs_json_lines_and_prints_its_summary():
+    """``voiceedge client`` as a process: stderr is JSON lines only, stdout the summary."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]   # closed again below: nothing listens there
+    proc = subprocess.run([sys.executable, "-m", "voiceedge", "client", "--url",
+                           f"http://127.0.0.1:{port}/v1/calls"], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert proc.returncode == 1
+    records = service_records(proc.stderr, "client")
+    assert [r["event"] for r in records] == ["client_started", "session_finished",
+                                             "client_finished"]
+    started, finished, done = records
+    assert started["url"] == f"http://127.0.0.1:{port}/v1/calls" and started["sessions"] == 1
+    assert finished["level"] == "WARNING" and finished["ok"] is False
+    assert finished["stage"] == "signaling" and "Connection refused" in finished["error"]
+    assert (done["sessions"], done["ok"]) == (1, 0)
+    assert "0/1 sessions ok" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "voiceedge", "client", "--url",
+                           f"http://127.0.0.1:{port}/v1/calls", "-n", "2", "--json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    summary = json.loads(proc.stdout)  # stdout is the JSON summary and nothing else
+    assert proc.returncode == 1 and (summary["sessions"], summary["ok"]) == (2, 0)
+    assert summary["failures"] == {f"cannot connect to 127.0.0.1:{port}: Connection refused": 2}
+
+
 def test_setup_timeout_when_the_answer_candidate_is_unreachable(echo_peer):
     t0 = time.monotonic()
     result = asyncio.run(run_session(config(echo_peer.url("/deaf"), setup_timeout_s=1.5)))
@@ -429,7 +461,14 @@ def parse_cli(*argv: str):
     return parser.parse_args(["client", *argv])
 
 
-def test_cli_runs_sessions_and_writes_results(echo_peer, tmp_path, capsys):
+def logged(caplog, name: str) -> list[dict]:
+    """Fields of the ``name`` events the client logged (services/logs.py)."""
+    return [r.msg.fields for r in caplog.records
+            if isinstance(r.msg, Event) and r.msg.name == name]
+
+
+def test_cli_runs_sessions_and_writes_results(echo_peer, tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO, "voiceedge.client")
     results = tmp_path / "r.jsonl"
     args = parse_cli("--url", echo_peer.url(), "-n", "2", "--rate", "20", "--duration", "0.5",
                      "--results", str(results), "--header", "X-Test: 1")
@@ -437,13 +476,21 @@ def test_cli_runs_sessions_and_writes_results(echo_peer, tmp_path, capsys):
     assert len(results.read_text().splitlines()) == 2
     out = capsys.readouterr()
     assert "2/2 sessions ok" in out.out and "setup_ms" in out.out
-    assert out.err.count(": ok ") == 2
+    assert out.err == ""  # logs go through logging: JSON lines on stderr in `voiceedge client`
+    finished = logged(caplog, "session_finished")
+    assert sorted(f["session"] for f in finished) == [0, 1]
+    assert all(f["ok"] and f["setup_ms"] > 0 and f["echo_verified"] for f in finished)
+    assert logged(caplog, "client_started")[0]["sessions"] == 2
+    assert logged(caplog, "client_finished") == [{"sessions": 2, "ok": 2}]
 
 
-def test_cli_failures_and_user_errors(echo_peer, capsys):
+def test_cli_failures_and_user_errors(echo_peer, capsys, caplog):
+    caplog.set_level(logging.INFO, "voiceedge.client")
     args = parse_cli("--url", echo_peer.url("/reject"), "-q")
     assert args.func(args) == 1
     assert "failed x1: HTTP 400: offer has no audio m-line" in capsys.readouterr().out
+    assert logged(caplog, "session_finished") == []  # -q: no line per session
+    assert logged(caplog, "client_finished") == [{"sessions": 1, "ok": 0}]
     for bad in (["--url", "ftp://x"], ["--url", "http://x/", "--rate", "0"],
                 ["--url", "http://x/", "--header", "nocolon"], ["--url", "http://x/", "-n", "0"]):
         args = parse_cli(*bad)

@@ -1,11 +1,15 @@
-"""Impairment backends: netem's commands (pure: this kernel has no netem), backend choice, the
+"""Impairment backends: netem's commands (pure), backend choice checked against the kernel, the
 userspace NFQUEUE engine measured on two namespaces joined by a veth, and its failure modes.
 
-Needs root; never skipped: a testbed whose impairment is untested measures nothing.
+Needs root; never skipped: a testbed whose impairment is untested measures nothing. Whether the
+kernel has netem is asked independently (tests/netem_kernel.py): the tests that need netem run
+only where it has it, the ones about its absence only where it has none, the rest everywhere
+(userspace tests ask for that backend by name).
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -19,17 +23,18 @@ from pathlib import Path
 import pytest
 
 from topology.impairment import bench
-from topology.impairment.backend import (BackendUnavailable, ImpairmentError, detect,
-                                         make_backend)
+from topology.impairment.backend import (BackendUnavailable, Detection, ImpairmentError,
+                                         detect, make_backend)
 from topology.impairment.direction import Direction
 from topology.impairment.lab import pair_lab
 from topology.impairment.model import (BernoulliLoss, GilbertElliottLoss, Impairment, NetNode,
                                        impairment_from_dict, impairment_to_dict)
 from topology.impairment.netem import (NetemBackend, netem_args, netem_commands,
                                        parse_qdisc_stats, teardown_commands)
-from topology.impairment.nsutil import in_netns
-from topology.impairment.probe import udp_probe
+from topology.netns import entered
+from topology.probe import udp_probe
 from topology.impairment.userspace import UserspaceBackend
+from tests.netem_kernel import kernel, netem, no_netem  # noqa: F401 (fixtures)
 
 # -- pure: netem commands, the per-packet model -------------------------------------------------
 
@@ -131,14 +136,33 @@ def root():
         pytest.fail("the impairment tests need root (namespaces, iptables): run `make test` as root")
 
 
-def test_detect_says_userspace_on_this_kernel(root):
-    assert detect() == "userspace"
-    assert isinstance(make_backend(None), UserspaceBackend)
+def test_detect_says_what_the_kernel_supports_and_why(root, kernel, caplog):
+    found = detect()
+    assert isinstance(found, Detection)
+    assert found.name == kernel.backend  # what our own tc in our own namespace said
+    if kernel.has_netem:
+        assert "can make a netem qdisc" in found.reason
+    else:
+        assert "no sch_netem" in found.reason and kernel.answer in found.reason
+    with caplog.at_level(logging.INFO, logger="voiceedge.impairment"):
+        chosen = make_backend(None)
+    assert chosen.name == kernel.backend
+    assert isinstance(chosen, NetemBackend if kernel.has_netem else UserspaceBackend)
+    assert f"impairment backend: {kernel.backend} (chosen automatically: {found.reason})" \
+        in caplog.text
     assert isinstance(make_backend("userspace"), UserspaceBackend)
-    with pytest.raises(BackendUnavailable, match="no sch_netem"):
-        make_backend("netem")
     with pytest.raises(ValueError, match="unknown impairment backend"):
         make_backend("tbf")
+
+
+def test_netem_is_refused_where_the_kernel_has_none(root, no_netem):
+    with pytest.raises(BackendUnavailable, match="no sch_netem") as err:
+        make_backend("netem")
+    assert no_netem.answer in str(err.value)
+
+
+def test_netem_is_used_when_asked_where_the_kernel_has_it(root, netem):
+    assert isinstance(make_backend("netem"), NetemBackend)
 
 
 # -- on two namespaces joined by a veth -------------------------------------------------------------
@@ -188,11 +212,12 @@ def lab(root):
 
 @pytest.fixture
 def backends(lab):
-    """Make backends; every one is stopped afterwards, whatever happened."""
+    """Make userspace backends (asked for by name: these tests are about that engine); every
+    one is stopped afterwards, whatever happened."""
     made: list = []
 
     def make(**options) -> UserspaceBackend:
-        made.append(UserspaceBackend(**options))
+        made.append(make_backend("userspace", **options))
         return made[-1]
 
     yield make
@@ -334,9 +359,9 @@ def test_stop_releases_what_the_engine_holds(lab, backends):
     be = backends()
     be.apply(lab.b, lab.if_b, Impairment(delay_ms=2000))
     be.start()
-    with in_netns(lab.b.ns_path):
+    with entered(lab.b.ns_path):
         rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    with in_netns(lab.a.ns_path):
+    with entered(lab.a.ns_path):
         tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     with rx, tx:
         rx.bind((lab.addr_b, 0))
@@ -375,14 +400,36 @@ def test_a_busy_queue_fails_start_clearly(lab, backends):
     assert "-i lo" not in "\n".join(_leftovers(lab.b))
 
 
-def test_netem_backend_fails_here_and_leaves_nothing(lab):
+def _netem_leftovers(node) -> list[str]:
+    """IFB devices and ingress qdiscs the netem backend could leave in ``node``."""
+    found = [line for line in node.run("ip", "-o", "link").splitlines() if "vifb" in line]
+    found += [line for line in node.run("tc", "qdisc", "show").splitlines() if "ingress" in line]
+    return found
+
+
+def test_netem_backend_fails_without_netem_and_leaves_nothing(lab, no_netem):
     be = NetemBackend()
     be.apply(lab.b, lab.if_b, Impairment(delay_ms=5))
     with pytest.raises(ImpairmentError, match="netem"):
         be.start()
-    assert "vifb" not in lab.b.run("ip", "-o", "link")
-    assert "ingress" not in lab.b.run("tc", "qdisc", "show", "dev", "vb")
+    assert not _netem_leftovers(lab.b)
     be.stop()
+
+
+def test_netem_backend_impairs_and_leaves_nothing(lab, netem):
+    be = NetemBackend()
+    be.apply(lab.b, lab.if_b, Impairment(delay_ms=20, jitter_ms=5))
+    with be:
+        assert _netem_leftovers(lab.b)  # the IFB and the ingress redirect are in place
+        r = probe(lab, count=300, rate=100)
+        s = be.stats()
+    assert r.received == 300
+    assert abs(r.mean_ms - 20) <= _tolerance_ms(20), r.summary()
+    assert r.sd_ms == pytest.approx(5, abs=0.75), r.summary()
+    assert s["backend"] == "netem" and s["interfaces"][f"{lab.b.name}:vb"]["seen"] >= 300
+    assert not _netem_leftovers(lab.b)
+    assert probe(lab, count=20, rate=200, drain_s=0.1).mean_ms < 1
+    be.stop()  # idempotent
 
 
 def test_bench_reports_cost_and_accuracy(root, capsys):

@@ -14,13 +14,13 @@ from topology.regions import LinkProfile, RegionsCatalog
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "topology" / "regions.yaml"
-# The measured data, as shipped with the project (a copy of shared/data, source in its header).
+# The measured data, as shipped with the project (source in its header).
 CSV = REPO / "topology" / "data" / "backbone_p95_rtt_ms.csv"
 
 CATALOG = RegionsCatalog.load()
 NAMES = [r.name for r in CATALOG.regions]
 
-# The naming agreed in the brief: short name -> the provider's region name in the data.
+# Short names (docs/regions.md) -> the provider's region name in the data.
 SHORT_NAMES = {
     "na-east": "East US", "na-west": "West US", "sa": "Brazil South", "eu-west": "West Europe",
     "me": "UAE North", "af": "South Africa North", "in": "Central India",

@@ -10,13 +10,17 @@ import random
 import socket
 import subprocess
 import sys
+import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from services.relay.counters import COUNTERS, scrape
 from services.wire import hop
 from services.wire.stun import binding_request
 from services.wire.ufrag import UfragCodec, secret_from_env
 from tests.conftest import REPO, free_port
+from tests.logcheck import events, service_records
 
 CODEC = UfragCodec(secret_from_env(None))  # the relay's default secret
 RTP = b"\x80\x6f" + bytes(170)           # an RTP-looking datagram
@@ -83,7 +87,12 @@ def test_stun_creates_a_flow_to_the_right_next_hop_and_media_follows(world):
     m = relay.wait_for(lambda m: m["packets_to_server"] == 4)
     assert m["flows_created"] == 1 and m["flows_active"] == 1
     assert m["bytes_to_server"] == len(stun_for(2)) + len(DTLS) + 2 * len(RTP)
-    assert '"event": "flow_created"' in relay.log()
+    records = service_records(relay.log(), "relay")  # every line, workers' too, is JSON
+    [created] = events(records, "flow_created")
+    [started] = events(records, "relay_started")
+    assert created["client"] == "%s:%d" % client.getsockname()
+    assert (created["cluster"], created["transceiver"], created["origin"]) == (2, 1, "stun")
+    assert created["pid"] in started["worker_pids"] and created["pid"] != relay.proc.pid
 
 
 def test_two_clients_two_clusters(world):
@@ -184,7 +193,8 @@ def test_idle_flows_expire_and_then_get_no_return_traffic(world):
     client.sendto(stun_for(1), world["vip"])
     _, _, relay_hop_addr = recv_hop(world["hops"][1])
     relay.wait_for(lambda m: m["flows_expired"] == 1 and m["flows_active"] == 0, timeout=5)
-    assert '"event": "flow_expired"' in relay.log()
+    [expired] = events(service_records(relay.log(), "relay"), "flow_expired")
+    assert expired["client"] == "%s:%d" % client.getsockname() and expired["packets_up"] == 1
     world["hops"][1].sendto(hop.encode(client.getsockname(), hop.TO_CLIENT) + b"late",
                             relay_hop_addr)
     assert nothing_arrives(client)
@@ -237,7 +247,8 @@ def test_forwarding_continues_when_redis_goes_away(world, redis_server):
     assert recv_hop(world["hops"][2])[1] == RTP
     m = relay.wait_for(lambda m: m["redis_up"] == 0 and m["redis_writes_dropped"] >= 1)
     assert m["redis_errors"] >= 1 and m["flows_active"] == 2
-    assert '"event": "redis_down"' in relay.log()
+    [down] = events(service_records(relay.log(), "relay"), "redis_down")
+    assert down["level"] == "WARNING" and down["error"]
 
 
 def test_two_tier_chain_ingress_cluster_transceiver(tmp_path, relay_factory):
@@ -288,6 +299,32 @@ def test_two_workers_share_the_port_and_forward_every_flow(world):
     raw = subprocess.run(["ss", "-uanp"], capture_output=True, text=True).stdout
     port = f":{world['vip'][1]} "
     assert sum(1 for line in raw.splitlines() if port in line) == 2  # one socket per worker
+    # scrape() (prometheus_client's parser) sums the workers like the fixture's line parser.
+    totals = scrape(f"http://127.0.0.1:{relay.metrics_port}/metrics")
+    assert totals == {k: int(v) for k, v in relay.metrics().items()}
+    assert set(totals) == set(COUNTERS)
+    assert totals["flows_active"] == 40 and totals["packets_to_server"] == 80
+    records = service_records(relay.log(), "relay")
+    assert len({r["pid"] for r in events(records, "flow_created")}) == 2
+    assert len(events(records, "worker_started")) == 2
+
+
+@pytest.mark.parametrize("secret", [None, "a deployment's own secret, 32+ bytes"])
+def test_the_development_secret_is_a_warning_and_a_gauge(world, monkeypatch, secret):
+    if secret is None:
+        monkeypatch.delenv("VOICEEDGE_UFRAG_SECRET", raising=False)
+    else:
+        monkeypatch.setenv("VOICEEDGE_UFRAG_SECRET", secret)
+    relay = world["start"]()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{relay.metrics_port}/metrics").read()
+    [gauge] = [s for f in text_string_to_metric_families(text.decode()) for s in f.samples
+               if s.name == "voiceedge_ufrag_dev_secret"]
+    assert gauge.labels == {"service": "relay"} and gauge.value == (secret is None)
+    records = service_records(relay.log(), "relay")
+    warnings = events(records, "ufrag_dev_secret")
+    assert len(warnings) == (secret is None)
+    assert all(w["level"] == "WARNING" and "VOICEEDGE_UFRAG_SECRET" in w["note"] for w in warnings)
+    assert events(records, "relay_started")[0]["ufrag_dev_secret"] is (secret is None)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,23 +1,32 @@
 """The transceiver with real aiortc peers inside a lab network namespace (needs root).
 
 aioice ignores loopback, so every WebRTC test runs in a namespace of its own with a veth pair
-(topology/netns.py); nothing leaves it.
+(topology/netns.py); nothing leaves it. The control-API tests at the end need no peer that
+connects: they run on loopback with a static offer.
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gc
 import json
+import logging
 import os
+import socket
 import urllib.request
 
 import aiohttp
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack
+from prometheus_client.parser import text_string_to_metric_families
 
 from scenarios.processes import ServiceProcess, http_ok, voiceedge_cmd
+from services.logs import Event
+from services.transceiver import cli
 from services.transceiver.server import TransceiverConfig, TransceiverServer
+from tests.conftest import free_port
+from tests.offers import STATIC_OFFER
 from topology.netns import in_namespace, lab_namespace
 
 EDGE = "10.77.0.1"
@@ -228,3 +237,79 @@ def test_bad_offers_get_4xx_with_one_line_and_allocate_nothing(lab):
     status, text = results[-1]
     assert 400 <= status < 500 and len(text.strip().splitlines()) == 1
     assert live == 0 and registered == 0
+
+
+# --- control API on loopback: a static offer, no ICE traffic, no namespace --------------------
+
+def events_named(caplog, name: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if isinstance(r.msg, Event) and r.msg.name == name]
+
+
+def cli_config(*argv: str) -> TransceiverConfig:
+    parser = argparse.ArgumentParser()
+    cli.add_parser(parser.add_subparsers(dest="command"))
+    return cli.config_from_args(parser.parse_args(["transceiver", *argv]))
+
+
+@pytest.mark.parametrize("env_secret", [None, "a deployment's own secret, 32+ bytes"])
+def test_the_development_secret_is_flagged_in_status_metrics_and_log(monkeypatch, caplog,
+                                                                      env_secret):
+    if env_secret is None:
+        monkeypatch.delenv("VOICEEDGE_UFRAG_SECRET", raising=False)
+    else:
+        monkeypatch.setenv("VOICEEDGE_UFRAG_SECRET", env_secret)
+    caplog.set_level(logging.INFO, "voiceedge.transceiver")
+    cfg = cli_config("--cluster", "1", "--id", "2", "--media", "127.0.0.1:0", "--control",
+                     f"127.0.0.1:{free_port(socket.SOCK_STREAM)}")
+
+    async def scenario():
+        async with TransceiverServer(cfg) as server, aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{server.control_port}"
+            status = await (await http.get(f"{base}/status")).json()
+            return status, await (await http.get(f"{base}/metrics")).text()
+
+    status, text = asyncio.run(scenario())
+    dev = env_secret is None
+    assert status["ufrag_dev_secret"] is dev
+    [gauge] = [s for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "voiceedge_ufrag_dev_secret"]
+    assert gauge.labels == {"service": "transceiver"} and gauge.value == int(dev)
+    warnings = events_named(caplog, "ufrag_dev_secret")
+    assert len(warnings) == int(dev)
+    assert all(r.levelno == logging.WARNING for r in warnings)
+    [started] = events_named(caplog, "transceiver_started")
+    assert started.msg.fields["ufrag_dev_secret"] is dev
+
+
+def test_delete_of_an_unknown_session_is_404_and_of_a_live_one_204(caplog):
+    caplog.set_level(logging.INFO, "voiceedge.transceiver")
+
+    async def scenario():
+        cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host="127.0.0.1",
+                                control=("127.0.0.1", 0))
+        async with TransceiverServer(cfg) as server, aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{server.control_port}"
+            out = {}
+            for name, path in (("unknown", "/sessions/AAAAAAAAAAAAAAAA"),
+                               ("empty", "/sessions/")):
+                async with http.delete(base + path) as r:
+                    out[name] = r.status, await r.text()
+            async with http.post(f"{base}/sessions", data=STATIC_OFFER,
+                                 headers={"Content-Type": "application/sdp"}) as r:
+                assert r.status == 201, await r.text()
+                location = r.headers["Location"]
+            for name in ("live", "again"):
+                async with http.delete(base + location) as r:
+                    out[name] = r.status, await r.text()
+            return out, location, len(server.sessions), server.mux.sessions
+
+    out, location, live, registered = asyncio.run(scenario())
+    assert out["unknown"] == (404, "no such session\n")
+    assert out["empty"][0] == 404
+    assert out["live"] == (204, "") and out["again"] == (404, "no such session\n")
+    session = location.removeprefix("/sessions/")
+    assert len(session) == 16 and live == 0 and registered == 0
+    [created] = events_named(caplog, "session_created")
+    [closed] = events_named(caplog, "session_closed")
+    assert created.msg.fields["session"] == closed.msg.fields["session"] == session
+    assert closed.msg.fields["reason"] == "deleted"

@@ -1,6 +1,8 @@
-"""Emulated worlds: Mininet hosts with userspace impairment, calibrated (needs root).
+"""Emulated worlds: Mininet hosts with impairment, calibrated (needs root).
 
-On this machine and in CI the kernel has no netem: these run the userspace backend.
+Worlds built with ``make_backend()`` get whatever the kernel supports, checked against our own
+question to the kernel (tests/netem_kernel.py); the tests about the userspace engine ask for it
+by name.
 """
 from __future__ import annotations
 
@@ -20,12 +22,13 @@ from topology.plan import world_spec
 from topology.regions import RegionsCatalog
 from topology.world import World, WorldSpec
 from tests.conftest import REPO
+from tests.netem_kernel import kernel  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
 
 
 def _matching() -> set[str]:
-    out = subprocess.run(["pgrep", "-f", "mininet:|mnexec|topology.impairment.engine|topology.probe"],
+    out = subprocess.run(["pgrep", "-f", "mininet:|mnexec|topology.impairment.engine"],
                          capture_output=True, text=True).stdout.split()
     return {p for p in out if int(p) != os.getpid()}
 
@@ -49,16 +52,19 @@ def leftovers() -> dict:
             "queues": queues, "processes": procs}
 
 
-def test_three_region_world_calibrates_and_leaves_nothing():
+def test_three_region_world_calibrates_and_leaves_nothing(kernel):
     catalog = RegionsCatalog.load()
     spec = world_spec(catalog, ["apac-se", "na-east", "eu-west"])
     world = World(spec, make_backend())
+    calls: list[tuple[int, int]] = []
     with world:
-        assert world.backend.name == "userspace"  # this kernel has no netem
-        report = calibrate(world, count=150)
+        assert world.backend.name == kernel.backend  # what the kernel supports
+        report = calibrate(world, count=150, progress=lambda done, total: calls.append(
+            (done, total)))
     assert report.ok, [(p.kind, p.src, p.dst, p.mean_ms, p.sd_ms, p.loss_pct)
                        for p in report.failures]
     assert len(report.paths) == 6 + 6 + 6 + 1
+    assert calls == [(n, 19) for n in range(20)]  # 0 first, then once per path, in order
     assert report.baseline_ms < 1.0  # the unimpaired path: the world is not flat by accident
     public = [p for p in report.paths if p.kind == "public"]
     assert all(p.mean_ms > 60 for p in public)
@@ -130,3 +136,15 @@ def test_world_spec_rejects_bad_input():
         WorldSpec(regions=("a", "a"), clusters=())
     with pytest.raises(ValueError):
         RegionsCatalog.load().resolve("atlantis")
+
+
+def test_calibrate_cli_on_a_pipe_prints_no_control_characters():
+    """Not a terminal: no progress bar, no carriage returns or escape sequences in stderr."""
+    proc = subprocess.run([sys.executable, "-m", "voiceedge", "calibrate", "--regions", "apac-se",
+                           "--count", "20"], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "impairment backend:" in proc.stderr and "probing 3 paths" in proc.stderr
+    assert "\r" not in proc.stderr and "\x1b" not in proc.stderr, repr(proc.stderr)
+    assert "\x1b" not in proc.stdout and "PASS" in proc.stdout
+    assert leftovers() == {"interfaces": [], "queues": "", "processes": []}

@@ -1,17 +1,17 @@
 """Calibration: prove that the emulated world is the configured one before using it.
 
 Every impaired direction of every link is probed (topology/probe.py: UDP at a fixed rate,
-monotonic timestamps) and compared with its configuration:
+monotonic timestamps, 200-byte datagrams) and compared with its configuration:
 
 - mean one-way delay within max(1 ms, 5%) + 0.5 ms per hop;
 - spread within 25% + 0.5 ms of the configured jitter, with the standard deviation estimated
   robustly (IQR / 1.349, exact for normal jitter): a handful of datagrams held up by the
   probe's own scheduling on a busy 2-core machine must not fail a link (the plain standard
   deviation is reported too);
-- the count of lost datagrams inside what the configured loss model gives for that many
-  datagrams, simulated (bursty loss is far from binomial on a few hundred packets), with tails
-  of 0.1% split over all the paths of the world (Bonferroni): a 51-path world must not fail one
-  run in twenty by chance alone;
+- the count of lost datagrams between two quantiles of what the configured loss model gives
+  for that many datagrams, simulated (bursty loss is far from binomial on a few hundred
+  packets): each tail is 0.1% divided by the number of paths probed (Bonferroni), so a correct
+  world fails its loss checks by chance in at most 0.2% of runs however many paths it has;
 
 plus one path that is not impaired, which must measure near zero: a world where impairment
 silently does nothing (Mininet's TCLink without netem) fails every delayed link. A world that
@@ -20,21 +20,19 @@ fails is not used: callers refuse to go on.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import statistics
-import subprocess
-import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from topology.impairment.model import BernoulliLoss, Impairment, LossModel
+from topology.probe import ProbeResult, udp_probe
 from topology.world import World
 
-BASE_PORT = 47000
+PROBE_BYTES = 200  # UDP payload of a probe datagram
 
 
 @dataclass(frozen=True)
@@ -156,58 +154,51 @@ def judge(exp: Expectation, sent: int, delays: list[float], reordered: int, kind
                       loss_ok, reordered)
 
 
-def _probe(world: World, sender: str, receiver: str, target_ip: str, port: int, count: int,
-           rate: float) -> tuple[list[float], int]:
-    """Run one probe between two hosts of the world; returns (delays ms, reordered count)."""
-    recv = world.net[receiver].popen(
-        [sys.executable, "-m", "topology.probe", "recv", "--port", str(port), "--count",
-         str(count), "--timeout", "2.0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
-    try:
-        deadline = time.monotonic() + 10
-        while recv.stderr.readline().strip() != "ready":
-            if recv.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"probe receiver on {receiver} did not start")
-        send = world.net[sender].popen(
-            [sys.executable, "-m", "topology.probe", "send", "--to", f"{target_ip}:{port}",
-             "--count", str(count), "--rate", str(rate)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        send.wait(timeout=count / rate + 30)
-        out, _ = recv.communicate(timeout=count / rate + 30)
-    finally:
-        if recv.poll() is None:
-            recv.kill()
-            recv.wait()
-    data = json.loads(out)
-    order = data["arrival_order"]
-    reordered = sum(1 for a, b in zip(order, order[1:]) if b < a)
-    return data["delays_ms"], reordered
+@dataclass(frozen=True)
+class _Job:
+    kind: str
+    src: str
+    dst: str
+    sender: str
+    receiver: str
+    target_ip: str
+    expectation: Expectation
+
+
+def _probe(world: World, job: _Job, count: int, rate: float) -> ProbeResult:
+    """Probe one path between two hosts of the world, waiting for stragglers as long as the
+    configured delay could hold them."""
+    exp = job.expectation
+    drain_s = 1.0 + (exp.mean_ms + 6 * exp.sd_ms) / 1000
+    return udp_probe(world.node(job.sender).ns_path, world.node(job.receiver).ns_path,
+                     job.target_ip, count=count, rate=rate, size=PROBE_BYTES, drain_s=drain_s)
 
 
 def calibrate(world: World, count: int = 200, rate: float = 100.0, parallel: int = 4,
-              progress=lambda done, total: None) -> CalibrationReport:
-    """Probe every impaired direction of the world (and one unimpaired path)."""
-    jobs = []
-    for n, link in enumerate(world.links):
-        jobs.append((link.kind, link.src, link.dst, link.sender, link.receiver,
-                     link.receiver_ip, Expectation.of(link.impairment), BASE_PORT + n))
+              progress: Callable[[int, int], None] | None = None) -> CalibrationReport:
+    """Probe every impaired direction of the world (and one unimpaired path) and judge each.
+
+    ``progress(paths_done, paths_total)`` is called once with 0 before the first probe and
+    then after each path is probed. Probes run ``parallel`` at a time; verdicts are computed
+    after the last probe, so the loss bands' simulation never competes with a probe."""
+    jobs = [_Job(link.kind, link.src, link.dst, link.sender, link.receiver, link.receiver_ip,
+                 Expectation.of(link.impairment)) for link in world.links]
     first = world.spec.regions[0]
     i = world.index[first]
-    jobs.append(("unimpaired", first, first, f"edge{i}", f"pub{i}", world.lan(i, 2, 1),
-                 Expectation.of(None), BASE_PORT + len(jobs)))
-    results: list[PathResult | None] = [None] * len(jobs)
-    done = 0
-
-    def run(n: int) -> None:
-        kind, src, dst, sender, receiver, ip, exp, port = jobs[n]
-        delays, reordered = _probe(world, sender, receiver, ip, port, count, rate)
-        results[n] = judge(exp, count, delays, reordered, kind, src, dst, sender, receiver,
-                           paths=len(jobs))
-
+    jobs.append(_Job("unimpaired", first, first, f"edge{i}", f"pub{i}", world.lan(i, 2, 1),
+                     Expectation.of(None)))
+    if progress is not None:
+        progress(0, len(jobs))
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        for _ in pool.map(run, range(len(jobs))):
-            done += 1
-            progress(done, len(jobs))
-    baseline = results[-1]
-    return CalibrationReport(backend=world.backend.name, paths=list(results),
-                             baseline_ms=baseline.mean_ms if baseline else None)
+        futures = [pool.submit(_probe, world, job, count, rate) for job in jobs]
+        for done, _ in enumerate(as_completed(futures), start=1):
+            if progress is not None:
+                progress(done, len(jobs))
+    results = []
+    for job, future in zip(jobs, futures):
+        probe = future.result()
+        results.append(judge(job.expectation, count, probe.first_delays_ms, probe.reordered,
+                             job.kind, job.src, job.dst, job.sender, job.receiver,
+                             paths=len(jobs)))
+    return CalibrationReport(backend=world.backend.name, paths=results,
+                             baseline_ms=results[-1].mean_ms)

@@ -4,8 +4,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
 
 from topology.calibrate import CalibrationReport, calibrate
+from topology.preflight import check_world_prerequisites
 from voiceedge.errors import UserError
 
 
@@ -18,16 +21,20 @@ def add_parser(sub) -> None:
                    help="region group, region, or comma list (default apac-se,na-east,eu-west)")
     p.add_argument("--clusters", help="cluster regions (default: the catalogue's among them)")
     p.add_argument("--backend", choices=("auto", "netem", "userspace"), default="auto",
-                   help="impairment backend (default: netem where the kernel has it)")
+                   help="impairment backend (default auto: netem where the kernel has it, "
+                        "else userspace)")
     p.add_argument("--count", type=int, default=200, help="probe datagrams per path (default 200)")
     p.add_argument("--rate", type=float, default=100.0, help="probe datagrams/s (default 100)")
     p.add_argument("--json", action="store_true", help="print only JSON")
     p.set_defaults(func=run)
 
 
-def build_and_calibrate(regions: str, clusters: str | None, backend: str, count: int,
-                        rate: float, say=lambda msg: None, progress=lambda d, t: None):
-    """Returns (report, world timings) or raises ValueError for bad input."""
+def build_and_calibrate(regions: str, clusters: str | None, backend: str | None, count: int,
+                        rate: float, say: Callable[[str], None] = lambda msg: None,
+                        progress: Callable[[int, int], None] | None = None):
+    """Build the world, calibrate it, tear it down; returns (report, world timings, engine
+    stats). ``backend``: a name, or None for what the kernel supports. Raises ValueError for
+    bad input."""
     from topology.impairment.backend import make_backend
     from topology.plan import world_spec
     from topology.regions import RegionsCatalog
@@ -37,7 +44,7 @@ def build_and_calibrate(regions: str, clusters: str | None, backend: str, count:
     names = [r.name for r in catalog.resolve(regions)]
     cluster_names = [r.name for r in catalog.resolve(clusters)] if clusters else None
     spec = world_spec(catalog, names, cluster_names)
-    impairment = make_backend(None if backend == "auto" else backend)
+    impairment = make_backend(backend)
     say(f"impairment backend: {impairment.name}; building {len(names)} regions "
         f"({', '.join(names)}), clusters {', '.join(spec.clusters)}")
     world = World(spec, impairment)
@@ -50,20 +57,50 @@ def build_and_calibrate(regions: str, clusters: str | None, backend: str, count:
     return report, timings, stats
 
 
-def run(args: argparse.Namespace) -> int:
+@contextmanager
+def paths_progress(console, description: str = "probing paths"):
+    """Yield a ``progress(done, total)`` callback that draws a rich progress bar on
+    ``console`` (a ``rich.console.Console``) from its first call to the end of the block, or
+    None when the console is not a terminal: a bar redraws itself with control characters,
+    which must not reach a file or a pipe."""
+    if not console.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
+        TimeElapsedColumn
 
+    bar = Progress(TextColumn("[dim]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=console, transient=True)
+    tasks: list = []
+
+    def progress(done: int, total: int) -> None:
+        if not tasks:  # started late, so what is logged while the world is built stays intact
+            bar.start()
+            tasks.append(bar.add_task(description, total=total))
+        bar.update(tasks[0], completed=done, total=total)
+
+    try:
+        yield progress
+    finally:
+        bar.stop()
+
+
+def run(args: argparse.Namespace) -> int:
     if args.count < 20 or args.rate <= 0:
         raise UserError("--count must be at least 20 and --rate positive")
-    if args.json:
-        say = progress = lambda *a: None  # noqa: E731
-    else:
-        from rich.console import Console
-        console = Console(stderr=True)
-        say = lambda msg: console.print(f"[dim]… {msg}[/dim]")  # noqa: E731
-        progress = lambda d, t: console.print(f"[dim]  {d}/{t} paths[/dim]", end="\r")  # noqa
+    backend = None if args.backend == "auto" else args.backend
+    check_world_prerequisites(backend)
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(stderr=True)
+    say = (lambda msg: None) if args.json else (
+        lambda msg: console.print(f"[dim]… {escape(msg)}[/dim]"))
+    bar = nullcontext() if args.json else paths_progress(console)
     try:
-        report, timings, stats = build_and_calibrate(args.regions, args.clusters, args.backend,
-                                                     args.count, args.rate, say, progress)
+        with bar as progress:
+            report, timings, stats = build_and_calibrate(args.regions, args.clusters, backend,
+                                                         args.count, args.rate, say, progress)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if args.json:

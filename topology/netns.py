@@ -1,30 +1,127 @@
-"""A one-host lab: a network namespace with a veth pair, for demos and tests on one machine.
+"""Network namespaces: enter one from a thread, make and remove named ones, and the one-host lab.
 
-WebRTC stacks skip loopback when gathering candidates (aioice does), and traffic must stay off
-the machine's own interfaces, so single-host runs happen inside a namespace of their own: two
-veth ends with addresses from ``10.77.0.0/24``, lo up, nothing routed outside. Code reaches it
-by entering the namespace in a thread (``in_namespace``; sockets keep the namespace they were
-made in) or by starting processes with ``ip netns exec``.
+``setns`` goes through ctypes (Python 3.11 has no ``os.setns``) and moves only the calling
+thread. A socket keeps the namespace it was created in, so code enters a namespace, creates its
+sockets and returns; the sockets may then be used from any thread. A namespace is named by a
+name under /var/run/netns or by a namespace file path (a Mininet host's /proc/PID/ns/net).
+
+The lab (``lab_namespace``) is for demos and tests on one machine: WebRTC stacks skip loopback
+when gathering candidates (aioice does), and traffic must stay off the machine's own
+interfaces, so single-host runs happen inside a namespace of their own: two veth ends with
+addresses from ``10.77.0.0/24``, lo up, nothing routed outside. Code reaches it in a thread
+(``in_namespace``, ``entered``) or starts processes with ``LabNamespace.exec_prefix()``.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import threading
 from dataclasses import dataclass
 
-from topology.impairment.nsutil import NamespaceError, in_netns
-from topology.impairment.nsutil import setns
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
-class NetnsError(NamespaceError):
-    """A namespace could not be made or entered (not root, no iproute2)."""
+class NetnsError(RuntimeError):
+    """A namespace could not be made, entered or left (not root, no iproute2, gone)."""
 
 
-def _ip(*args: str) -> None:
-    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+def ns_path(name: str) -> str:
+    """The namespace file for ``name``: a name under /var/run/netns, or already a path."""
+    return name if name.startswith("/") else f"/var/run/netns/{name}"
+
+
+def setns(fd: int, what: str) -> None:
+    """Move the calling thread into the network namespace open at ``fd``."""
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        raise NetnsError(f"setns {what}: {os.strerror(ctypes.get_errno())}")
+
+
+def _open(name: str) -> int:
+    try:
+        return os.open(ns_path(name), os.O_RDONLY)
+    except OSError as exc:
+        raise NetnsError(f"cannot open namespace {ns_path(name)}: {exc.strerror}") from None
+
+
+class entered:
+    """Context manager: the calling thread (and threads it starts meanwhile) works inside
+    namespace ``name`` and returns to its own on exit."""
+
+    def __init__(self, name: str) -> None:
+        self.path = ns_path(name)
+        self._home: int | None = None
+
+    def __enter__(self) -> "entered":
+        self._home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        try:
+            fd = _open(self.path)
+            try:
+                setns(fd, self.path)
+            finally:
+                os.close(fd)
+        except BaseException:
+            os.close(self._home)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            # A thread left in a foreign namespace would poison everything it does later.
+            setns(self._home, "back home")
+        finally:
+            os.close(self._home)
+
+
+def in_namespace(name: str, fn, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)`` in a new thread inside namespace ``name``; return its result
+    (or raise its exception) in the caller's thread."""
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            fd = _open(name)
+            try:
+                setns(fd, name)  # for good: the thread ends with fn
+            finally:
+                os.close(fd)
+            box["result"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"netns-{os.path.basename(name)}")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+def ip(*args: str) -> None:
+    """Run ``ip ARGS``; NetnsError with ip's own message when it fails."""
+    try:
+        proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise NetnsError("ip is not installed (Debian package iproute2)") from None
     if proc.returncode != 0:
         raise NetnsError(f"ip {' '.join(args)}: {proc.stderr.strip()}")
+
+
+def add_netns(name: str) -> str:
+    """Create the named namespace with ``lo`` up; return its path."""
+    try:
+        ip("netns", "add", name)
+        ip("-n", name, "link", "set", "lo", "up")
+    except NetnsError:
+        delete_netns(name)
+        raise
+    return ns_path(name)
+
+
+def delete_netns(name: str) -> None:
+    """Delete the named namespace (and the veths inside it); no error if it is gone."""
+    subprocess.run(["ip", "netns", "delete", name], capture_output=True)
 
 
 @dataclass(frozen=True)
@@ -38,7 +135,8 @@ class LabNamespace:
 
 
 class lab_namespace:
-    """Context manager: create the lab namespace, delete it (and its veths) on exit."""
+    """Context manager: create the lab namespace (``PREFIX-PID``), delete it and its veths on
+    exit."""
 
     def __init__(self, prefix: str = "velab") -> None:
         self.ns = LabNamespace(f"{prefix}-{os.getpid()}")
@@ -47,59 +145,17 @@ class lab_namespace:
         if os.geteuid() != 0:
             raise NetnsError("a lab namespace needs root")
         name = self.ns.name
-        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
-        _ip("netns", "add", name)
+        delete_netns(name)  # a leftover of a killed run of this pid
+        add_netns(name)
         try:
-            _ip("-n", name, "link", "set", "lo", "up")
-            _ip("-n", name, "link", "add", "ve0", "type", "veth", "peer", "name", "ve1")
+            ip("-n", name, "link", "add", "ve0", "type", "veth", "peer", "name", "ve1")
             for dev, addr in zip(("ve0", "ve1"), self.ns.addresses):
-                _ip("-n", name, "addr", "add", f"{addr}/24", "dev", dev)
-                _ip("-n", name, "link", "set", dev, "up")
-        except NetnsError:
+                ip("-n", name, "addr", "add", f"{addr}/24", "dev", dev)
+                ip("-n", name, "link", "set", dev, "up")
+        except BaseException:
             self.__exit__(None, None, None)
             raise
         return self.ns
 
     def __exit__(self, *exc) -> None:
-        # Deleting the namespace removes its veth pair too.
-        subprocess.run(["ip", "netns", "delete", self.ns.name], capture_output=True)
-
-
-def ns_path(name: str) -> str:
-    """The namespace file for ``name``: a name under /var/run/netns, or already a path (such as
-    a Mininet host's /proc/PID/ns/net)."""
-    return name if name.startswith("/") else f"/var/run/netns/{name}"
-
-
-def enter(name: str) -> None:
-    """Move the calling thread into namespace ``name`` (for good: see ``entered``)."""
-    fd = os.open(ns_path(name), os.O_RDONLY)
-    try:
-        setns(fd, name)
-    finally:
-        os.close(fd)
-
-
-def entered(name: str) -> in_netns:
-    """Context manager: the calling thread (and threads it starts meanwhile) works inside
-    namespace ``name`` and returns to its own on exit."""
-    return in_netns(ns_path(name))
-
-
-def in_namespace(name: str, fn, *args, **kwargs):
-    """Run ``fn(*args, **kwargs)`` in a thread inside namespace ``name``; return its result."""
-    box: dict = {}
-
-    def target() -> None:
-        try:
-            enter(name)
-            box["result"] = fn(*args, **kwargs)
-        except BaseException as exc:  # handed to the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name=f"netns-{name}")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box.get("result")
+        delete_netns(self.ns.name)  # removes its veth pair too

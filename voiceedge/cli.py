@@ -56,16 +56,31 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(message)s", stream=sys.stderr)
-    if not args.verbose:  # the WebRTC stack logs every ICE check at INFO
-        for name in ("aioice", "aiortc"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+    level = logging.DEBUG if args.verbose else logging.INFO
+    if getattr(args, "service", None):  # a service: one JSON object per line on stderr
+        from services.logs import configure_service_logging
+        configure_service_logging(args.service, level)
+    else:
+        logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
+        if not args.verbose:  # the WebRTC stack logs every ICE check at INFO
+            for name in ("aioice", "aiortc"):
+                logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
-        print(f"voiceedge {args.command}: {exc}", file=sys.stderr)
+        _fatal(args, "error", f"voiceedge {args.command}: {exc}")
         return 2
     except KeyboardInterrupt:
-        print(f"voiceedge {args.command}: interrupted", file=sys.stderr)
+        _fatal(args, "interrupted", f"voiceedge {args.command}: interrupted")
         return 130
+
+
+def _fatal(args: argparse.Namespace, event: str, line: str) -> None:
+    """The last word of a command: one plain line, or one JSON log line from a service."""
+    service = getattr(args, "service", None)
+    if service:
+        from services.logs import log_event
+        log_event(logging.getLogger(f"voiceedge.{service}"), event, level=logging.ERROR,
+                  error=line)
+    else:
+        print(line, file=sys.stderr)

@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
                    help=f"length of the reply tone (default {defaults.reply_ms})")
     p.add_argument("--reply-freq", type=float, default=defaults.reply_freq_hz, metavar="HZ",
                    help=f"frequency of the reply tone (default {defaults.reply_freq_hz:g})")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, service="agent")  # JSON logs: services/logs.py
 
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:

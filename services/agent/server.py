@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from services.agent import metrics, pcm, protocol
 from services.agent.config import AgentConfig
 from services.agent.session import Session, SessionCounters
+from services.logs import log_event
 
 log = logging.getLogger("voiceedge.agent")
 
@@ -75,8 +75,8 @@ class AgentServer:
             raise
         self._runner = runner
         self.port = runner.addresses[0][1]
-        log.info(json.dumps({"event": "agent_started", "host": self.config.host,
-                             "port": self.port, "mode": self.config.mode}))
+        log_event(log, "agent_started", host=self.config.host, port=self.port,
+                  mode=self.config.mode)
 
     async def stop(self) -> None:
         if self._runner is None:
@@ -91,8 +91,8 @@ class AgentServer:
         await asyncio.gather(*(o.finished.wait() for o in open_now))
         await self._runner.cleanup()
         self._runner = None
-        log.info(json.dumps({"event": "agent_stopped", "sessions_total": self.sessions_total,
-                             **self.totals().as_dict()}))
+        log_event(log, "agent_stopped", sessions_total=self.sessions_total,
+                  **self.totals().as_dict())
 
     async def __aenter__(self) -> "AgentServer":
         await self.start()
@@ -121,8 +121,7 @@ class AgentServer:
         opened = time.monotonic()
         try:
             await ws.prepare(request)
-            log.info(json.dumps({"event": "session_opened", "session": session_id,
-                                 "peer": request.remote}))
+            log_event(log, "session_opened", session=session_id, peer=request.remote)
             if not self._stopping:
                 o.pump = asyncio.create_task(self._pump(o), name=f"agent-session-{session_id}")
                 await asyncio.wait([o.pump])
@@ -136,10 +135,9 @@ class AgentServer:
             del self._open[session_id]
             self._closed.add(o.session.counters)
             o.finished.set()
-            log.info(json.dumps({"event": "session_closed", "session": session_id,
-                                 "client": o.session.client, "close_code": ws.close_code,
-                                 "seconds": round(time.monotonic() - opened, 3),
-                                 **o.session.counters.as_dict()}))
+            log_event(log, "session_closed", session=session_id, client=o.session.client,
+                      close_code=ws.close_code, seconds=round(time.monotonic() - opened, 3),
+                      **o.session.counters.as_dict())
         if o.pump is not None and not o.pump.cancelled() and o.pump.exception() is not None:
             raise o.pump.exception()
         return ws

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
-import sys
+import logging
+import json
 
 from services.client.config import ClientConfig, IceServer
 from services.client.results import SessionResult
+from services.logs import log_event
 from voiceedge.errors import UserError
+
+log = logging.getLogger("voiceedge.client")
 
 
 def add_parser(sub) -> None:
@@ -36,8 +39,11 @@ def add_parser(sub) -> None:
                    help="extra HTTP header for POST and DELETE (repeatable)")
     p.add_argument("--results", metavar="FILE", help="append one JSON line per session")
     p.add_argument("--samples", metavar="FILE", help="append per-second media samples (JSON lines)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no line per session on stderr")
-    p.set_defaults(func=run)
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no log line per session on stderr (start and end are still logged)")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary as JSON on stdout (logs stay on stderr)")
+    p.set_defaults(func=run, service="client")  # JSON logs: services/logs.py
 
 
 def config_from_args(args: argparse.Namespace) -> ClientConfig:
@@ -60,38 +66,51 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
         raise UserError(str(exc)) from None
 
 
-def _line(r: SessionResult) -> str:
-    if not r.ok:
-        return f"session {r.index}: FAILED at {r.stage}: {r.error}"
-    return (f"session {r.index}: ok  setup {r.setup_ms:.0f} ms  "
-            f"first audio {_ms(r.first_audio_ms)}  ICE RTT {_ms(r.first_ice_rtt_ms, 2)}  "
-            f"loss {r.loss_pct}%  echo {'yes' if r.echo_verified else 'NO'}  "
-            f"events {'yes' if r.datachannel_verified else 'NO'}")
+def log_result(r: SessionResult) -> None:
+    """One ``session_finished`` log line (WARNING if it failed); the full result is in
+    ``--results``."""
+    log_event(log, "session_finished", level=logging.INFO if r.ok else logging.WARNING,
+              session=r.index, ok=r.ok, stage=r.stage, error=r.error,
+              session_url=r.session_url, setup_ms=r.setup_ms, first_audio_ms=r.first_audio_ms,
+              first_ice_rtt_ms=r.first_ice_rtt_ms, loss_pct=r.loss_pct,
+              echo_verified=r.echo_verified, datachannel_verified=r.datachannel_verified)
 
 
-def _ms(v: float | None, digits: int = 0) -> str:
-    return "-" if v is None else f"{v:.{digits}f} ms"
+SUMMARY_METRICS = ("signaling_ms", "first_ice_rtt_ms", "ice_connected_ms", "setup_ms",
+                   "first_audio_ms", "rtt_ms", "consent_rtt_ms", "jitter_ms", "loss_pct")
 
 
-def summary(results: list[SessionResult]) -> str:
+def summary_of(results: list[SessionResult]) -> dict:
+    """Counts, failures by reason, and p50/p95/max of each metric over the ok sessions
+    (percentiles: analysis.stats, the project's one definition)."""
+    from analysis.stats import percentile
+
     ok = [r for r in results if r.ok]
-    lines = [f"{len(ok)}/{len(results)} sessions ok"]
-    for name in ("signaling_ms", "first_ice_rtt_ms", "ice_connected_ms", "setup_ms",
-                 "first_audio_ms", "rtt_ms", "jitter_ms", "loss_pct"):
-        values = sorted(v for r in ok if (v := getattr(r, name)) is not None)
-        if values:
-            p95 = values[min(len(values) - 1, round(0.95 * (len(values) - 1)))]
-            lines.append(f"  {name:<17} median {statistics.median(values):9.2f}  p95 {p95:9.2f}  "
-                         f"max {values[-1]:9.2f}  (n={len(values)})")
-    unverified = sum(1 for r in ok if not (r.echo_verified and r.datachannel_verified))
-    if unverified:
-        lines.append(f"  {unverified} ok sessions without a verified audio echo or event echo")
     failures: dict[str, int] = {}
     for r in results:
         if not r.ok:
-            failures[r.error] = failures.get(r.error, 0) + 1
+            failures[r.error or "unknown"] = failures.get(r.error or "unknown", 0) + 1
+    metrics = {}
+    for name in SUMMARY_METRICS:
+        values = [v for r in ok if (v := getattr(r, name)) is not None]
+        if values:
+            metrics[name] = {"p50": percentile(values, 50, 2), "p95": percentile(values, 95, 2),
+                             "max": round(max(values), 2), "n": len(values)}
+    return {"sessions": len(results), "ok": len(ok), "failures": failures,
+            "unverified": sum(1 for r in ok if not (r.echo_verified and r.datachannel_verified)),
+            "metrics": metrics}
+
+
+def summary(results: list[SessionResult]) -> str:
+    s = summary_of(results)
+    lines = [f"{s['ok']}/{s['sessions']} sessions ok"]
+    for name, m in s["metrics"].items():
+        lines.append(f"  {name:<17} p50 {m['p50']:9.2f}  p95 {m['p95']:9.2f}  "
+                     f"max {m['max']:9.2f}  (n={m['n']})")
+    if s["unverified"]:
+        lines.append(f"  {s['unverified']} ok sessions without a verified audio echo or event echo")
     lines += [f"  failed x{n}: {reason}"
-              for reason, n in sorted(failures.items(), key=lambda x: -x[1])]
+              for reason, n in sorted(s["failures"].items(), key=lambda x: -x[1])]
     return "\n".join(lines)
 
 
@@ -99,11 +118,16 @@ def run(args: argparse.Namespace) -> int:
     from services.client.runner import run_sessions
 
     config = config_from_args(args)
-    report = None if args.quiet else (lambda r: print(_line(r), file=sys.stderr, flush=True))
+    log_event(log, "client_started", url=config.url, sessions=args.sessions,
+              rate=config.start_rate, concurrency=config.concurrency,
+              duration_s=config.duration_s)
     try:
         results = asyncio.run(run_sessions(config, args.sessions, results_path=args.results,
-                                           samples_path=args.samples, on_result=report))
+                                           samples_path=args.samples,
+                                           on_result=None if args.quiet else log_result))
     except OSError as exc:  # the output files
         raise UserError(f"cannot write results: {exc}") from None
-    print(summary(results))
+    log_event(log, "client_finished", sessions=len(results),
+              ok=sum(1 for r in results if r.ok))
+    print(json.dumps(summary_of(results), indent=2) if args.json else summary(results))
     return 0 if all(r.ok for r in results) else 1

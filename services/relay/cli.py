@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
     # Test-only regression switch (see RelayConfig.test_processing_delay_ms); not in --help.
     p.add_argument("--test-processing-delay-ms", type=float, help=argparse.SUPPRESS,
                    default=float(os.environ.get("VOICEEDGE_TEST_RELAY_DELAY_MS", "0") or 0))
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, service="relay")  # JSON logs: services/logs.py
 
 
 def config_from_args(args: argparse.Namespace) -> RelayConfig:

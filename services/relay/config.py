@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.config import parse_hostport
+from services.wire.ufrag import DEV_SECRET
 from voiceedge.errors import ConfigError
 
 TIERS = ("ingress", "cluster")
@@ -73,7 +74,7 @@ class RelayConfig:
     # Local address for the per-worker socket towards next hops (port chosen by the kernel).
     hop_bind: str = "0.0.0.0"
     relay_id: str = ""
-    secret: bytes = b"voiceedge-development-secret"
+    secret: bytes = DEV_SECRET
     redis_url: str | None = None
     workers: int = 1
     cpus: tuple[int, ...] | None = None  # None: pin worker i to CPU i mod ncpu; () no pinning

@@ -4,6 +4,8 @@ from __future__ import annotations
 import multiprocessing
 from dataclasses import dataclass
 
+from prometheus_client.parser import text_string_to_metric_families
+
 DROP_REASONS = (
     "oversize",            # datagram larger than a receive slot (MSG_TRUNC)
     "unknown_not_stun",    # non-STUN from an address with no flow (and no Redis mapping)
@@ -62,16 +64,29 @@ class Drops:
         self.counts[reason] += n
 
 
+PREFIX = "voiceedge_relay_"
+
+
+def totals_from_text(text: str) -> dict[str, int]:
+    """Relay counters in Prometheus exposition ``text``, summed over workers, named as in
+    COUNTERS (without the ``voiceedge_relay_`` prefix and the ``_total`` suffix)."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith(PREFIX):
+            continue
+        # The parser strips _total from a counter's name; an untyped family would keep it.
+        name = family.name.removeprefix(PREFIX).removesuffix("_total")
+        # A counter's value is its <name>_total sample (not _created); a gauge's is <name>.
+        value = f"{family.name}_total" if family.type == "counter" else family.name
+        for sample in family.samples:
+            if sample.name == value:
+                out[name] = out.get(name, 0) + sample.value
+    return {k: int(v) for k, v in out.items()}
+
+
 def scrape(url: str, timeout: float = 2.0) -> dict[str, int]:
-    """A relay's counters from its Prometheus endpoint, summed over workers, named as in
-    COUNTERS (without the ``voiceedge_relay_`` prefix and ``_total`` suffix)."""
+    """A relay's counters from its Prometheus endpoint (see ``totals_from_text``)."""
     import urllib.request
 
     with urllib.request.urlopen(url, timeout=timeout) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("voiceedge_relay_"):
-            name = line.split("{", 1)[0].removeprefix("voiceedge_relay_").removesuffix("_total")
-            out[name] = out.get(name, 0) + float(line.rsplit(" ", 1)[1])
-    return {k: int(v) for k, v in out.items()}
+        return totals_from_text(r.read().decode())

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import redis
 
+from services.logs import log_event
+
 log = logging.getLogger("voiceedge.relay")
 
 _STOP = object()
@@ -48,6 +50,7 @@ class FlowCache:
 
     def __init__(self, url: str, relay_id: str, ttl: float, max_queue: int) -> None:
         self._client = redis.Redis.from_url(url, socket_timeout=0.25, socket_connect_timeout=0.25)
+        self._relay_id = relay_id
         self._prefix = f"voiceedge:relay:{relay_id}:flow:"
         self._ttl_ms = int(ttl * 1000)
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
@@ -110,10 +113,10 @@ class FlowCache:
     def _set_up(self, up: bool, error: Exception | None = None) -> None:
         if up != self.up:
             if up:
-                log.info(json.dumps({"event": "redis_up"}))
+                log_event(log, "redis_up", relay=self._relay_id)
             else:
-                log.warning(json.dumps({"event": "redis_down", "error": str(error),
-                                        "note": "forwarding continues from memory and ufrag"}))
+                log_event(log, "redis_down", level=logging.WARNING, relay=self._relay_id,
+                          error=str(error), note="forwarding continues from memory and ufrag")
         self.up = up
 
     def _run(self) -> None:

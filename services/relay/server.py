@@ -1,7 +1,6 @@
 """The relay process: starts N pinned workers on one port, serves their counters to Prometheus."""
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing
 import os
@@ -12,9 +11,11 @@ import time
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from services.logs import log_event
 from services.relay.config import RelayConfig
 from services.relay.counters import COUNTERS, GAUGES, NAMES, shared_block
 from services.relay.worker import WorkerSockets, run_worker
+from services.wire.ufrag import DEV_SECRET_WARNING, is_dev_secret
 
 log = logging.getLogger("voiceedge.relay")
 
@@ -34,6 +35,11 @@ class _Collector:
             for w, row in enumerate(rows):
                 metric.add_metric([tier, str(w)], row[k])
             yield metric
+        # Not per worker and not voiceedge_relay_*: the same gauge as the transceiver's.
+        dev = GaugeMetricFamily("voiceedge_ufrag_dev_secret", "1 when routing ufrags use the "
+                                "public development secret", labels=["service"])
+        dev.add_metric(["relay"], int(is_dev_secret(self._server.config.secret)))
+        yield dev
 
 
 class RelayServer:
@@ -85,16 +91,19 @@ class RelayServer:
             registry.register(_Collector(self))
             host, port = self.config.metrics
             start_http_server(port, addr=host, registry=registry)
-        log.info(json.dumps({
-            "event": "relay_started", "relay": self.config.name, "tier": self.config.tier,
-            "listen": f"{self.config.listen[0]}:{self.config.listen[1]}",
-            "internal": (f"{self.config.internal[0]}:{self.config.internal[1]}"
-                         if self.config.internal and self.config.tier == "cluster" else None),
-            "workers": self.config.workers,
-            "cpus": [self._cpu_for(i) for i in range(self.config.workers)],
-            "redis": bool(self.config.redis_url),
-            "metrics": (f"http://{self.config.metrics[0]}:{self.config.metrics[1]}/metrics"
-                        if self.config.metrics else None)}))
+        cfg = self.config
+        log_event(
+            log, "relay_started", relay=cfg.name, tier=cfg.tier,
+            listen=f"{cfg.listen[0]}:{cfg.listen[1]}",
+            internal=(f"{cfg.internal[0]}:{cfg.internal[1]}"
+                      if cfg.internal and cfg.tier == "cluster" else None),
+            workers=cfg.workers, worker_pids=self.worker_pids(),
+            cpus=[self._cpu_for(i) for i in range(cfg.workers)], redis=bool(cfg.redis_url),
+            metrics=f"http://{cfg.metrics[0]}:{cfg.metrics[1]}/metrics" if cfg.metrics else None,
+            ufrag_dev_secret=is_dev_secret(cfg.secret))
+        if is_dev_secret(cfg.secret):
+            log_event(log, "ufrag_dev_secret", level=logging.WARNING, relay=cfg.name,
+                      note=DEV_SECRET_WARNING)
 
     def worker_pids(self) -> list[int]:
         return [p.pid for p in self._procs]
@@ -119,11 +128,11 @@ class RelayServer:
             while not self._stopping.wait(0.5):
                 for i, proc in enumerate(self._procs):
                     if not proc.is_alive() and not self._stopping.is_set():
-                        log.warning(json.dumps({"event": "worker_died", "worker": i,
-                                                "exitcode": proc.exitcode}))
+                        log_event(log, "worker_died", level=logging.WARNING, worker=i,
+                                  worker_pid=proc.pid, exitcode=proc.exitcode)
                         time.sleep(0.2)
                         self._procs[i] = self._spawn(i)
         finally:
             self.stop()
-            log.info(json.dumps({"event": "relay_stopped", "relay": self.config.name,
-                                 **{k: v for k, v in self.totals().items() if v}}))
+            log_event(log, "relay_stopped", relay=self.config.name,
+                      **{k: v for k, v in self.totals().items() if v})

@@ -15,14 +15,15 @@ is counted by reason.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import select
 import signal
 import socket
+import sys
 import time
 
+from services.logs import log_event
 from services.relay import _fastpath, mmsg
 from services.relay.config import RelayConfig
 from services.relay.counters import INDEX, NAMES, Drops
@@ -467,11 +468,10 @@ class RelayWorker:
                                                     cluster_id, transceiver_id))
         else:
             self.flows_recovered += 1
-        log.info(json.dumps({
-            "event": "flow_created", "relay": self.config.name, "worker": self.index,
-            "client": f"{client[0]}:{client[1]}", "next_hop": nxt.label,
-            "prev_hop": prev.label if prev else None, "cluster": cluster_id,
-            "transceiver": transceiver_id, "source": source}))
+        log_event(log, "flow_created", relay=self.config.name, worker=self.index,
+                  client=f"{client[0]}:{client[1]}", next_hop=nxt.label,
+                  prev_hop=prev.label if prev else None, cluster=cluster_id,
+                  transceiver=transceiver_id, origin=source)
         return flow
 
     # ---------------------------------------------------------------- Redis recovery
@@ -533,11 +533,10 @@ class RelayWorker:
             totals = flow.totals()
             for k in range(4):
                 self._retired[k] += totals[k]
-            log.info(json.dumps({
-                "event": "flow_expired", "relay": self.config.name, "worker": self.index,
-                "client": f"{flow.client[0]}:{flow.client[1]}", "next_hop": flow.next.label,
-                "age_s": round((now - flow.created) / 1e9, 3), "packets_up": totals[0],
-                "bytes_up": totals[1], "packets_down": totals[2], "bytes_down": totals[3]}))
+            log_event(log, "flow_expired", relay=self.config.name, worker=self.index,
+                      client=f"{flow.client[0]}:{flow.client[1]}", next_hop=flow.next.label,
+                      age_s=round((now - flow.created) / 1e9, 3), packets_up=totals[0],
+                      bytes_up=totals[1], packets_down=totals[2], bytes_down=totals[3])
         if self._negative:
             self._negative = {k: t for k, t in self._negative.items() if t > now}
         if self.cache is not None:
@@ -581,13 +580,23 @@ class RelayWorker:
 
 def run_worker(config: RelayConfig, index: int, shared, cpu: int | None,
                sockets: WorkerSockets) -> None:
-    """Entry point of a worker process."""
-    if cpu is not None:
-        os.sched_setaffinity(0, {cpu})
-    worker = RelayWorker(config, index, shared, sockets)
-    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
-    signal.signal(signal.SIGINT, lambda *_: worker.stop())
+    """Entry point of a worker process (forked: it logs through the relay's JSON handler).
+
+    A crash is logged as one ``worker_crashed`` line (not multiprocessing's plain traceback)
+    and ends the process with status 1; the relay restarts the worker.
+    """
     try:
-        worker.run()
-    finally:
-        worker.close()
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+        worker = RelayWorker(config, index, shared, sockets)
+        signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+        signal.signal(signal.SIGINT, lambda *_: worker.stop())
+        log_event(log, "worker_started", relay=config.name, worker=index, cpu=cpu)
+        try:
+            worker.run()
+        finally:
+            worker.close()
+    except Exception:
+        log_event(log, "worker_crashed", level=logging.ERROR, relay=config.name, worker=index,
+                  exc_info=True)
+        sys.exit(1)

@@ -11,7 +11,8 @@ from voiceedge.errors import UserError
 def add_parser(sub) -> None:
     p = sub.add_parser("signaling", help="run the signaling API (POST /v1/calls)",
                        description="Take SDP offers on POST /v1/calls and answer them through "
-                                   "the transceiver with the most room.")
+                                   "the transceiver with the most room; GET /healthz (503 while "
+                                   "no transceiver answers) and /metrics on the same port.")
     p.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT")
     p.add_argument("--transceiver", action="append", default=[], metavar="URL",
                    help="a transceiver's control URL (repeat for several): one local cluster")
@@ -20,7 +21,7 @@ def add_parser(sub) -> None:
     p.add_argument("--clusters", metavar="FILE",
                    help="geo steering: JSON list of {name, transceivers: [URL], advertise: "
                         "'HOST:PORT' | null, rtt_ms} (instead of --transceiver)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, service="signaling")  # JSON logs: services/logs.py
 
 
 def _load_clusters(path: str):

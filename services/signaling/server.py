@@ -12,22 +12,33 @@
   cluster-local signaling is the same with one cluster.
 - The answer's one candidate is the cluster's ``advertise`` address (the relay VIP the client
   should use), passed to the transceiver per call.
-- The call id in ``Location`` names the cluster: ``{cluster}~{transceiver}~{session}``.
+- The call id in ``Location`` is ``{cluster}~{index}~{session}``: the cluster's name, the
+  transceiver's position in this front's list (0-based, clusters in configuration order), and
+  the transceiver's session id (``[A-Za-z0-9_-]``, 16 characters). ``DELETE`` of a
+  well-formed id the transceiver does not know is ``404``, like a malformed one.
+- ``GET /healthz``: ``200`` with the transceivers as last probed while at least one answered
+  its ``/status``; ``503`` with the same body and a ``reason`` when none did.
+- ``GET /metrics``: Prometheus text: calls created, refused (by status), steered (by
+  cluster, and whether that was the nearest), and each transceiver's probed health and load.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import re
 from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from services.logs import log_event
 from services.wire.sdp import MAX_OFFER_BYTES, OfferError, check_offer
 
 log = logging.getLogger("voiceedge.signaling")
 _WARM = 4  # keep-alive connections kept open to each transceiver
+_SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what a transceiver's session id can be
 
 
 @dataclass(frozen=True)
@@ -68,7 +79,8 @@ class _Backend:
 @dataclass
 class SignalingStats:
     created: int = 0
-    refused: dict[int, int] = field(default_factory=dict)
+    refused: dict[int, int] = field(default_factory=dict)         # HTTP status -> calls
+    steered: dict[tuple[str, bool], int] = field(default_factory=dict)  # (cluster, nearest)
 
 
 class SignalingServer:
@@ -81,6 +93,10 @@ class SignalingServer:
         self.backends = [_Backend(url.rstrip("/"), cluster) for cluster in config.clusters
                          for url in cluster.transceivers]
         self.stats = SignalingStats()
+        self._nearest = min((c for c in config.clusters if c.transceivers),
+                            key=lambda c: (c.rtt_ms, c.name)).name
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(_Collector(self))
         self.port: int | None = None
         self._http: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
@@ -105,14 +121,15 @@ class SignalingServer:
         app.router.add_route("OPTIONS", "/v1/calls", _preflight)
         app.router.add_route("OPTIONS", "/v1/calls/{call}", _preflight)
         app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, *self.config.listen)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
-        log.info(json.dumps({"event": "signaling_started",
-                             "listen": f"{self.config.listen[0]}:{self.port}",
-                             "clusters": [c.name for c in self.config.clusters]}))
+        log_event(log, "signaling_started", listen=f"{self.config.listen[0]}:{self.port}",
+                  clusters=[c.name for c in self.config.clusters],
+                  healthy=[b.url for b in self.backends if b.healthy])
 
     async def stop(self) -> None:
         if self._poller is not None:
@@ -122,6 +139,9 @@ class SignalingServer:
             await self._runner.cleanup()
         if self._http is not None:
             await self._http.close()
+        if self._runner is not None:
+            log_event(log, "signaling_stopped", calls_created=self.stats.created,
+                      calls_refused={str(k): v for k, v in self.stats.refused.items()})
 
     # ------------------------------------------------------------ backends
 
@@ -139,14 +159,19 @@ class SignalingServer:
         results = await asyncio.gather(*(self._status(backend) for _ in range(_WARM)),
                                        return_exceptions=True)
         status = next((r for r in results if isinstance(r, dict)), None)
-        if status is None:
-            backend.healthy = False
-            return
         try:
-            backend.sessions, backend.capacity = status["sessions"], status["capacity"]
-            backend.healthy = True
-        except (KeyError, TypeError):
-            backend.healthy = False
+            backend.sessions, backend.capacity = int(status["sessions"]), int(status["capacity"])
+            healthy = True
+        except (KeyError, TypeError, ValueError):
+            healthy = False
+        self._set_health(backend, healthy)
+
+    def _set_health(self, backend: _Backend, healthy: bool) -> None:
+        if healthy != backend.healthy:
+            log_event(log, "transceiver_up" if healthy else "transceiver_down",
+                      level=logging.INFO if healthy else logging.WARNING,
+                      transceiver=backend.url, cluster=backend.cluster.name)
+        backend.healthy = healthy
 
     async def _status(self, backend: _Backend) -> dict:
         async with self._http.get(f"{backend.url}/status",
@@ -189,44 +214,113 @@ class SignalingServer:
                         return self._refuse(r.status, text.strip() or f"transceiver said {r.status}")
                     session = r.headers["Location"].rsplit("/", 1)[1]
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError):
-                backend.healthy = False
+                self._set_health(backend, False)
                 continue
             backend.sessions += 1
+            cluster = backend.cluster.name
+            nearest = cluster == self._nearest
             self.stats.created += 1
-            index = self.backends.index(backend)
+            self.stats.steered[cluster, nearest] = self.stats.steered.get((cluster, nearest), 0) + 1
+            call = f"{cluster}~{self.backends.index(backend)}~{session}"
+            log_event(log, "call_created", call=call, cluster=cluster, nearest=nearest,
+                      transceiver=backend.url)
             return web.Response(status=201, text=text, content_type="application/sdp",
-                                headers={"Location": f"/v1/calls/{backend.cluster.name}~{index}~{session}",
-                                         "X-Voiceedge-Cluster": backend.cluster.name})
+                                headers={"Location": f"/v1/calls/{call}",
+                                         "X-Voiceedge-Cluster": cluster})
         return self._refuse(503, "no transceiver has room for a call")
 
     def _refuse(self, status: int, reason: str) -> web.Response:
+        reason = reason.splitlines()[0]
         self.stats.refused[status] = self.stats.refused.get(status, 0) + 1
-        return web.Response(status=status, text=reason.splitlines()[0] + "\n")
+        log_event(log, "call_refused", status=status, reason=reason)
+        return web.Response(status=status, text=reason + "\n")
+
+    def _backend_of(self, call: str) -> tuple[_Backend, str] | None:
+        """The transceiver and session id a call id names, or None if it names none."""
+        parts = call.rsplit("~", 2)
+        if len(parts) != 3 or not parts[1].isdigit() or not _SESSION_ID.fullmatch(parts[2]):
+            return None
+        cluster, index, session = parts[0], int(parts[1]), parts[2]
+        if index >= len(self.backends) or self.backends[index].cluster.name != cluster:
+            return None
+        return self.backends[index], session
 
     async def _delete_call(self, request: web.Request) -> web.Response:
-        parts = request.match_info["call"].split("~")
-        if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) >= len(self.backends):
+        call = request.match_info["call"]
+        found = self._backend_of(call)
+        if found is None:
             return web.Response(status=404, text="no such call\n")
-        i, session = int(parts[1]), parts[2]
+        backend, session = found
         try:
-            async with self._http.delete(f"{self.backends[i].url}/sessions/{session}") as r:
+            async with self._http.delete(f"{backend.url}/sessions/{session}") as r:
                 if r.status == 204:
+                    log_event(log, "call_deleted", call=call)
                     return web.Response(status=204)
                 return web.Response(status=r.status, text=(await r.text()) or "\n")
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return web.Response(status=502, text="transceiver unreachable\n")
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({
-            "calls_created": self.stats.created, "refused": self.stats.refused,
-            "transceivers": [{"url": b.url, "cluster": b.cluster.name, "healthy": b.healthy,
-                              "sessions": b.sessions, "capacity": b.capacity}
-                             for b in self.backends]})
+        """200 while a transceiver answered its last probe; 503 (same body, with a reason)
+        when none did: this front cannot place a call."""
+        body = {"status": "ok",
+                "calls_created": self.stats.created, "refused": self.stats.refused,
+                "transceivers": [{"url": b.url, "cluster": b.cluster.name, "healthy": b.healthy,
+                                  "sessions": b.sessions, "capacity": b.capacity}
+                                 for b in self.backends]}
+        if any(b.healthy for b in self.backends):
+            return web.json_response(body)
+        body.update(status="unavailable",
+                    reason="no transceiver answered its last /status probe")
+        return web.json_response(body, status=503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self._registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+class _Collector:
+    """The signaling front's counters and its view of the transceivers, at scrape time."""
+
+    def __init__(self, server: SignalingServer) -> None:
+        self._server = server
+
+    def collect(self):
+        s = self._server
+        created = CounterMetricFamily("voiceedge_signaling_calls_created", "calls answered (201)")
+        created.add_metric([], s.stats.created)
+        yield created
+        refused = CounterMetricFamily("voiceedge_signaling_calls_refused",
+                                      "calls refused, by HTTP status", labels=["status"])
+        for status, n in sorted(s.stats.refused.items()):
+            refused.add_metric([str(status)], n)
+        yield refused
+        steered = CounterMetricFamily(
+            "voiceedge_signaling_calls_steered", "calls placed, by cluster; nearest=\"false\" "
+            "when the nearest cluster was down or full", labels=["cluster", "nearest"])
+        for (cluster, nearest), n in sorted(s.stats.steered.items()):
+            steered.add_metric([cluster, str(nearest).lower()], n)
+        yield steered
+        labels = ["cluster", "transceiver"]
+        gauges = {
+            "healthy": GaugeMetricFamily("voiceedge_signaling_transceiver_healthy",
+                                         "1 if the transceiver answered its last /status probe",
+                                         labels=labels),
+            "sessions": GaugeMetricFamily("voiceedge_signaling_transceiver_sessions",
+                                          "live sessions, as last probed (plus calls placed since)",
+                                          labels=labels),
+            "capacity": GaugeMetricFamily("voiceedge_signaling_transceiver_capacity",
+                                          "session capacity, as last probed", labels=labels)}
+        for b in s.backends:
+            gauges["healthy"].add_metric([b.cluster.name, b.url], int(b.healthy))
+            gauges["sessions"].add_metric([b.cluster.name, b.url], b.sessions)
+            gauges["capacity"].add_metric([b.cluster.name, b.url], b.capacity)
+        yield from gauges.values()
 
 
 @web.middleware
 async def _cors(request: web.Request, handler):
-    """Browsers call signaling from pages served elsewhere (see docker-compose.yml)."""
+    """Browsers may call signaling from a page served by another origin (a test page)."""
     response = await handler(request)
     response.headers["Access-Control-Allow-Origin"] = "*"
     response.headers["Access-Control-Expose-Headers"] = "Location"

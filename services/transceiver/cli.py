@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-sessions", type=int, default=200, help="sessions before 503")
     p.add_argument("--setup-timeout", type=float, default=10.0,
                    help="seconds for a session to connect before it is closed")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, service="transceiver")  # JSON logs: services/logs.py
 
 
 def config_from_args(args: argparse.Namespace):

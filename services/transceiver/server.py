@@ -13,7 +13,6 @@ Control API (HTTP, internal):
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import secrets
@@ -26,12 +25,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from services.config import parse_hostport
-from voiceedge.errors import ConfigError
+from services.logs import log_event
 from services.transceiver import ice
 from services.transceiver.mux import SharedSocket
 from services.transceiver.session import Session
 from services.wire.sdp import OfferError, check_offer
-from services.wire.ufrag import UfragCodec
+from services.wire.ufrag import DEV_SECRET, DEV_SECRET_WARNING, UfragCodec, is_dev_secret
+from voiceedge.errors import ConfigError
 
 log = logging.getLogger("voiceedge.transceiver")
 
@@ -46,7 +46,7 @@ class TransceiverConfig:
     advertise: tuple[str, int] | None = None    # default candidate (shared mode)
     control: tuple[str, int] = ("127.0.0.1", 8900)
     agent_url: str | None = None                # ws://host:port of the agent
-    secret: bytes = b"voiceedge-development-secret"
+    secret: bytes = DEV_SECRET
     max_sessions: int = 200
     setup_timeout: float = 10.0
 
@@ -97,6 +97,11 @@ class TransceiverServer:
         await self.stop()
 
     @property
+    def dev_secret(self) -> bool:
+        """Whether ufrags are signed with the public development secret."""
+        return is_dev_secret(self.config.secret)
+
+    @property
     def media_address(self) -> tuple[str, int] | None:
         return self.mux.address if self.mux else None
 
@@ -116,11 +121,14 @@ class TransceiverServer:
         site = web.TCPSite(self._runner, cfg.control[0], cfg.control[1])
         await site.start()
         self.control_port = site._server.sockets[0].getsockname()[1]
-        log.info(json.dumps({
-            "event": "transceiver_started", "cluster": cfg.cluster_id,
-            "transceiver": cfg.transceiver_id, "mode": cfg.mode,
-            "media": f"{self.media_address[0]}:{self.media_address[1]}" if self.mux else None,
-            "control": f"{cfg.control[0]}:{self.control_port}"}))
+        log_event(log, "transceiver_started", cluster=cfg.cluster_id,
+                  transceiver=cfg.transceiver_id, mode=cfg.mode,
+                  media=f"{self.media_address[0]}:{self.media_address[1]}" if self.mux else None,
+                  control=f"{cfg.control[0]}:{self.control_port}",
+                  ufrag_dev_secret=self.dev_secret)
+        if self.dev_secret:
+            log_event(log, "ufrag_dev_secret", level=logging.WARNING, cluster=cfg.cluster_id,
+                      transceiver=cfg.transceiver_id, note=DEV_SECRET_WARNING)
 
     async def stop(self) -> None:
         await asyncio.gather(*(s.close("transceiver stopping") for s in list(self.sessions.values())),
@@ -129,10 +137,10 @@ class TransceiverServer:
             await self._runner.cleanup()
         if self._http is not None:
             await self._http.close()
+        log_event(log, "transceiver_stopped", sessions_total=self.sessions_total,
+                  sessions_refused=self.sessions_refused,
+                  mux=vars(self.mux.counters) if self.mux else None)
         if self.mux is not None:
-            log.info(json.dumps({"event": "transceiver_stopped",
-                                 "sessions_total": self.sessions_total,
-                                 "mux": vars(self.mux.counters)}))
             self.mux.close()
 
     # ------------------------------------------------------------ sessions
@@ -174,6 +182,8 @@ class TransceiverServer:
             await session.close("offer rejected")
             raise
         self.sessions_total += 1
+        log_event(log, "session_created", session=session_id, ufrag=plan.ufrag,
+                  candidate=f"{plan.advertise[0]}:{plan.advertise[1]}" if plan.advertise else None)
         return session, answer
 
     def _forget(self, session: Session) -> None:
@@ -213,6 +223,7 @@ class TransceiverServer:
             "cluster_id": cfg.cluster_id, "transceiver_id": cfg.transceiver_id,
             "mode": cfg.mode, "sessions": len(self.sessions), "capacity": cfg.max_sessions,
             "sessions_total": self.sessions_total, "udp_sockets": udp_sockets_of_this_process(),
+            "ufrag_dev_secret": self.dev_secret,
             "media": list(self.media_address) if self.mux else None,
             "mux": vars(self.mux.counters) if self.mux else None,
             "session_details": [
@@ -249,6 +260,10 @@ class _Collector:
         r = CounterMetricFamily("voiceedge_transceiver_sessions_refused", "503 at capacity")
         r.add_metric([], s.sessions_refused)
         yield r
+        dev = GaugeMetricFamily("voiceedge_ufrag_dev_secret", "1 when routing ufrags use the "
+                                "public development secret", labels=["service"])
+        dev.add_metric(["transceiver"], int(s.dev_secret))
+        yield dev
         if s.mux is not None:
             for name, value in vars(s.mux.counters).items():
                 m = CounterMetricFamily(f"voiceedge_transceiver_mux_{name}", f"shared socket: {name}")

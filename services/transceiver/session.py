@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
+from services.logs import log_event
 from services.transceiver.ice import IcePlan, ice_plan, selected_remote_address
 from services.transceiver.media import AgentAudioTrack, decode_inline
 
@@ -104,8 +105,10 @@ class Session:
         pending = [t for t in self._tasks if t is not current]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-        log.info(json.dumps({"event": "session_closed", "session": self.id, "reason": reason,
-                             "ufrag": self.plan.ufrag}))
+        log_event(log, "session_closed", session=self.id, reason=reason, ufrag=self.plan.ufrag,
+                  frames_to_agent=self.stats.frames_to_agent,
+                  events_to_agent=self.stats.events_to_agent,
+                  events_to_client=self.stats.events_to_client)
         self._on_closed(self)
 
     # ------------------------------------------------------------ peer connection events
@@ -120,6 +123,8 @@ class Session:
         if state == "connected" and self.stats.connected_at is None:
             self.stats.connected_at = time.monotonic()
             self._connected.set()
+            log_event(log, "session_connected", session=self.id,
+                      setup_s=round(self.stats.connected_at - self.stats.created, 4))
         elif state in ("failed", "closed") and not self._closing:
             self._spawn(self.close(f"connection {state}"))
 
@@ -150,8 +155,8 @@ class Session:
             self._ws = await self._http.ws_connect(f"{self._agent_url}/v1/sessions/{self.id}",
                                                    heartbeat=None, max_msg_size=1 << 20)
         except (aiohttp.ClientError, OSError) as exc:
-            log.warning(json.dumps({"event": "agent_unreachable", "session": self.id,
-                                    "error": str(exc)}))
+            log_event(log, "agent_unreachable", level=logging.WARNING, session=self.id,
+                      error=str(exc))
             self._spawn(self.close("agent unreachable"))
             return
         await self._connected.wait()  # media can flow now, and the client's address is known

@@ -30,6 +30,11 @@ UFRAG_LENGTH = 20
 _TAG_BYTES = 5
 _BODY_BYTES = 10
 _ICE_CHARS = re.compile(rb"^[A-Za-z0-9+/]{4,256}$")
+# Public (it is in this file): a deployment that signs with it accepts forged routing ufrags.
+DEV_SECRET = b"voiceedge-development-secret"
+DEV_SECRET_WARNING = ("VOICEEDGE_UFRAG_SECRET is unset (or the development secret): routing "
+                      "ufrags are tagged with a secret published in the source, so anyone can "
+                      "forge them")
 
 
 class UfragError(ValueError):
@@ -84,5 +89,10 @@ class UfragCodec:
 
 
 def secret_from_env(value: str | None) -> bytes:
-    """The shared secret from a config value; a fixed development secret when unset."""
-    return (value or "voiceedge-development-secret").encode()
+    """The shared secret from a config value; the development secret when unset."""
+    return value.encode() if value else DEV_SECRET
+
+
+def is_dev_secret(secret: bytes) -> bool:
+    """True when ``secret`` is the public development secret."""
+    return hmac.compare_digest(secret, DEV_SECRET)

@@ -1,5 +1,6 @@
 """One interface, two backends: netem where the kernel has it, the userspace NFQUEUE engine
-where it does not. ``make_backend(None)`` picks one by asking the kernel (``detect``).
+where it does not. ``make_backend(None)`` picks one by asking the kernel (``detect``,
+which says which and why).
 
 Lifecycle: ``apply`` what each direction should suffer (before or after ``start``), ``start``,
 read ``stats`` while traffic runs, ``stop``. ``stop`` removes everything the backend added
@@ -10,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import threading
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 from topology.impairment.model import Impairment, NetNode
 
@@ -63,43 +66,62 @@ def iface_key(node: NetNode, interface: str) -> str:
     return f"{node.name}:{interface}"
 
 
-def detect() -> str:
-    """"netem" if this kernel can make a netem qdisc, else "userspace".
+@dataclass(frozen=True)
+class Detection:
+    """The backend this kernel supports, and why: what the netem check answered."""
+
+    name: str    # "netem" or "userspace"
+    reason: str  # one line, e.g. "this kernel has no sch_netem (tc: ...)"
+
+
+def detect() -> Detection:
+    """Which backend this kernel supports: "netem" if it can make a netem qdisc, else
+    "userspace".
 
     Tries ``tc qdisc add dev lo root netem`` in a throwaway namespace, so nothing the caller
-    owns is touched."""
-    name = f"ve-netemprobe-{os.getpid()}"
-    subprocess.run(["ip", "netns", "delete", name], capture_output=True)
-    made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
-    if made.returncode != 0:
-        raise ImpairmentError(f"cannot make a namespace to probe for netem: {made.stderr.strip()}")
+    owns is touched; the reason quotes tc's answer when it refuses."""
+    name = f"ve-netemprobe-{os.getpid()}-{threading.get_native_id()}"
     try:
-        probe = subprocess.run(["tc", "-n", name, "qdisc", "add", "dev", "lo", "root", "netem"],
-                               capture_output=True, text=True)
-        if probe.returncode == 0:
-            subprocess.run(["tc", "-n", name, "qdisc", "del", "dev", "lo", "root"],
-                           capture_output=True)
-        return "netem" if probe.returncode == 0 else "userspace"
-    finally:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+        made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+        if made.returncode != 0:
+            raise ImpairmentError(f"cannot make a namespace to probe for netem: "
+                                  f"{made.stderr.strip()}")
+        try:
+            probe = subprocess.run(["tc", "-n", name, "qdisc", "add", "dev", "lo", "root",
+                                    "netem"], capture_output=True, text=True)
+        finally:
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+    except FileNotFoundError as exc:
+        raise ImpairmentError(f"{exc.filename} is not installed (Debian package iproute2)") \
+            from None
+    if probe.returncode == 0:
+        return Detection("netem", "this kernel can make a netem qdisc (sch_netem)")
+    answer = " ".join(probe.stderr.split()) or f"exit status {probe.returncode}"
+    return Detection("userspace", f"this kernel has no sch_netem (tc qdisc add ... netem: "
+                                  f"{answer})")
 
 
 def make_backend(name: str | None = None, **options) -> ImpairmentBackend:
-    """The backend called ``name``, or the one this kernel supports when ``name`` is None.
-    ``options`` go to the backend's constructor. Asking for netem on a kernel without it is an
-    error, never a silent run without impairment."""
+    """The backend called ``name``, or the one this kernel supports when ``name`` is None
+    (``detect``; the choice and its reason are logged). ``options`` go to the backend's
+    constructor. Asking for netem on a kernel without it is an error, never a silent run
+    without impairment."""
     from topology.impairment.netem import NetemBackend
     from topology.impairment.userspace import UserspaceBackend
 
     if name is not None and name not in BACKENDS:
         raise ValueError(f"unknown impairment backend {name!r} (choose from {', '.join(BACKENDS)})")
     if name is None:
-        name = detect()
-        log.info("impairment backend: %s (chosen automatically%s)", name,
-                 "" if name == "netem" else ": this kernel has no sch_netem")
-    elif name == "netem" and detect() != "netem":
-        raise BackendUnavailable("the netem backend was asked for, but this kernel cannot make a "
-                                 "netem qdisc (no sch_netem); use the userspace backend")
+        found = detect()
+        name = found.name
+        log.info("impairment backend: %s (chosen automatically: %s)", name, found.reason)
+    elif name == "netem":
+        found = detect()
+        if found.name != "netem":
+            raise BackendUnavailable(f"the netem backend was asked for, but {found.reason}; "
+                                     f"use the userspace backend")
+        log.info("impairment backend: netem (asked for; %s)", found.reason)
     else:
         log.info("impairment backend: %s (asked for)", name)
     return NetemBackend(**options) if name == "netem" else UserspaceBackend(**options)

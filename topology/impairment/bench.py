@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
 
 from topology.impairment.lab import pair_lab
 from topology.impairment.model import Impairment
-from topology.impairment.probe import udp_probe
+from topology.probe import udp_probe
 from topology.impairment.userspace import UserspaceBackend
+from topology.preflight import check_lab_prerequisites
 from voiceedge.errors import UserError
 
 CPU_TARGET_PCT_PER_1000PPS = 10.0
@@ -157,9 +157,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
-    if os.geteuid() != 0:
-        raise UserError("needs root (network namespaces, iptables)")
+    check_lab_prerequisites()
     try:
         cfg = BenchConfig(delay_ms=args.delay_ms, jitter_ms=args.jitter_ms, rate=args.rate,
                           seconds=args.seconds, size=args.size, floor_seconds=args.floor_seconds,

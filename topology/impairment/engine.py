@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from topology.impairment import nfqueue as nfq
 from topology.impairment.direction import Direction
 from topology.impairment.model import impairment_from_dict
-from topology.impairment.nsutil import in_netns
+from topology.netns import entered
 
 PR_SET_TIMERSLACK = 29
 IDLE_TIMEOUT = 0.5  # seconds; nothing is due, wake up now and then anyway
@@ -120,7 +120,7 @@ class Engine:
         rng = random.Random(spec.get("seed"))
         qsock = nfq.QueueSocket(int(spec["queue"]))
         kernel_fd = None
-        with in_netns(spec["ns_path"]):
+        with entered(spec["ns_path"]):
             qsock.bind()
             try:
                 kernel_fd = os.open("/proc/thread-self/net/netfilter/nfnetlink_queue", os.O_RDONLY)

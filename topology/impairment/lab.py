@@ -5,11 +5,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
 
 from topology.impairment.model import NetNode
-from topology.impairment.nsutil import NamespaceError, add_netns, delete_netns
+from topology.netns import add_netns, delete_netns, ip
 
 
 @dataclass(frozen=True)
@@ -38,19 +37,14 @@ class pair_lab:
         try:
             path_a, path_b = add_netns(name_a), add_netns(name_b)
             a6, b6 = f"{self.subnet6}1", f"{self.subnet6}2"
-            for cmd in (
-                ["ip", "link", "add", "va", "netns", name_a, "type", "veth", "peer", "name", "vb",
-                 "netns", name_b],
-                ["ip", "-n", name_a, "addr", "add", f"{self.subnet}.1/24", "dev", "va"],
-                ["ip", "-n", name_b, "addr", "add", f"{self.subnet}.2/24", "dev", "vb"],
-                ["ip", "-n", name_a, "addr", "add", f"{a6}/64", "dev", "va", "nodad"],
-                ["ip", "-n", name_b, "addr", "add", f"{b6}/64", "dev", "vb", "nodad"],
-                ["ip", "-n", name_a, "link", "set", "va", "up"],
-                ["ip", "-n", name_b, "link", "set", "vb", "up"],
-            ):
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-                if proc.returncode != 0:
-                    raise NamespaceError(f"{' '.join(cmd)}: {proc.stderr.strip()}")
+            ip("link", "add", "va", "netns", name_a, "type", "veth", "peer", "name", "vb",
+               "netns", name_b)
+            ip("-n", name_a, "addr", "add", f"{self.subnet}.1/24", "dev", "va")
+            ip("-n", name_b, "addr", "add", f"{self.subnet}.2/24", "dev", "vb")
+            ip("-n", name_a, "addr", "add", f"{a6}/64", "dev", "va", "nodad")
+            ip("-n", name_b, "addr", "add", f"{b6}/64", "dev", "vb", "nodad")
+            ip("-n", name_a, "link", "set", "va", "up")
+            ip("-n", name_b, "link", "set", "vb", "up")
         except BaseException:
             self.__exit__(None, None, None)
             raise

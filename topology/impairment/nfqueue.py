@@ -162,7 +162,7 @@ class QueueBindError(RuntimeError):
 class QueueSocket:
     """A netlink socket bound to one NFQUEUE in the namespace it was created in.
 
-    Create it inside the namespace (see ``nsutil.in_netns``); after ``bind`` it is
+    Create it inside the namespace (see ``topology.netns.entered``); after ``bind`` it is
     non-blocking and may be used from anywhere."""
 
     queue: int
