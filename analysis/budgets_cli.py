@@ -7,8 +7,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from analysis.budgets import BUDGETS_FILE
 from voiceedge.errors import UserError
+
+# analysis.budgets's BUDGETS_FILE, without importing numpy and pandas for every command.
+BUDGETS_FILE = Path(__file__).with_name("budgets.yaml")
 
 
 def add_parser(sub) -> None:
@@ -19,6 +21,9 @@ def add_parser(sub) -> None:
     p.add_argument("results", nargs="?", type=Path, help="results folder (default: run one)")
     p.add_argument("--budgets", type=Path, default=BUDGETS_FILE, help="budgets file")
     p.add_argument("--json", action="store_true", help="print only JSON")
+    p.add_argument("--sessions", type=int, metavar="N",
+                   help="estimate the detectable regressions for runs of N sessions per client "
+                        "region (drawn from this run's sessions) instead of the run's own size")
     p.set_defaults(func=run)
 
 
@@ -29,10 +34,16 @@ def run(args: argparse.Namespace) -> int:
         budgets = BudgetFile.load(args.budgets)
     except BudgetError as exc:
         raise UserError(str(exc)) from None
+    if args.sessions is not None and args.sessions < 2:
+        raise UserError(f"--sessions {args.sessions}: use at least 2")
     results = args.results
     if results is None:
+        scenario = budgets.scenario_path()
+        if not scenario.is_file():
+            raise UserError(f"{args.budgets}: scenario {budgets.scenario} not found (looked "
+                            f"for {scenario})")
         root = Path(tempfile.mkdtemp(prefix="voiceedge-budgets-"))
-        cmd = [sys.executable, "-m", "voiceedge", "scenario", budgets.scenario, "--region",
+        cmd = [sys.executable, "-m", "voiceedge", "scenario", str(scenario), "--region",
                budgets.region, "--results", str(root)]
         if args.json:
             cmd.append("--json")
@@ -41,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"the budget scenario did not run (exit {proc.returncode})")
         [results] = list(root.iterdir())
     try:
-        verdicts = check(results, budgets)
+        verdicts = check(results, budgets, sessions=args.sessions)
     except BudgetError as exc:
         raise UserError(str(exc)) from None
     if args.json:

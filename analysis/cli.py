@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+
 from voiceedge.errors import UserError
 
 
@@ -21,13 +23,17 @@ def add_parser(sub) -> None:
                    help="where the report goes (default: RESULTS_DIR itself)")
     p.add_argument("--resamples", type=int, default=2000,
                    help="bootstrap resamples per confidence interval (default 2000)")
+    p.add_argument("--json", action="store_true",
+                   help="print only JSON on stdout: the summary, findings and report paths; "
+                        "with --compare, every compared statistic and the flagged changes")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis.compare import compare
+    from analysis.compare import compare, compare_json
+    from analysis.jsonout import dumps
     from analysis.load import ResultsError
-    from analysis.report import write_report
+    from analysis.report import report
     from analysis.stats import Bootstrap
 
     if (args.results is None) == (args.compare is None):
@@ -39,10 +45,18 @@ def run(args: argparse.Namespace) -> int:
     boot = Bootstrap(resamples=args.resamples)
     try:
         if args.compare:
-            print(compare(*args.compare, boot=boot))
-        else:
-            for path in write_report(args.results, args.out, boot=boot):
-                print(path)
+            print(dumps(compare_json(*args.compare, boot=boot)) if args.json
+                  else compare(*args.compare, boot=boot))
+            return 0
+        written = report(args.results, args.out, boot=boot)
     except ResultsError as exc:
         raise UserError(str(exc)) from None
+    if not written.results.complete:
+        print(f"{args.results}: incomplete run: {written.results.missing_text()}; reported "
+              f"what was measured", file=sys.stderr)
+    if args.json:
+        print(dumps(written.to_dict(), ndigits=4))
+    else:
+        print(written.html)
+        print(written.markdown)
     return 0

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.jsonout import plain
 from analysis.load import Results, load_results
 from analysis.stats import METRIC_BY_NAME, Bootstrap, Stats, compute_stats, thin_tail
 from analysis.tables import Table, fmt, to_markdown
@@ -99,15 +100,35 @@ def _estimate(value, lo, hi, metric: str) -> str:
     return f"{fmt(value, metric)} [{fmt(lo, metric)}, {fmt(hi, metric)}]"
 
 
+def _frame(old: Results, new: Results, boot: Bootstrap) -> pd.DataFrame:
+    archs = [a for a in old.architectures if a in new.architectures]
+    return compare_stats(compute_stats(old, boot), compute_stats(new, boot), archs)
+
+
+def compare_data(old: Results, new: Results, boot: Bootstrap = Bootstrap()) -> dict:
+    """The comparison of two loaded runs as plain data (``voiceedge report --compare --json``)."""
+    frame = _frame(old, new, boot)
+    rows = [{k: plain(v) for k, v in r.items()} for r in frame.to_dict("records")]
+    return {"old": str(old.path), "new": str(new.path),
+            "only_in_one_run": sorted(set(old.architectures) ^ set(new.architectures)),
+            "incomplete": {"old": old.missing_text(), "new": new.missing_text()},
+            "configuration_differences": config_differences(old, new),
+            "bootstrap": {"resamples": boot.resamples, "level": boot.level, "seed": boot.seed},
+            "changes": [r for r in rows if r["verdict"] in ("regression", "improvement")],
+            "statistics": rows}
+
+
 def compare_text(old: Results, new: Results, boot: Bootstrap = Bootstrap()) -> str:
     """The comparison of two loaded runs as Markdown."""
-    archs = [a for a in old.architectures if a in new.architectures]
-    frame = compare_stats(compute_stats(old, boot), compute_stats(new, boot), archs)
+    frame = _frame(old, new, boot)
     lines = [f"# {new.name} vs {old.name}", "",
              f"old: `{old.path}` · new: `{new.path}`", ""]
     only = sorted(set(old.architectures) ^ set(new.architectures))
     if only:
         lines += [f"Architectures in one run only (not compared): {', '.join(only)}", ""]
+    for label, run in (("old", old), ("new", new)):
+        if run.missing_text():
+            lines += [f"The {label} run is incomplete: {run.missing_text()}.", ""]
     diffs = config_differences(old, new)
     if diffs:
         lines += ["Configuration differences (may explain changes):", ""]
@@ -142,3 +163,9 @@ def compare_text(old: Results, new: Results, boot: Bootstrap = Bootstrap()) -> s
 def compare(old_dir: str | Path, new_dir: str | Path, boot: Bootstrap = Bootstrap()) -> str:
     """What moved between two results folders, as Markdown (ResultsError for a bad folder)."""
     return compare_text(load_results(old_dir), load_results(new_dir), boot)
+
+
+def compare_json(old_dir: str | Path, new_dir: str | Path, boot: Bootstrap = Bootstrap()
+                 ) -> dict:
+    """What moved between two results folders, as plain data (see ``compare_data``)."""
+    return compare_data(load_results(old_dir), load_results(new_dir), boot)

@@ -1,8 +1,12 @@
-"""Load a scenario results folder (scenarios/runner.py writes it) into pandas frames."""
+"""Load a scenario results folder (scenarios/runner.py writes it) into pandas frames.
+
+A folder of an interrupted or failed run loads too, as long as it has config.json and
+sessions.csv: ``Results.missing_files`` and ``Results.missing_architectures`` say what it lacks.
+"""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -18,8 +22,12 @@ SESSION_COLUMNS = (
 SAMPLE_COLUMNS = ("architecture", "client_region", "session", "t_ms", "packets_received",
                   "packets_lost", "jitter_ms", "rtt_ms")
 PORT_COLUMNS = ("architecture", "concurrent_sessions", "public_udp_ports")
+# The files a finished run has; config.json and sessions.csv are the ones a report needs.
 FILES = ("config.json", "calibration.json", "sessions.csv", "samples.csv", "ports.csv",
-         "relays.json", "summary.json")
+         "relays.json")
+REQUIRED = ("config.json", "sessions.csv")
+# Results folders written before config.json recorded its baseline used this one.
+DEFAULT_BASELINE = "port-per-session"
 _NUMERIC = tuple(c for c in SESSION_COLUMNS if c.endswith(("_ms", "_pct"))) + (
     "packets_received", "packets_lost")
 _TEXT = ("architecture", "client_region", "cluster_region", "error", "stage")
@@ -41,13 +49,47 @@ class Results:
     config: dict
     calibration: dict
     summary: dict
+    missing_files: list[str] = field(default_factory=list)
+    timings: dict = field(default_factory=dict)  # timings.json: run and per-architecture times
+
+    @property
+    def planned_architectures(self) -> list[str]:
+        """The architectures the scenario meant to run, in its order."""
+        c = self.config
+        return list(c.get("architectures") or c.get("scenario", {}).get("architectures") or [])
 
     @property
     def architectures(self) -> list[str]:
-        """Architectures in the order the scenario ran them."""
-        seen = list(dict.fromkeys(self.sessions["architecture"]))
-        planned = [a for a in self.config.get("scenario", {}).get("architectures", []) if a in seen]
+        """Architectures with sessions in this folder, in the order the scenario ran them."""
+        seen = list(dict.fromkeys(self.sessions["architecture"].dropna()))
+        planned = [a for a in self.planned_architectures if a in seen]
         return planned + [a for a in seen if a not in planned]
+
+    @property
+    def missing_architectures(self) -> list[str]:
+        """Planned architectures without a single session here (the run stopped or failed)."""
+        seen = set(self.sessions["architecture"].dropna())
+        return [a for a in self.planned_architectures if a not in seen]
+
+    @property
+    def baseline(self) -> str:
+        """The architecture the others are compared with (config.json's ``baseline``)."""
+        return str(self.config.get("baseline") or DEFAULT_BASELINE)
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing_files and not self.missing_architectures
+
+    def missing_text(self) -> str:
+        """What an incomplete folder lacks ('no sessions for ...; missing file(s) ...');
+        '' for a complete one."""
+        parts = []
+        if self.missing_architectures:
+            parts.append("no sessions for planned architecture(s) "
+                         + ", ".join(self.missing_architectures))
+        if self.missing_files:
+            parts.append("missing file(s) " + ", ".join(self.missing_files))
+        return "; ".join(parts)
 
     @property
     def client_regions(self) -> list[str]:
@@ -101,17 +143,21 @@ def _read_json(path: Path) -> dict:
     return doc
 
 
-def _as_bool(series: pd.Series) -> pd.Series:
+def as_bool(series: pd.Series) -> pd.Series:
+    """A CSV column of True/False (or 1/0, yes/no) as booleans."""
     return series.map(lambda v: str(v).strip().lower() in ("true", "1", "yes"))
 
 
 def _sessions(path: Path) -> pd.DataFrame:
-    frame = _read_csv(path, SESSION_COLUMNS)
+    return _sessions_frame(_read_csv(path, SESSION_COLUMNS), path)
+
+
+def _sessions_frame(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     for col in _NUMERIC:
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
     for col in _TEXT:
         frame[col] = frame[col].astype("string")
-    frame["ok"] = _as_bool(frame["ok"])
+    frame["ok"] = as_bool(frame["ok"]).astype(bool)
     bursts = []
     for i, cell in enumerate(frame["loss_bursts"]):
         try:
@@ -123,30 +169,57 @@ def _sessions(path: Path) -> pd.DataFrame:
 
 
 def _samples(path: Path) -> pd.DataFrame:
-    frame = _read_csv(path, SAMPLE_COLUMNS)
+    return _numeric_samples(_read_csv(path, SAMPLE_COLUMNS))
+
+
+def _numeric_samples(frame: pd.DataFrame) -> pd.DataFrame:
     for col in SAMPLE_COLUMNS[3:]:
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
     return frame
 
 
-def load_results(path: str | Path) -> Results:
-    """Read a results folder; ResultsError names what is missing or unreadable."""
+def _empty(columns: tuple[str, ...]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+
+
+def load_results(path: str | Path, require_sessions: bool = True) -> Results:
+    """Read a results folder; ResultsError names what is missing or unreadable.
+
+    config.json and sessions.csv are required (sessions.csv not with ``require_sessions=False``:
+    a run that has not finished an architecture yet); the other files may be absent, which
+    ``Results.missing_files`` records.
+    """
     path = Path(path)
     if not path.is_dir():
         raise ResultsError(f"{path} is not a directory")
     missing = [f for f in FILES if not (path / f).is_file()]
     if "sessions.csv" in missing and "config.json" in missing:
         raise ResultsError(f"{path} is not a results folder (no sessions.csv or config.json)")
-    if missing:
-        hint = (" (calibration failed or the run stopped early?)"
-                if "sessions.csv" in missing and "calibration.json" not in missing else "")
+    required = [f for f in REQUIRED if f in missing
+                and (require_sessions or f != "sessions.csv")]
+    if required:
+        hint = (" (calibration failed, or the run stopped before an architecture finished?)"
+                if "sessions.csv" in required and "calibration.json" not in missing else "")
         raise ResultsError(f"{path} is an incomplete results folder: missing "
-                           f"{', '.join(missing)}{hint}")
-    ports = _read_csv(path / "ports.csv", PORT_COLUMNS)
+                           f"{', '.join(required)}{hint}")
+
+    def optional_json(name: str) -> dict:
+        return _read_json(path / name) if (path / name).is_file() else {}
+
+    if "ports.csv" in missing:
+        ports = _empty(PORT_COLUMNS)
+    else:
+        ports = _read_csv(path / "ports.csv", PORT_COLUMNS)
     for col in PORT_COLUMNS[1:]:
         ports[col] = pd.to_numeric(ports[col], errors="coerce")
-    return Results(path=path, sessions=_sessions(path / "sessions.csv"),
-                   samples=_samples(path / "samples.csv"), ports=ports,
-                   relays=_read_json(path / "relays.json"), config=_read_json(path / "config.json"),
-                   calibration=_read_json(path / "calibration.json"),
-                   summary=_read_json(path / "summary.json"))
+    if "sessions.csv" in missing:
+        sessions = _sessions_frame(_empty(SESSION_COLUMNS), path / "sessions.csv")
+    else:
+        sessions = _sessions(path / "sessions.csv")
+    samples = (_numeric_samples(_empty(SAMPLE_COLUMNS)) if "samples.csv" in missing
+               else _samples(path / "samples.csv"))
+    return Results(path=path, sessions=sessions, samples=samples, ports=ports,
+                   relays=optional_json("relays.json"), config=_read_json(path / "config.json"),
+                   calibration=optional_json("calibration.json"),
+                   summary=optional_json("summary.json"), missing_files=missing,
+                   timings=optional_json("timings.json"))

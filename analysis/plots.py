@@ -331,7 +331,7 @@ def plot_loss_mos(results: Results, out_dir: Path, stats: Stats | None = None) -
 def plot_ports(results: Results, out_dir: Path, extrapolate_to: int = 10_000) -> Path:
     """Public UDP ports exposed vs concurrent sessions: measured points and the lines they
     imply (a port per session for port-per-session, a constant for the relays)."""
-    ports = results.ports.dropna()
+    ports = results.ports.dropna(subset=["concurrent_sessions", "public_udp_ports"])
     fig = _figure(8, 4.8)
     ax = fig.add_subplot()
     top = max(extrapolate_to, int(ports.concurrent_sessions.max() * 10) if len(ports) else 10)

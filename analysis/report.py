@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import base64
 import html
+from dataclasses import dataclass
 from pathlib import Path
 
 from analysis import tables
 from analysis.compare import compare  # noqa: F401  (part of this module's API)
+from analysis.findings import findings, lead
 from analysis.load import Results, load_results
 from analysis.mos import EModel
 from analysis.plots import write_plots
 from analysis.stats import ALL, Bootstrap, Stats, compute_stats
+from analysis.summary import summary_of
 
 CAPTIONS = {
     "cdf_setup_ms": "Setup time (session start -> DTLS connected) per session. Dashed: the "
@@ -43,7 +46,9 @@ _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
 max-width:1200px;padding:0 1em;color:#222;line-height:1.4}
 h1{font-size:1.6em;margin-bottom:.2em}h2{margin-top:2em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;font-size:.85em;margin:.6em 0}
+h1,h2,h3,p,li,figcaption{overflow-wrap:anywhere}
+.scroll{overflow-x:auto;max-width:100%;margin:.6em 0}
+table{border-collapse:collapse;font-size:.85em}
 th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;white-space:nowrap}
 th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}
 .note{font-size:.8em;color:#555;margin:.2em 0 1em}.meta{color:#555}
@@ -61,6 +66,9 @@ def _method(boot: Bootstrap, model: EModel) -> list[str]:
         "successful sessions only.",
         f"CIs: {int(boot.level * 100)}% percentile bootstrap over sessions, {boot.resamples} "
         f"resamples, seed {boot.seed}; success rate: Wilson score interval.",
+        "Differences from the baseline: difference of medians (within each client region, "
+        "averaged by sessions), its CI by the same bootstrap; stated only when the CI excludes "
+        "zero.",
         f"MOS: E-model (G.107, simplified): R = {model.r0_minus_is} - Id - Ie_eff + "
         f"{model.advantage:g}; one-way delay = RTT/2 + {model.jitter_factor:g} x jitter + "
         f"{c.frame_ms:g} ms; codec {c.name}: Ie {c.ie:g}, Bpl {c.bpl:g} (assumption); BurstR "
@@ -76,7 +84,12 @@ def _img(path: Path) -> str:
 def _warnings(results: Results, stats: Stats) -> list[str]:
     """Things a reader must know before trusting the numbers."""
     out = []
-    if not results.calibration.get("ok", False):
+    if results.missing_text():
+        out.append(f"Incomplete run: {results.missing_text()}. The rest of the report covers "
+                   f"what was measured.")
+    if not results.calibration:
+        out.append("No calibration.json: the emulated world was not proven.")
+    elif not results.calibration.get("ok", False):
         out.append("Calibration FAILED: the emulated world is not the configured one.")
     for _, s in stats.success[stats.success.client_region == ALL].iterrows():
         if s.sessions and s.ok < s.sessions:
@@ -107,6 +120,11 @@ def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: E
     warnings = _warnings(results, stats)
     if warnings:
         parts.append("<div class='warn'>" + "".join(f"<p>{e(w)}</p>" for w in warnings) + "</div>")
+    parts += ["<h2 id='findings'>What this run says</h2>", f"<p>{e(lead(results, stats))}</p>"]
+    found = findings(results, stats)
+    for arch in dict.fromkeys(f.architecture for f in found):
+        items = "".join(f"<li>{e(f.sentence())}</li>" for f in found if f.architecture == arch)
+        parts.append(f"<h3>{e(arch)}</h3><ul class='findings'>{items}</ul>")
     parts += ["<h2 id='summary'>Summary per architecture</h2>",
               tables.to_html(tables.headline(results, stats))]
     parts.append("<h2 id='plots'>Plots</h2>")
@@ -150,6 +168,11 @@ def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], mode
              f"{c.get('commit') or '-'}", ""]
     for warning in _warnings(results, stats):
         lines += [f"> **Warning:** {warning}", ""]
+    lines += ["## What this run says", "", lead(results, stats), ""]
+    found = findings(results, stats)
+    for arch in dict.fromkeys(f.architecture for f in found):
+        lines += [f"**{arch}**", ""]
+        lines += [f"- {f.sentence()}" for f in found if f.architecture == arch] + [""]
     lines += ["", "## Summary per architecture", "",
               tables.to_markdown(tables.headline(results, stats))]
     if len(results.client_regions) > 1:
@@ -166,9 +189,35 @@ def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], mode
     return "\n".join(lines) + "\n"
 
 
-def write_report(results_dir: str | Path, out_dir: str | Path | None = None,
-                 boot: Bootstrap = Bootstrap(), model: EModel = EModel()) -> tuple[Path, Path]:
-    """Write report.html, report.md and plots/*.png (into the results folder by default)."""
+@dataclass
+class Written:
+    """A written report and what it was computed from."""
+
+    html: Path
+    markdown: Path
+    results: Results
+    stats: Stats
+
+    def to_dict(self) -> dict:
+        """The run's summary, the findings and the report's paths, as plain data."""
+        return {"results": str(self.results.path),
+                "report": {"html": str(self.html), "markdown": str(self.markdown)},
+                "complete": self.results.complete,
+                "missing": {"architectures": self.results.missing_architectures,
+                            "files": self.results.missing_files},
+                "findings": [{"architecture": f.architecture, "baseline": f.baseline,
+                              "metric": f.metric, "difference_p50": f.difference.estimate,
+                              "ci": [f.difference.lo, f.difference.hi],
+                              "significant": f.significant, "direction": f.direction,
+                              "sentence": f.sentence()}
+                             for f in findings(self.results, self.stats)],
+                "summary": summary_of(self.results, self.stats)}
+
+
+def report(results_dir: str | Path, out_dir: str | Path | None = None,
+           boot: Bootstrap = Bootstrap(), model: EModel = EModel()) -> Written:
+    """Write report.html, report.md and plots/*.png (into the results folder by default).
+    A partial folder (an interrupted run) is reported too; its warnings say what is missing."""
     results = load_results(results_dir)
     out = Path(out_dir) if out_dir is not None else results.path
     out.mkdir(parents=True, exist_ok=True)
@@ -177,4 +226,11 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None,
     html_path, md_path = out / "report.html", out / "report.md"
     html_path.write_text(render_html(results, stats, plots, model), encoding="utf-8")
     md_path.write_text(render_markdown(results, stats, plots, model, out), encoding="utf-8")
-    return html_path, md_path
+    return Written(html_path, md_path, results, stats)
+
+
+def write_report(results_dir: str | Path, out_dir: str | Path | None = None,
+                 boot: Bootstrap = Bootstrap(), model: EModel = EModel()) -> tuple[Path, Path]:
+    """``report(...)``'s two paths: (report.html, report.md)."""
+    written = report(results_dir, out_dir, boot, model)
+    return written.html, written.markdown

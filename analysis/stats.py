@@ -1,21 +1,27 @@
-"""Per architecture and client region: success rate and percentiles with bootstrap CIs.
+"""The project's one statistics path: percentiles, bootstrap CIs, success intervals, derived
+columns, and the per-group statistics of a run.
 
 Percentiles are numpy's ``method="linear"`` (Hyndman & Fan type 7, the same as
-``statistics.quantiles(method="inclusive")`` that the runner's summary.json uses). Confidence
-intervals are percentile-bootstrap intervals over sessions with a fixed seed; the success rate's
-interval is Wilson's score interval.
+``statistics.quantiles(method="inclusive")``); everything that reports a percentile (the
+runner's summary, the demo, the report, the budgets) calls ``percentiles`` or the functions
+below. Confidence intervals are percentile-bootstrap intervals over sessions with one fixed seed
+(``Bootstrap``); the success rate's interval is Wilson's score interval.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
-from analysis.load import Results
 from analysis.mos import EModel, burst_ratio
+
+if TYPE_CHECKING:  # pandas only where frames are built: percentiles() stays a light import
+    import pandas as pd
+
+    from analysis.load import Results
 
 ALL = "all"  # the client_region of rows pooled over every client region
 PERCENTILES = (1, 5, 10, 50, 90, 95, 99)  # computed for every metric
@@ -48,6 +54,10 @@ METRICS = (
     Metric("mos", "MOS (E-model)", "", higher_is_better=True),
 )
 METRIC_BY_NAME = {m.name: m for m in METRICS}
+# Overhead above the network floor: measured minus the floor the topology implies (the
+# runner's per-session floor columns).
+OVER_FLOOR = {"setup_over_floor_ms": ("setup_ms", "floor_setup_ms"),
+              "first_ice_rtt_over_floor_ms": ("first_ice_rtt_ms", "floor_media_rtt_ms")}
 
 
 @dataclass(frozen=True)
@@ -59,13 +69,74 @@ class Bootstrap:
     seed: int = 20261129
 
 
-def percentiles(values, qs=PERCENTILES) -> np.ndarray:
-    """Percentiles (0-100) of the non-NaN values, numpy 'linear'; NaN when there are none."""
-    v = np.asarray(values, dtype=float)
-    v = v[~np.isnan(v)]
+def _floats(values) -> np.ndarray:
+    """The values as a float array, None and pd.NA as NaN."""
+    try:
+        return np.asarray(values, dtype=float)
+    except (TypeError, ValueError):
+        import pandas as pd
+
+        return np.asarray([math.nan if x is None or x is pd.NA else x for x in values],
+                          dtype=float)
+
+
+def _finite(values) -> np.ndarray:
+    """The values as floats, without None and NaN."""
+    v = _floats(values)
+    return v[~np.isnan(v)]
+
+
+def _percentiles(v: np.ndarray, qs) -> np.ndarray:
+    """The one percentile definition (numpy 'linear'), on a finite array; NaN when empty."""
     if v.size == 0:
         return np.full(len(qs), np.nan)
     return np.percentile(v, qs, method="linear")
+
+
+def percentiles(values, qs, ndigits: int | None = None) -> list[float | None]:
+    """Percentiles ``qs`` (0-100) of a plain list; None and NaN entries are ignored.
+
+    Returns plain floats (rounded to ``ndigits`` if given), or None for each q when no value
+    is left: ``p50, p95 = percentiles(values, (50, 95))``.
+    """
+    out = _percentiles(_finite(values), list(qs))
+    return [None if math.isnan(x) else (float(x) if ndigits is None else round(float(x), ndigits))
+            for x in out]
+
+
+def percentile(values, q: float, ndigits: int | None = None) -> float | None:
+    """One percentile of a plain list (see ``percentiles``)."""
+    return percentiles(values, (q,), ndigits)[0]
+
+
+def _strata(values, strata) -> tuple[np.ndarray, np.ndarray]:
+    """Finite values and integer stratum labels, sorted by stratum."""
+    v = _floats(values)
+    labels = (np.zeros(v.size, dtype=int) if strata is None
+              else np.unique(np.asarray(strata, dtype=str), return_inverse=True)[1])
+    keep = ~np.isnan(v)
+    v, labels = v[keep], labels[keep]
+    order = np.argsort(labels, kind="stable")
+    return v[order], labels[order]
+
+
+def _resampled(v: np.ndarray, labels: np.ndarray, qs, resamples: int,
+               rng: np.random.Generator) -> np.ndarray:
+    """Percentiles ``qs`` of ``resamples`` stratified resamples: shape (len(qs), resamples).
+
+    Each resample draws, within every stratum, as many values as the stratum has.
+    """
+    sizes = np.bincount(labels)
+    sizes = sizes[sizes > 0]
+    offsets = np.r_[0, np.cumsum(sizes)[:-1]]
+    chunk = max(1, 2_000_000 // v.size)  # bound the resample matrix to ~16 MB
+    estimates = []
+    for start in range(0, resamples, chunk):
+        n = min(chunk, resamples - start)
+        idx = np.concatenate([rng.integers(0, size, size=(n, size)) + offset
+                              for size, offset in zip(sizes, offsets)], axis=1)
+        estimates.append(np.percentile(v[idx], qs, axis=1, method="linear"))
+    return np.concatenate(estimates, axis=1)
 
 
 def bootstrap_ci(values, qs=PERCENTILES, boot: Bootstrap = Bootstrap(), strata=None
@@ -76,30 +147,69 @@ def bootstrap_ci(values, qs=PERCENTILES, boot: Bootstrap = Bootstrap(), strata=N
     every stratum as many values as it has: a run fixes the sessions per region, so the
     resamples keep the regions' mix.
     """
-    v = np.asarray(values, dtype=float)
-    labels = np.zeros(v.size, dtype=int) if strata is None else pd.factorize(
-        pd.Series(list(strata)))[0]
-    keep = ~np.isnan(v)
-    v, labels = v[keep], labels[keep]
+    v, labels = _strata(values, strata)
     if v.size == 0:
         return np.full(len(qs), np.nan), np.full(len(qs), np.nan)
-    order = np.argsort(labels, kind="stable")
-    v, labels = v[order], labels[order]
-    sizes = np.bincount(labels)
-    sizes = sizes[sizes > 0]
-    offsets = np.r_[0, np.cumsum(sizes)[:-1]]
-    rng = np.random.default_rng(boot.seed)
-    chunk = max(1, 2_000_000 // v.size)  # bound the resample matrix to ~16 MB
-    estimates = []
-    for start in range(0, boot.resamples, chunk):
-        n = min(chunk, boot.resamples - start)
-        idx = np.concatenate([rng.integers(0, size, size=(n, size)) + offset
-                              for size, offset in zip(sizes, offsets)], axis=1)
-        estimates.append(np.percentile(v[idx], qs, axis=1, method="linear"))
-    est = np.concatenate(estimates, axis=1)
+    est = _resampled(v, labels, qs, boot.resamples, np.random.default_rng(boot.seed))
     tail = 100 * (1 - boot.level) / 2
     return (np.percentile(est, tail, axis=1, method="linear"),
             np.percentile(est, 100 - tail, axis=1, method="linear"))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A percentile of group a minus the same percentile of group b, with its bootstrap CI."""
+
+    estimate: float
+    lo: float
+    hi: float
+    n_a: int
+    n_b: int
+
+    @property
+    def significant(self) -> bool:
+        """True when the interval excludes zero."""
+        return self.lo > 0 or self.hi < 0
+
+
+def _by_stratum(values, strata) -> dict[str, np.ndarray]:
+    """The finite values of each stratum (one stratum, '', without strata)."""
+    v = _floats(values)
+    names = np.full(v.size, "") if strata is None else np.asarray(strata, dtype=str)
+    keep = ~np.isnan(v)
+    v, names = v[keep], names[keep]
+    return {name: v[names == name] for name in np.unique(names)}
+
+
+def bootstrap_diff_ci(a, b, q: float = 50, boot: Bootstrap = Bootstrap(), strata_a=None,
+                      strata_b=None) -> Difference:
+    """pq(a) - pq(b) and its percentile-bootstrap interval (a and b resampled independently,
+    with the one seed).
+
+    With strata (client regions), the difference is taken within each stratum both groups
+    have and averaged, weighted by the stratum's sessions: a pooled median of several regions
+    sits in the gap between the regions' modes, decided by a few extreme sessions, so its
+    bootstrap is unreliable; like is compared with like instead. With one stratum this is
+    the plain difference of the percentiles.
+    """
+    ga, gb = _by_stratum(a, strata_a), _by_stratum(b, strata_b)
+    common = [name for name in ga if name in gb]
+    n_a, n_b = sum(x.size for x in ga.values()), sum(x.size for x in gb.values())
+    if not common:
+        return Difference(math.nan, math.nan, math.nan, n_a, n_b)
+    weights = np.array([ga[s].size + gb[s].size for s in common], dtype=float)
+    weights /= weights.sum()
+    rng = np.random.default_rng(boot.seed)
+    point, diffs = 0.0, np.zeros(boot.resamples)
+    for w, name in zip(weights, common):
+        va, vb = ga[name], gb[name]
+        point += w * (_percentiles(va, [q])[0] - _percentiles(vb, [q])[0])
+        diffs += w * (_resampled(va, np.zeros(va.size, dtype=int), [q], boot.resamples, rng)[0]
+                      - _resampled(vb, np.zeros(vb.size, dtype=int), [q], boot.resamples,
+                                   rng)[0])
+    tail = 100 * (1 - boot.level) / 2
+    lo, hi = np.percentile(diffs, [tail, 100 - tail], method="linear")
+    return Difference(float(point), float(lo), float(hi), n_a, n_b)
 
 
 def wilson_interval(successes: int, trials: int, level: float = 0.95) -> tuple[float, float]:
@@ -113,11 +223,19 @@ def wilson_interval(successes: int, trials: int, level: float = 0.95) -> tuple[f
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def with_over_floor(sessions: pd.DataFrame) -> pd.DataFrame:
+    """A copy of the sessions with the OVER_FLOOR columns."""
+    out = sessions.copy()
+    for name, (measured, floor) in OVER_FLOOR.items():
+        out[name] = out[measured] - out[floor]
+    return out
+
+
 def with_derived(sessions: pd.DataFrame, model: EModel = EModel()) -> pd.DataFrame:
     """Sessions plus overhead above the network floor, burst ratio, R factor and MOS."""
-    out = sessions.copy()
-    out["setup_over_floor_ms"] = out["setup_ms"] - out["floor_setup_ms"]
-    out["first_ice_rtt_over_floor_ms"] = out["first_ice_rtt_ms"] - out["floor_media_rtt_ms"]
+    import pandas as pd
+
+    out = with_over_floor(sessions)
     out["burst_r"] = [
         burst_ratio(int(r), int(l), b) if not (pd.isna(r) or pd.isna(l)) else math.nan
         for r, l, b in zip(out["packets_received"], out["packets_lost"], out["loss_bursts"])]
@@ -151,13 +269,27 @@ class Stats:
         hit = s[(s.architecture == architecture) & (s.client_region == region)]
         return None if hit.empty else hit.iloc[0]
 
+    def difference(self, architecture: str, baseline: str, metric: str,
+                   q: float = 50) -> Difference:
+        """pq of ``architecture`` minus pq of ``baseline`` over successful sessions, within
+        each client region and averaged over them (see bootstrap_diff_ci), with its CI."""
+        ok = self.sessions[self.sessions.ok]
+        a, b = ok[ok.architecture == architecture], ok[ok.architecture == baseline]
+        return bootstrap_diff_ci(a[metric], b[metric], q, self.bootstrap, a.client_region,
+                                 b.client_region)
+
+
+_METRIC_COLUMNS = ["architecture", "client_region", "metric", "n", "mean"] + [
+    f"p{q}{s}" for q in PERCENTILES for s in ("", "_lo", "_hi")]
+_SUCCESS_COLUMNS = ["architecture", "client_region", "sessions", "ok", "success_pct",
+                    "success_lo", "success_hi"]
+
 
 def _metric_row(values, strata, boot: Bootstrap) -> dict:
-    v = np.asarray(values, dtype=float)
-    lo, hi = bootstrap_ci(v, PERCENTILES, boot, strata)
-    v = v[~np.isnan(v)]
+    lo, hi = bootstrap_ci(values, PERCENTILES, boot, strata)
+    v = _finite(values)
     row = {"n": int(v.size), "mean": float(v.mean()) if v.size else math.nan}
-    point = percentiles(v)
+    point = _percentiles(v, PERCENTILES)
     for q, p, a, b in zip(PERCENTILES, point, lo, hi):
         row.update({f"p{q}": p, f"p{q}_lo": a, f"p{q}_hi": b})
     return row
@@ -178,6 +310,8 @@ def compute_stats(results: Results, boot: Bootstrap = Bootstrap(),
     Metrics come from successful sessions only; loss-burst lengths are pooled over the bursts
     of the group's sessions. Pooled rows bootstrap within client regions (see bootstrap_ci).
     """
+    import pandas as pd
+
     sessions = with_derived(results.sessions, model)
     metric_rows, success_rows = [], []
     for arch, region, group in _groups(results, sessions):
@@ -196,7 +330,8 @@ def compute_stats(results: Results, boot: Bootstrap = Bootstrap(),
                 values, strata = ok[metric.name].to_numpy(dtype=float), ok["client_region"]
             metric_rows.append({"architecture": arch, "client_region": region,
                                 "metric": metric.name, **_metric_row(values, strata, boot)})
-    return Stats(metrics=pd.DataFrame(metric_rows), success=pd.DataFrame(success_rows),
+    return Stats(metrics=pd.DataFrame(metric_rows, columns=_METRIC_COLUMNS),
+                 success=pd.DataFrame(success_rows, columns=_SUCCESS_COLUMNS),
                  sessions=sessions, bootstrap=boot)
 
 

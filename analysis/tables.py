@@ -5,9 +5,10 @@ import html
 import math
 from dataclasses import dataclass, field
 
+import pandas as pd
+
 from analysis.load import Results
 from analysis.stats import ALL, METRIC_BY_NAME, METRICS, Stats, thin_tail
-from scenarios.spec import BASELINE
 
 THIN = "†"  # marks a CI with fewer than 10 observations beyond the percentile
 
@@ -54,16 +55,19 @@ def headline(results: Results, stats: Stats) -> Table:
     table = Table(["architecture", "sessions ok", "success % [CI]", "public UDP ports",
                    "setup p50 (ms)", "setup p95 (ms)", "setup over floor p50 (ms)",
                    "first ICE RTT p50 (ms)", "media RTT p50 (ms)", "jitter p50 (ms)",
-                   "loss p50 (%)", "MOS p50", "Δ setup p50 vs baseline (ms)"],
+                   "loss p50 (%)", "MOS p50", f"Δ setup p50 vs {results.baseline} (ms) [CI]"],
                   note=f"p50/p95 [95% bootstrap CI]; {THIN} fewer than 10 sessions beyond the "
                        f"percentile (CI indicative only); success: Wilson 95% interval.")
-    base = stats.row(BASELINE, "setup_ms")
+    baseline = results.baseline
+    base = stats.row(baseline, "setup_ms")
     ports = results.ports.set_index("architecture")["public_udp_ports"].to_dict()
     for arch in results.architectures:
         s = stats.success_row(arch)
         setup = stats.row(arch, "setup_ms")
-        delta = "-" if arch == BASELINE or base is None or not setup.n else \
-            f"{setup.p50 - base.p50:+.0f}"
+        delta = "-"
+        if arch != baseline and base is not None and base.n and setup.n:
+            d = stats.difference(arch, baseline, "setup_ms")
+            delta = f"{d.estimate:+.0f} [{d.lo:+.0f}, {d.hi:+.0f}]"
         table.rows.append([
             arch, f"{s.ok}/{s.sessions}",
             f"{fmt(s.success_pct)} [{fmt(s.success_lo)}, {fmt(s.success_hi)}]",
@@ -127,10 +131,14 @@ def failures(results: Results) -> Table:
 
 
 def ports(results: Results) -> Table:
-    table = Table(["architecture", "peak concurrent sessions", "public UDP ports"])
+    extra = "public_udp_ports_max" in results.ports.columns
+    table = Table(["architecture", "peak concurrent sessions", "public UDP ports at the peak"]
+                  + (["most public UDP ports seen"] if extra else []))
     for _, row in results.ports.iterrows():
         table.rows.append([row.architecture, count(row.concurrent_sessions),
-                           count(row.public_udp_ports)])
+                           count(row.public_udp_ports)]
+                          + ([count(pd.to_numeric(row.public_udp_ports_max, errors="coerce"))]
+                             if extra else []))
     return table
 
 
@@ -220,7 +228,9 @@ def to_html(table: Table) -> str:
     note = f'<p class="note">{e(table.note)}</p>' if table.note else ""
     if not table.rows:
         return '<p class="note">none</p>'
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
+    # The wrapper scrolls a wide table inside itself; the page never scrolls sideways.
+    return (f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
+            f"</table></div>{note}")
 
 
 def to_markdown(table: Table) -> str:

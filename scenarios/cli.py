@@ -3,18 +3,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 from scenarios.spec import DEFAULT_SCENARIO
 from voiceedge.errors import UserError
+
+EXIT_CODES = """\
+exit status:
+  0    every architecture reached the scenario's min_success_pct (default 100)
+  1    an architecture fell below min_success_pct, or the world did not calibrate
+       (the results folder still holds what was measured and why)
+  2    nothing was run: bad input, not root, a missing package, no netem for --backend netem
+  130  interrupted (Ctrl-C): the architectures that finished are in the results folder
+"""
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("scenario", help="run a scenario: every architecture, one emulated world",
                        description="Build the emulated world, calibrate it (refusing to go on "
                                    "if it is off), run the scenario's clients under every "
-                                   "architecture, and write results/<scenario>-<region>-<time>/.")
+                                   "architecture, and write results/<scenario>-<region>-<time>/.",
+                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", nargs="?", default=str(DEFAULT_SCENARIO),
                    help="scenario file (default: the shipped scenarios/default.yaml)")
     p.add_argument("--region", default="apac",
@@ -29,55 +38,64 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-
-    from scenarios.processes import ServiceError
-    from scenarios.report import print_summary
-    from scenarios.runner import CalibrationFailed, ScenarioRunner, summarise
-    from scenarios.spec import Scenario, ScenarioError
-    from topology.cli import print_report
-
     from rich.markup import escape
 
+    from scenarios.processes import ServiceError
+    from scenarios.progress import ProgressBars
+    from scenarios.report import print_summary
+    from scenarios.runner import CalibrationFailed, ScenarioRunner
+    from scenarios.spec import Scenario
+    from topology.cli import print_report
+    from topology.preflight import check_world_prerequisites
+
     console = Console(stderr=True)
-    last_transient = [0.0]
+    scenario = Scenario.load(args.file)  # ConfigError: one line, exit 2
+    backend = None if args.backend == "auto" else args.backend
+    check_world_prerequisites(backend, services=True)  # EnvironmentProblem: one line, exit 2, no folder
+    bars = ProgressBars(console, enabled=not args.json)
 
     def say(msg: str, transient: bool = False) -> None:
-        """Progress on stderr; transient lines redraw in a terminal, else every 5 s."""
-        if args.json:
-            return
-        if transient:
-            now = time.monotonic()
-            if not console.is_terminal and now - last_transient[0] < 5:
-                return
-            last_transient[0] = now
-        console.print(f"[dim]… {escape(msg)}[/dim]",
-                      end="\r" if transient and console.is_terminal else "\n")
+        if not args.json and not transient:
+            bars.print(f"[dim]… {escape(msg)}[/dim]")
 
     try:
-        scenario = Scenario.load(args.file)
-        runner = ScenarioRunner(scenario, args.region, args.results,
-                                None if args.backend == "auto" else args.backend, say)
-    except (ScenarioError, ValueError) as exc:
+        runner = ScenarioRunner(scenario, args.region, args.results, backend, say, bars.update)
+    except ValueError as exc:
         raise UserError(str(exc)) from None
     say(f"scenario {scenario.name} for clients in {', '.join(runner.client_regions)}; "
         f"results in {runner.directory}")
-    try:
-        result = runner.run()
-    except CalibrationFailed as exc:
-        if not args.json:
-            print_report(exc.report)
-        raise UserError(f"{exc}; nothing was measured (see {runner.directory})") from None
-    except ServiceError as exc:
-        raise UserError(f"a service did not start: {exc}") from None
-    summary = summarise(result)
-    from analysis.report import write_report
+    with bars:
+        try:
+            result = runner.run()
+        except CalibrationFailed as exc:
+            bars.stop()
+            if not args.json:
+                print_report(exc.report)
+            console.print(f"voiceedge scenario: {exc}; nothing was measured "
+                          f"(see {runner.directory}/calibration.json)")
+            if args.json:
+                print(json.dumps({"directory": str(runner.directory), "calibration_ok": False,
+                                  "error": str(exc)}, indent=2))
+            return 1
+        except ServiceError as exc:
+            raise UserError(f"a service did not start: {exc} (results so far: "
+                            f"{runner.directory})") from None
+    from analysis.report import write_report  # matplotlib: only once there is a run to plot
 
+    summary = dict(result.summary)
     say("writing the report")
     html, md = write_report(result.directory)
     summary["report"] = {"html": str(html), "markdown": str(md)}
+    failed = result.failed_architectures
+    summary["exit_status"] = 1 if failed else 0
+    summary["below_min_success"] = failed
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         print_summary(summary)
         console.print(f"results: {result.directory}\nreport:  {html}\nsummary: {md}")
+    if failed:
+        console.print(f"voiceedge scenario: {', '.join(failed)} below the scenario's "
+                      f"min_success_pct ({scenario.min_success_pct:g}%)")
+        return 1
     return 0

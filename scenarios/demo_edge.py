@@ -1,32 +1,31 @@
 """``voiceedge demo edge``: the whole edge on one host, with real clients through it.
 
-Everything runs in a lab network namespace (topology/netns.py): Redis, a relay (its VIP is the
-answers' only candidate), one transceiver, the echo agent and signaling, as separate processes;
-then N concurrent aiortc client sessions. ``--mode port-per-session`` runs the baseline
-instead: no relay, no Redis, a UDP port per session advertised directly.
+Everything runs in a lab network namespace (topology/netns.py), started by the edge launcher
+(scenarios/edge.py) like every other run: Redis, the cluster relay (its public address is the
+answers' only candidate), one transceiver, the echo agent and signaling, as separate
+processes; then N concurrent aiortc client sessions. ``--mode port-per-session`` runs the
+baseline instead: no relay, no Redis, a UDP port per session advertised directly.
 """
 from __future__ import annotations
 
 import asyncio
 import glob
 import json
-import statistics
 import tempfile
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from scenarios.processes import ServiceProcess, http_ok, redis_cmd, tcp_open, voiceedge_cmd
+from analysis.stats import percentile
+from scenarios.edge import ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, Host
+from scenarios.spec import CLUSTER_RELAY, PORT_PER_SESSION
+from scenarios.timeline import merge_timeline
 from services.client.config import ClientConfig
 from services.client.runner import run_sessions
-from services.relay.counters import scrape
 from services.transceiver.ice import MODES, SHARED
 from topology.netns import in_namespace, lab_namespace
 from voiceedge.errors import UserError
-
-VIP_PORT, MEDIA_PORT = 3478, 3480
-AGENT, SIGNALING, CONTROL, REDIS, RELAY_METRICS = 18800, 18080, 18900, 16379, 19478
 
 
 @dataclass(frozen=True)
@@ -55,17 +54,10 @@ class DemoResult:
     echo_verified: int
     datachannel_verified: int
     transceiver_udp_sockets: int | None
+    public_udp_ports: int | None     # measured (/proc) at the peak of concurrent sessions
     transceiver_cpu_ms_per_session_second: float | None
     relay: dict = field(default_factory=dict)
     logs: str = ""
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return round(values[0], 1)
-    return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1], 1)
 
 
 def _get_json(url: str) -> dict:
@@ -85,7 +77,17 @@ def _cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
-def run_demo(config: DemoConfig, say=lambda msg: None) -> DemoResult:
+def demo_plan(mode: str, netns: str, public: str, internal: str) -> EdgePlan:
+    """The demo's edge: one cluster and its front in one namespace."""
+    host = Host("lab", netns)
+    cluster = ClusterPlan("demo", 1, host, public=public, internal=internal)
+    front = FrontPlan("demo", host, "127.0.0.1", (FrontRoute("demo", 0.0),))
+    return EdgePlan(CLUSTER_RELAY if mode == SHARED else PORT_PER_SESSION, (cluster,), (front,),
+                    max_sessions=500)
+
+
+def run_demo(config: DemoConfig, say=lambda msg: None, progress=None) -> DemoResult:
+    """``progress(done, total)`` is called as sessions end."""
     if config.mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}")
     if config.sessions < 1:
@@ -93,101 +95,77 @@ def run_demo(config: DemoConfig, say=lambda msg: None) -> DemoResult:
     workdir = config.workdir or Path(tempfile.mkdtemp(prefix="voiceedge-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     with lab_namespace("vedemo") as ns:
-        return in_namespace(ns.name, asyncio.run, _demo(config, ns.addresses[0], workdir, say))
+        plan = demo_plan(config.mode, ns.name, *ns.addresses)
+        return in_namespace(ns.name, asyncio.run, _demo(config, plan, workdir, say, progress))
 
 
-async def _demo(cfg: DemoConfig, edge: str, workdir: Path, say) -> DemoResult:
-    shared = cfg.mode == SHARED
-    services: list[ServiceProcess] = []
+async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -> DemoResult:
     loop = asyncio.get_running_loop()
+    edge = Edge(plan, workdir)
+    cluster, front = plan.clusters[0], plan.fronts[0]
+    control = f"{edge.control_url(cluster)}/status"
+    done = 0
 
-    def start(name: str, cmd: list[str], ready) -> ServiceProcess:
-        proc = ServiceProcess(name, cmd, workdir / f"{name}.log").start()
-        services.append(proc)
-        return proc.wait_ready(ready)
+    def ended(_result) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, cfg.sessions)
 
     try:
         say(f"starting services ({cfg.mode}) in {workdir}")
-        await loop.run_in_executor(None, lambda: start(
-            "agent", voiceedge_cmd("agent", "--listen", "127.0.0.1", "--port", str(AGENT)),
-            lambda: tcp_open("127.0.0.1", AGENT)))
-        transceiver_args = ["transceiver", "--cluster", "1", "--id", "1", "--mode", cfg.mode,
-                            "--control", f"127.0.0.1:{CONTROL}", "--agent",
-                            f"ws://127.0.0.1:{AGENT}", "--max-sessions",
-                            str(max(200, cfg.sessions))]
-        if shared:
-            routes = workdir / "relay-routes.toml"
-            routes.write_text(f'cluster_id = 1\n[routes]\n1 = "{edge}:{MEDIA_PORT}"\n')
-            await loop.run_in_executor(None, lambda: start(
-                "redis", redis_cmd("127.0.0.1", REDIS, workdir),
-                lambda: tcp_open("127.0.0.1", REDIS)))
-            await loop.run_in_executor(None, lambda: start(
-                "relay", voiceedge_cmd(
-                    "relay", "--tier", "cluster", "--routes", str(routes), "--listen", edge,
-                    "--port", str(VIP_PORT), "--internal", f"{edge}:{VIP_PORT + 1}",
-                    "--hop-bind", edge, "--redis", f"redis://127.0.0.1:{REDIS}/0",
-                    "--relay-id", "demo-cluster-1", "--metrics", f"127.0.0.1:{RELAY_METRICS}",
-                    "--cpus", "none"),
-                lambda: http_ok(f"http://127.0.0.1:{RELAY_METRICS}/metrics")))
-            transceiver_args += ["--media", f"{edge}:{MEDIA_PORT}",
-                                 "--advertise", f"{edge}:{VIP_PORT}"]
-        else:
-            transceiver_args += ["--media", f"{edge}:0"]
-        transceiver = await loop.run_in_executor(None, lambda: start(
-            "transceiver", voiceedge_cmd(*transceiver_args),
-            lambda: http_ok(f"http://127.0.0.1:{CONTROL}/status")))
-        await loop.run_in_executor(None, lambda: start(
-            "signaling", voiceedge_cmd("signaling", "--listen", f"127.0.0.1:{SIGNALING}",
-                                       "--transceiver", f"http://127.0.0.1:{CONTROL}"),
-            lambda: http_ok(f"http://127.0.0.1:{SIGNALING}/healthz")))
-
+        await loop.run_in_executor(None, edge.start)
         say(f"{cfg.sessions} client sessions, {cfg.duration_s:g} s calls")
-        client = ClientConfig(url=f"http://127.0.0.1:{SIGNALING}/v1/calls",
-                              duration_s=cfg.duration_s, start_rate=cfg.start_rate,
-                              concurrency=cfg.concurrency)
-        watch = asyncio.create_task(_watch_transceiver(transceiver.pid, cfg))
+        client = ClientConfig(url=edge.signaling_url(front), duration_s=cfg.duration_s,
+                              start_rate=cfg.start_rate, concurrency=cfg.concurrency)
+        transceiver = edge.services[f"transceiver-{cluster.name}"].process
+        watch = asyncio.create_task(_watch_transceiver(transceiver.pid, control, edge, cfg))
         if cfg.concurrency is not None and cfg.concurrency < cfg.sessions:
             watch.cancel()  # sessions never all live at once: no CPU-per-session window
         results = await run_sessions(client, cfg.sessions,
                                      results_path=workdir / "sessions.jsonl",
-                                     samples_path=workdir / "samples.jsonl")
+                                     samples_path=workdir / "samples.jsonl", on_result=ended)
         try:
-            status, cpu_ms = await watch
+            status, cpu_ms, ports = await watch
         except asyncio.CancelledError:
-            status, cpu_ms = await loop.run_in_executor(
-                None, _get_json, f"http://127.0.0.1:{CONTROL}/status"), None
+            status, cpu_ms = await loop.run_in_executor(None, _get_json, control), None
+            ports = None
         relay = {}
-        if shared:
-            relay = {k: v for k, v in scrape(f"http://127.0.0.1:{RELAY_METRICS}/metrics").items()
-                     if v}
+        if plan.relayed:
+            relay = {k: v for k, v in (await loop.run_in_executor(
+                None, edge.relay_counters)).get(f"relay-{cluster.name}", {}).items() if v}
     finally:
-        for proc in reversed(services):
-            proc.stop()
+        await loop.run_in_executor(None, edge.stop)
+        merge_timeline(workdir)
 
     ok = [r for r in results if r.ok]
     failures: dict[str, int] = {}
     for r in results:
         if not r.ok:
             failures[r.error or "unknown"] = failures.get(r.error or "unknown", 0) + 1
-    values = lambda name: [getattr(r, name) for r in ok if getattr(r, name) is not None]  # noqa: E731
+
+    def pct(name: str, q: float) -> float | None:
+        value = percentile([getattr(r, name) for r in ok], q)
+        return None if value is None else round(value, 1)
+
     return DemoResult(
         mode=cfg.mode, sessions=cfg.sessions, ok=len(ok), failed=len(results) - len(ok),
         failures=failures,
-        setup_ms_p50=_pct(values("setup_ms"), 50), setup_ms_p95=_pct(values("setup_ms"), 95),
-        first_ice_rtt_ms_p50=_pct(values("first_ice_rtt_ms"), 50),
-        first_ice_rtt_ms_p95=_pct(values("first_ice_rtt_ms"), 95),
-        signaling_ms_p50=_pct(values("signaling_ms"), 50),
-        first_audio_ms_p50=_pct(values("first_audio_ms"), 50),
+        setup_ms_p50=pct("setup_ms", 50), setup_ms_p95=pct("setup_ms", 95),
+        first_ice_rtt_ms_p50=pct("first_ice_rtt_ms", 50),
+        first_ice_rtt_ms_p95=pct("first_ice_rtt_ms", 95),
+        signaling_ms_p50=pct("signaling_ms", 50), first_audio_ms_p50=pct("first_audio_ms", 50),
         echo_verified=sum(1 for r in ok if r.echo_verified),
         datachannel_verified=sum(1 for r in ok if r.datachannel_verified),
         transceiver_udp_sockets=status.get("udp_sockets") if status else None,
-        transceiver_cpu_ms_per_session_second=cpu_ms, relay=relay, logs=str(workdir))
+        public_udp_ports=ports, transceiver_cpu_ms_per_session_second=cpu_ms, relay=relay,
+        logs=str(workdir))
 
 
-async def _watch_transceiver(pid: int, cfg: DemoConfig) -> tuple[dict, float | None]:
-    """Wait until every session is live, then read the socket count and measure CPU per
+async def _watch_transceiver(pid: int, url: str, edge: Edge, cfg: DemoConfig
+                            ) -> tuple[dict, float | None, int | None]:
+    """Wait until every session is live, then read the socket counts and measure CPU per
     session-second over the middle of the calls."""
-    url = f"http://127.0.0.1:{CONTROL}/status"
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + cfg.sessions / cfg.start_rate + 15
     status: dict = {}
@@ -198,7 +176,8 @@ async def _watch_transceiver(pid: int, cfg: DemoConfig) -> tuple[dict, float | N
             break
         await asyncio.sleep(0.1)
     else:
-        return status, None
+        return status, None, None
+    ports = await loop.run_in_executor(None, edge.public_udp_ports)
     window = max(1.0, cfg.duration_s - 2.0)
     cpu0, t0 = _cpu_seconds(pid), time.monotonic()
     await asyncio.sleep(window)
@@ -206,8 +185,8 @@ async def _watch_transceiver(pid: int, cfg: DemoConfig) -> tuple[dict, float | N
     status = await loop.run_in_executor(None, _get_json, url)
     live = status["sessions"]
     if live < cfg.sessions:
-        return status, None
-    return status, round((cpu1 - cpu0) / (t1 - t0) / live * 1000, 1)
+        return status, None, ports
+    return status, round((cpu1 - cpu0) / (t1 - t0) / live * 1000, 1), ports
 
 
 def add_parser(sub) -> None:
@@ -229,26 +208,24 @@ def add_parser(sub) -> None:
 
 
 def _main(args) -> int:
-
     if args.sessions < 1 or args.duration <= 0 or args.rate <= 0 or (
             args.concurrency is not None and args.concurrency < 1):
         raise UserError("--sessions, --duration, --rate and --concurrency must be positive")
+    from rich.console import Console
+
+    from scenarios.processes import ServiceError
+    from scenarios.progress import ProgressBars
+    from topology.netns import NetnsError
+
     cfg = DemoConfig(sessions=args.sessions, mode=args.mode, duration_s=args.duration,
                      start_rate=args.rate, concurrency=args.concurrency, workdir=args.workdir)
-    if args.json:
-        say = lambda msg: None  # noqa: E731
-    else:
-        from rich.console import Console
-        console = Console(stderr=True)
-        say = lambda msg: console.print(f"[dim]… {msg}[/dim]")  # noqa: E731
-    try:
-        result = run_demo(cfg, say)
-    except Exception as exc:  # a service that would not start, no root, ...
-        from scenarios.processes import ServiceError
-        from topology.netns import NetnsError
-        if isinstance(exc, (ServiceError, NetnsError, ValueError)):
+    bars = ProgressBars(Console(stderr=True), enabled=not args.json)
+    with bars:
+        try:
+            result = run_demo(cfg, lambda msg: bars.print(f"[dim]… {msg}[/dim]"),
+                              lambda done, total: bars.update("sessions", done, total))
+        except (ServiceError, NetnsError, ValueError) as exc:  # no root, a busy port, ...
             raise UserError(str(exc)) from None
-        raise
     if args.json:
         print(json.dumps(asdict(result), indent=2))
     else:
@@ -274,6 +251,7 @@ def _print(r: DemoResult) -> None:
         ("audio echo verified", f"{r.echo_verified} / {r.ok}"),
         ("data-channel echo verified", f"{r.datachannel_verified} / {r.ok}"),
         ("UDP sockets held by the transceiver", fmt(r.transceiver_udp_sockets)),
+        ("public UDP ports (measured, all sessions live)", fmt(r.public_udp_ports)),
         ("transceiver CPU ms per session-second", fmt(r.transceiver_cpu_ms_per_session_second)),
     ]
     if r.relay:

@@ -34,7 +34,8 @@ def redis_cmd(host: str, port: int, workdir: Path) -> list[str]:
 
 
 class ServiceProcess:
-    """One child process with its log in ``log_path``."""
+    """One child process: its log (stderr) in ``log_path``, anything it prints on stdout (a
+    client's summary) beside it in ``<name>.out``, so the log stays one JSON object a line."""
 
     def __init__(self, name: str, cmd: list[str], log_path: Path,
                  netns: str | None = None) -> None:
@@ -52,10 +53,9 @@ class ServiceProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "ServiceProcess":
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
-        log.close()
+        with open(self.log_path, "ab") as log, open(self.log_path.with_suffix(".out"), "ab") as out:
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=log,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
         return self
 
     @property
@@ -92,6 +92,12 @@ class ServiceProcess:
             _signal_group(self.proc, signal.SIGKILL)
             self.proc.wait()
             self.proc = None
+            self._drop_empty_out()
+
+    def _drop_empty_out(self) -> None:
+        out = self.log_path.with_suffix(".out")
+        if out.exists() and out.stat().st_size == 0:
+            out.unlink()
 
     def stop(self, timeout: float = 5.0) -> None:
         if self.proc is None:
@@ -103,6 +109,7 @@ class ServiceProcess:
             _signal_group(self.proc, signal.SIGKILL)
             self.proc.wait()
         self.proc = None
+        self._drop_empty_out()
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import json
-import statistics
 import subprocess
 import threading
 import time
@@ -25,25 +24,27 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from scenarios.processes import ServiceError, ServiceProcess, http_ok, redis_cmd, tcp_open, voiceedge_cmd
-from scenarios.spec import BASELINE, Scenario
-from services.relay.counters import scrape
+from scenarios.edge import (ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, Host,
+                            IngressPlan)
+from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
+from scenarios.spec import BASELINE, GLOBAL_RELAY, Scenario
+from scenarios.timeline import merge_timeline
 from topology.calibrate import CalibrationReport, calibrate
 from topology.netns import in_namespace
 from topology.plan import world_spec
 from topology.regions import RegionsCatalog
-from topology.world import RELAY_VIP, SIGNALING_VIP, World
+from topology.world import World
 
-RELAY_PORT, INTERNAL_PORT, MEDIA_PORT = 3478, 3479, 3480
-CONTROL_PORT, AGENT_PORT, REDIS_PORT, METRICS_PORT, SIGNALING_PORT = 8900, 8800, 6379, 9478, 8080
 SESSION_FIELDS = (
     "architecture", "client_region", "cluster_region", "session", "ok", "error", "stage",
     "signaling_ms", "offer_ms", "first_ice_rtt_ms", "ice_connected_ms", "setup_ms",
-    "first_audio_ms", "rtt_ms", "jitter_ms", "loss_pct", "packets_received", "packets_lost",
-    "loss_bursts", "echo_verified", "datachannel_verified", "floor_signaling_rtt_ms",
-    "floor_media_rtt_ms", "floor_setup_ms")
+    "first_audio_ms", "rtt_ms", "consent_rtt_ms", "jitter_ms", "loss_pct", "packets_received",
+    "packets_lost", "loss_bursts", "echo_verified", "datachannel_verified",
+    "floor_signaling_rtt_ms", "floor_media_rtt_ms", "floor_setup_ms")
 SAMPLE_FIELDS = ("architecture", "client_region", "session", "t_ms", "packets_received",
                  "packets_lost", "jitter_ms", "rtt_ms")
+PORT_FIELDS = ("architecture", "concurrent_sessions", "public_udp_ports", "public_udp_ports_max",
+               "bindings")
 
 
 class CalibrationFailed(RuntimeError):
@@ -62,8 +63,15 @@ class ArchitectureRun:
     samples: list[dict]
     relays: dict[str, dict]
     peak_sessions: int
-    public_udp_ports: int
+    public_udp_ports: int       # measured at the peak of concurrent sessions
+    public_udp_ports_max: int   # the most seen at any sample
+    bindings: list[str]         # "service address:port" at the peak
     seconds: float
+
+    @property
+    def success_pct(self) -> float:
+        ok = sum(1 for s in self.sessions if s["ok"])
+        return 100.0 * ok / len(self.sessions) if self.sessions else 0.0
 
 
 @dataclass
@@ -76,6 +84,13 @@ class RunResult:
     calibration: CalibrationReport
     architectures: list[ArchitectureRun] = field(default_factory=list)
     timings: dict = field(default_factory=dict)
+    summary: dict = field(default_factory=dict)
+
+    @property
+    def failed_architectures(self) -> list[str]:
+        """Architectures whose success rate is below the scenario's ``min_success_pct``."""
+        return [a.architecture for a in self.architectures
+                if a.success_pct < self.scenario.min_success_pct]
 
 
 def _get_json(url: str) -> dict:
@@ -87,9 +102,13 @@ class ScenarioRunner:
     """One run of a scenario for the clients of one region spec."""
 
     def __init__(self, scenario: Scenario, region: str, results_root: Path = Path("results"),
-                 backend: str | None = None, say=lambda msg: None) -> None:
+                 backend: str | None = None, say=lambda msg, transient=False: None,
+                 progress=None) -> None:
+        """``say(msg, transient)`` reports progress in words; ``progress(what, done, total)``
+        drives a progress bar (calibration paths, sessions)."""
         self.scenario = scenario
         self.say = say
+        self.progress = progress or (lambda what, done, total: None)
         catalog = RegionsCatalog.load()
         if scenario.profiles:
             catalog = catalog.with_overrides(scenario.profiles)
@@ -105,6 +124,8 @@ class ScenarioRunner:
     # ------------------------------------------------------------ the run
 
     def run(self) -> RunResult:
+        """Build, calibrate, run each architecture; results are written after each one, so an
+        interrupted or failed run leaves a folder ``voiceedge report`` can read."""
         from topology.impairment.backend import make_backend
 
         self.directory.mkdir(parents=True, exist_ok=False)
@@ -118,7 +139,9 @@ class ScenarioRunner:
             self.say(f"world built in {world.build_seconds:.1f} s; calibrating "
                      f"{len(world.links) + 1} paths")
             report = calibrate(world, count=self.scenario.calibration_count,
-                               rate=self.scenario.calibration_rate)
+                               rate=self.scenario.calibration_rate,
+                               progress=lambda done, total: self.progress(
+                                   "calibration", done, total))
             (self.directory / "calibration.json").write_text(
                 json.dumps(report.to_dict(), indent=2))
             result = RunResult(self.directory, self.scenario, self.client_regions,
@@ -129,6 +152,7 @@ class ScenarioRunner:
             self.say(f"calibration passed ({len(report.paths)} paths)")
             for arch in self.scenario.architectures:
                 result.architectures.append(self._run_architecture(world, arch))
+                self._write_results(result)
             result.timings["engine"] = {k: v for k, v in backend.stats().items()
                                         if not isinstance(v, (dict, list))}
         result.timings.update(build_s=round(world.build_seconds, 2),
@@ -147,125 +171,87 @@ class ScenarioRunner:
         (self.directory / "config.json").write_text(json.dumps({
             "scenario": asdict(self.scenario), "client_regions": self.client_regions,
             "clusters": self.clusters, "world_regions": list(self.spec.regions),
+            "architectures": list(self.scenario.architectures), "baseline": BASELINE,
             "backend": result.backend, "commit": commit, "impairments": impairments,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2, default=str))
 
     # ------------------------------------------------------------ one architecture
 
+    def edge_plan(self, world: World, arch: str) -> EdgePlan:
+        """The edge of ``arch`` on the world's hosts, at the addresses of its address plan."""
+
+        def host(name: str) -> Host:
+            return Host(name, world.node(name).ns_path)
+
+        clusters = []
+        for name in self.clusters:
+            h = f"cluster{world.index[name]}"
+            clusters.append(ClusterPlan(name, world.index[name], host(h),
+                                        public=world.addresses[h]["public"],
+                                        internal=world.addresses[h]["backbone"]))
+        fronts, ingresses, vip = [], [], None
+        for region in self.client_regions:
+            h = f"edge{world.index[region]}"
+            addresses = world.addresses[h]
+            vip = addresses["relay_vip"]
+            routes = tuple(FrontRoute(c, 0.0 if c == region
+                                      else self.catalog.backbone_rtt_ms(region, c))
+                           for c in self.clusters)
+            fronts.append(FrontPlan(region, host(h), addresses["signaling_vip"], routes))
+            if arch == GLOBAL_RELAY:
+                ingresses.append(IngressPlan(region, host(h), addresses["relay_vip"],
+                                             addresses["backbone"]))
+        return EdgePlan(arch, tuple(clusters), tuple(fronts), tuple(ingresses), relay_vip=vip)
+
     def _run_architecture(self, world: World, arch: str) -> ArchitectureRun:
         sc = self.scenario
         logs = self.directory / "logs" / arch
         logs.mkdir(parents=True)
-        services: list[tuple[ServiceProcess, str]] = []
         started = time.monotonic()
         self.say(f"[{arch}] starting services")
+        plan = self.edge_plan(world, arch)
+        clients: list[ServiceProcess] = []
+        edge = Edge(plan, logs)
         try:
-            self._start_services(world, arch, logs, services)
-            clients = []
-            for region in self.client_regions:
-                host = f"client{world.index[region]}"
-                proc = ServiceProcess(f"client-{region}", voiceedge_cmd(
-                    "client", "--url", f"http://{SIGNALING_VIP}:{SIGNALING_PORT}/v1/calls",
+            edge.start()
+            for front in plan.fronts:
+                host = f"client{world.index[front.region]}"
+                clients.append(ServiceProcess(f"client-{front.region}", voiceedge_cmd(
+                    "client", "--url", edge.signaling_url(front),
                     "-n", str(sc.sessions_per_region), "--rate", str(sc.start_rate),
                     "--duration", str(sc.call_duration_s), "--results",
-                    str(logs / f"sessions-{region}.jsonl"), "--samples",
-                    str(logs / f"samples-{region}.jsonl"), "-q"),
-                    logs / f"client-{region}.log", netns=world.node(host).ns_path).start()
-                clients.append(proc)
-                services.append((proc, host))  # stopped with the services, also on Ctrl-C
-            watcher = _TransceiverWatch(world, self.clusters, arch)
-            watcher.start()
+                    str(logs / f"sessions-{front.region}.jsonl"), "--samples",
+                    str(logs / f"samples-{front.region}.jsonl")),
+                    logs / f"client-{front.region}.log", netns=world.node(host).ns_path).start())
+            watch = _PeakWatch(edge)
+            watch.start()
             total = sc.sessions_per_region * len(self.client_regions)
             deadline = time.monotonic() + total / sc.start_rate + sc.call_duration_s + 90
             while any(c.alive() for c in clients):
                 if time.monotonic() > deadline:
                     raise ServiceError(f"[{arch}] clients did not finish in time")
                 done, failed = _count_results(logs)
+                self.progress(arch, done, total)
                 self.say(f"[{arch}] sessions {done}/{total} done, {failed} failed, "
                          f"{time.monotonic() - started:.0f} s", transient=True)
-                time.sleep(1.0)
-            watcher.stop()
-            relays = self._relay_counters(world, arch, services)
+                watch.sample()
+                time.sleep(0.5)
+            watch.stop()
+            time.sleep(0.6)  # relays publish their counters twice a second
+            relays = edge.relay_counters()
         finally:
-            for proc, _ in reversed(services):
+            for proc in clients:  # stopped with the services, also on Ctrl-C
                 proc.stop()
+            edge.stop()
+            merge_timeline(logs)
         sessions, samples = self._collect(world, arch, logs)
         ok = sum(1 for s in sessions if s["ok"])
+        self.progress(arch, len(sessions), total)
         self.say(f"[{arch}] {ok}/{len(sessions)} sessions ok in {time.monotonic() - started:.0f} s")
-        ports = watcher.peak_udp_sockets if arch == BASELINE else (
-            len(self.clusters) if arch == "cluster-relay" else len(self.client_regions))
-        return ArchitectureRun(arch, sessions, samples, relays, watcher.peak_sessions, ports,
+        return ArchitectureRun(arch, sessions, samples, relays, watch.peak_sessions,
+                               watch.ports_at_peak, watch.ports_max,
+                               [f"{b.service} {b.address}:{b.port}" for b in watch.bindings_at_peak],
                                round(time.monotonic() - started, 1))
-
-    def _start_services(self, world: World, arch: str, logs: Path,
-                        services: list[tuple[ServiceProcess, str]]) -> None:
-        def start(name: str, host: str, cmd: list[str], ready) -> None:
-            ns = world.node(host).ns_path
-            proc = ServiceProcess(name, cmd, logs / f"{name}.log", netns=ns).start()
-            services.append((proc, host))
-            in_namespace(ns, proc.wait_ready, ready)
-
-        relayed = arch != BASELINE
-        for cluster in self.clusters:
-            i = world.index[cluster]
-            host, pub, bb = f"cluster{i}", world.lan(i, 4, 2), world.lan(i, 5, 2)
-            start(f"agent-{cluster}", host, voiceedge_cmd(
-                "agent", "--listen", "127.0.0.1", "--port", str(AGENT_PORT)),
-                lambda: tcp_open("127.0.0.1", AGENT_PORT))
-            transceiver = ["transceiver", "--cluster", str(i), "--id", "1", "--control",
-                           f"{bb}:{CONTROL_PORT}", "--agent", f"ws://127.0.0.1:{AGENT_PORT}",
-                           "--max-sessions", "500"]
-            if relayed:
-                routes = logs / f"routes-{cluster}.toml"
-                routes.write_text(f'cluster_id = {i}\n[routes]\n1 = "{bb}:{MEDIA_PORT}"\n')
-                start(f"redis-{cluster}", host, redis_cmd("127.0.0.1", REDIS_PORT, logs),
-                      lambda: tcp_open("127.0.0.1", REDIS_PORT))
-                start(f"relay-{cluster}", host, voiceedge_cmd(
-                    "relay", "--tier", "cluster", "--routes", str(routes), "--listen", pub,
-                    "--port", str(RELAY_PORT), "--internal", f"{bb}:{INTERNAL_PORT}",
-                    "--hop-bind", bb, "--redis", f"redis://127.0.0.1:{REDIS_PORT}/0",
-                    "--relay-id", f"cluster-{cluster}", "--metrics", f"127.0.0.1:{METRICS_PORT}",
-                    "--cpus", "none"), lambda: http_ok(f"http://127.0.0.1:{METRICS_PORT}/metrics"))
-                transceiver += ["--media", f"{bb}:{MEDIA_PORT}"]
-            else:
-                transceiver += ["--mode", "port-per-session", "--media", f"{pub}:0"]
-            start(f"transceiver-{cluster}", host, voiceedge_cmd(*transceiver),
-                  lambda: http_ok(f"http://{bb}:{CONTROL_PORT}/status"))
-        for region in self.client_regions:
-            i = world.index[region]
-            host = f"edge{i}"
-            if arch == "global-relay":
-                routes = logs / f"routes-ingress-{region}.toml"
-                routes.write_text("[routes]\n" + "".join(
-                    f'{world.index[c]} = "{world.lan(world.index[c], 5, 2)}:{INTERNAL_PORT}"\n'
-                    for c in self.clusters))
-                start(f"ingress-{region}", host, voiceedge_cmd(
-                    "relay", "--tier", "ingress", "--routes", str(routes), "--listen", RELAY_VIP,
-                    "--port", str(RELAY_PORT), "--hop-bind", world.lan(i, 3, 2), "--relay-id",
-                    f"ingress-{region}", "--metrics", f"127.0.0.1:{METRICS_PORT}", "--cpus",
-                    "none"), lambda: http_ok(f"http://127.0.0.1:{METRICS_PORT}/metrics"))
-            clusters = []
-            for cluster in self.clusters:
-                j = world.index[cluster]
-                advertise = {"global-relay": f"{RELAY_VIP}:{RELAY_PORT}",
-                             "cluster-relay": f"{world.lan(j, 4, 2)}:{RELAY_PORT}"}.get(arch)
-                rtt = 0.0 if cluster == region else self.catalog.backbone_rtt_ms(region, cluster)
-                clusters.append({"name": cluster, "advertise": advertise, "rtt_ms": rtt,
-                                 "transceivers": [f"http://{world.lan(j, 5, 2)}:{CONTROL_PORT}"]})
-            front = logs / f"front-{region}.json"
-            front.write_text(json.dumps(clusters, indent=2))
-            start(f"front-{region}", host, voiceedge_cmd(
-                "signaling", "--listen", f"{SIGNALING_VIP}:{SIGNALING_PORT}", "--clusters",
-                str(front)), lambda: http_ok(f"http://{SIGNALING_VIP}:{SIGNALING_PORT}/healthz"))
-
-    def _relay_counters(self, world: World, arch: str, services) -> dict[str, dict]:
-        out = {}
-        time.sleep(0.6)  # relays publish their counters twice a second
-        for proc, host in services:
-            if proc.name.startswith(("relay-", "ingress-")):
-                out[proc.name] = in_namespace(world.node(host).ns_path, scrape,
-                                              f"http://127.0.0.1:{METRICS_PORT}/metrics")
-        return out
 
     # ------------------------------------------------------------ results
 
@@ -289,8 +275,8 @@ class ScenarioRunner:
         # client's nominating check (one RTT) overlaps the first DTLS flight, because the
         # answerer is the DTLS client and starts as soon as it is nominated, half an RTT before
         # the client sees its check answered; the DTLS handshake then needs one more RTT.
-        # (DESIGN.md's "signaling + ICE + 2 DTLS RTTs" counts that overlap twice: measured
-        # setups here beat it.)
+        # (A floor of "signaling + ICE RTT + 2 DTLS RTTs" would count that overlap twice:
+        # measured setups here beat it.)
         return {"floor_signaling_rtt_ms": round(signaling, 2),
                 "floor_media_rtt_ms": round(media, 2),
                 "floor_setup_ms": round(signaling + 2 * media, 2)}
@@ -319,6 +305,9 @@ class ScenarioRunner:
         return sessions, samples
 
     def _write_results(self, result: RunResult) -> None:
+        """Every file of the finished architectures, then the derived statistics."""
+        from analysis.summary import finalize
+
         d = result.directory
         with open(d / "sessions.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=SESSION_FIELDS, extrasaction="ignore")
@@ -332,26 +321,32 @@ class ScenarioRunner:
                 w.writerows(a.samples)
         with open(d / "ports.csv", "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["architecture", "concurrent_sessions", "public_udp_ports"])
+            w.writerow(PORT_FIELDS)
             for a in result.architectures:
-                w.writerow([a.architecture, a.peak_sessions, a.public_udp_ports])
+                w.writerow([a.architecture, a.peak_sessions, a.public_udp_ports,
+                            a.public_udp_ports_max, "; ".join(a.bindings)])
         (d / "relays.json").write_text(json.dumps(
             {a.architecture: a.relays for a in result.architectures}, indent=2))
-        summary = summarise(result)
-        (d / "summary.json").write_text(json.dumps(summary, indent=2))
+        result.timings["architectures"] = {a.architecture: a.seconds for a in result.architectures}
+        (d / "timings.json").write_text(json.dumps(result.timings, indent=2))
+        result.summary = finalize(d)
 
 
-class _TransceiverWatch:
-    """Polls the clusters' transceivers during a run: peak sessions and UDP sockets."""
+class _PeakWatch:
+    """Live sessions (every transceiver's /status, polled from inside its host) and the public
+    UDP ports the edge holds (from /proc), sampled together: the ports at the peak of
+    concurrent sessions are the figure a firewall would have to open."""
 
-    def __init__(self, world: World, clusters: list[str], arch: str) -> None:
-        self._targets = [(world.node(f"cluster{world.index[c]}").ns_path,
-                          f"http://{world.lan(world.index[c], 5, 2)}:{CONTROL_PORT}/status")
-                         for c in clusters]
+    def __init__(self, edge: Edge) -> None:
+        self._edge = edge
+        self._targets = [(c.host.netns, f"{edge.control_url(c)}/status")
+                         for c in edge.plan.clusters]
+        self._live: dict[str, int] = {}
         self.peak_sessions = 0
-        self.peak_udp_sockets = 0
+        self.ports_at_peak = 0
+        self.ports_max = 0
+        self.bindings_at_peak: list = []
         self._stop = threading.Event()
-        self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
@@ -361,16 +356,19 @@ class _TransceiverWatch:
             self._threads.append(t)
 
     def _poll(self, url: str) -> None:
-        peak_s = peak_u = 0
-        while not self._stop.wait(0.5):
+        while not self._stop.wait(0.25):
             try:
-                status = _get_json(url)
+                self._live[url] = _get_json(url)["sessions"]
             except OSError:
                 continue
-            peak_s, peak_u = max(peak_s, status["sessions"]), max(peak_u, status["udp_sockets"])
-        with self._lock:
-            self.peak_sessions += peak_s
-            self.peak_udp_sockets += peak_u
+
+    def sample(self) -> None:
+        live = sum(self._live.values())
+        bindings = self._edge.public_bindings()
+        ports = len({(b.address, b.port) for b in bindings})
+        self.ports_max = max(self.ports_max, ports)
+        if live > self.peak_sessions or (live == self.peak_sessions and not self.bindings_at_peak):
+            self.peak_sessions, self.ports_at_peak, self.bindings_at_peak = live, ports, bindings
 
     def stop(self) -> None:
         self._stop.set()
@@ -382,55 +380,10 @@ def _count_results(logs: Path) -> tuple[int, int]:
     done = failed = 0
     for path in logs.glob("sessions-*.jsonl"):
         for line in path.read_text().splitlines():
+            try:
+                ok = json.loads(line).get("ok")
+            except ValueError:  # a line the client is still writing
+                continue
             done += 1
-            failed += not json.loads(line).get("ok")
+            failed += not ok
     return done, failed
-
-
-def _pct(values: list[float], q: int) -> float | None:
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    if len(values) == 1:
-        return round(values[0], 2)
-    return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1], 2)
-
-
-METRICS = ("setup_ms", "first_ice_rtt_ms", "signaling_ms", "first_audio_ms", "rtt_ms",
-           "jitter_ms", "loss_pct")
-
-
-def summarise(result: RunResult) -> dict:
-    """Per architecture: count, success, p50/p95 of each metric, overhead above the floor,
-    and the difference from the baseline's p50."""
-    out: dict = {"directory": str(result.directory), "backend": result.backend,
-                 "client_regions": result.client_regions, "clusters": result.clusters,
-                 "calibration_ok": result.calibration.ok, "timings": result.timings,
-                 "architectures": {}}
-    for a in result.architectures:
-        ok = [s for s in a.sessions if s["ok"]]
-        entry = {"sessions": len(a.sessions), "ok": len(ok),
-                 "success_pct": round(100 * len(ok) / len(a.sessions), 1) if a.sessions else 0,
-                 "public_udp_ports": a.public_udp_ports, "peak_sessions": a.peak_sessions,
-                 "seconds": a.seconds}
-        for m in METRICS:
-            vals = [s.get(m) for s in ok]
-            entry[m] = {"p50": _pct(vals, 50), "p95": _pct(vals, 95)}
-        overhead = [s["setup_ms"] - s["floor_setup_ms"] for s in ok
-                    if s.get("setup_ms") is not None and s.get("floor_setup_ms") is not None]
-        ice_excess = [s["first_ice_rtt_ms"] - s["floor_media_rtt_ms"] for s in ok
-                      if s.get("first_ice_rtt_ms") is not None and s.get("floor_media_rtt_ms")
-                      is not None]
-        entry["setup_over_floor_ms"] = {"p50": _pct(overhead, 50), "p95": _pct(overhead, 95)}
-        entry["first_ice_rtt_over_floor_ms"] = {"p50": _pct(ice_excess, 50),
-                                                "p95": _pct(ice_excess, 95)}
-        entry["floor_setup_ms_p50"] = _pct([s.get("floor_setup_ms") for s in ok], 50)
-        out["architectures"][a.architecture] = entry
-    base = out["architectures"].get(BASELINE)
-    if base:
-        for name, entry in out["architectures"].items():
-            entry["vs_baseline_p50"] = {
-                m: (round(entry[m]["p50"] - base[m]["p50"], 2)
-                    if entry[m]["p50"] is not None and base[m]["p50"] is not None else None)
-                for m in METRICS}
-    return out

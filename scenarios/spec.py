@@ -8,8 +8,9 @@ import yaml
 
 from voiceedge.errors import ConfigError
 
-ARCHITECTURES = ("port-per-session", "cluster-relay", "global-relay")
-BASELINE = "port-per-session"
+PORT_PER_SESSION, CLUSTER_RELAY, GLOBAL_RELAY = "port-per-session", "cluster-relay", "global-relay"
+ARCHITECTURES = (PORT_PER_SESSION, CLUSTER_RELAY, GLOBAL_RELAY)
+BASELINE = PORT_PER_SESSION  # what every other architecture is compared with
 DEFAULT_SCENARIO = Path(__file__).with_name("default.yaml")
 
 
@@ -29,6 +30,7 @@ class Scenario:
     profiles: dict = field(default_factory=dict)
     calibration_count: int = 150
     calibration_rate: float = 100.0
+    min_success_pct: float = 100.0  # below this for any architecture, the run exits 1
     description: str = ""
     source: str = ""
 
@@ -44,7 +46,8 @@ class Scenario:
         if not isinstance(doc, dict):
             raise ScenarioError(f"{path}: must be a mapping of fields")
         known = {"name", "description", "clusters", "sessions_per_region", "call_duration_s",
-                 "start_rate", "architectures", "last_mile", "profiles", "calibration"}
+                 "start_rate", "architectures", "last_mile", "profiles", "calibration",
+                 "min_success_pct"}
         unknown = set(doc) - known
         if unknown:
             raise ScenarioError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -80,6 +83,8 @@ class Scenario:
             profiles=profiles,
             calibration_count=int(calibration.get("count", 150)),
             calibration_rate=float(calibration.get("rate", 100)),
+            min_success_pct=float(need("min_success_pct", (int, float), lambda v: 0 <= v <= 100,
+                                       "0..100")) if "min_success_pct" in doc else 100.0,
             description=str(doc.get("description", "")).strip(), source=str(path))
         if scenario.calibration_count < 20 or scenario.calibration_rate <= 0:
             raise ScenarioError(f"{path}: calibration: count >= 20 and a positive rate")

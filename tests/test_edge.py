@@ -17,15 +17,11 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack
 
-from scenarios.processes import ServiceProcess, http_ok, redis_cmd, tcp_open, voiceedge_cmd
+from scenarios.demo_edge import demo_plan
+from scenarios.edge import Edge
 from services.client.config import ClientConfig
 from services.client.session import run_session
-from services.relay.counters import scrape
 from topology.netns import in_namespace, lab_namespace
-
-EDGE = "10.77.0.1"
-VIP, MEDIA = 3478, 3480
-AGENT, CONTROL, REDIS, METRICS, SIGNALING = 28800, 28900, 26379, 29478, 28080
 
 
 @pytest.fixture(scope="module")
@@ -36,73 +32,31 @@ def lab():
         yield ns
 
 
-class Edge:
-    """Services started inside the namespace (call from a thread that is in it)."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.procs: dict[str, ServiceProcess] = {}
-
-    def start(self, name: str, cmd: list[str], ready) -> ServiceProcess:
-        proc = ServiceProcess(name, cmd, self.workdir / f"{name}.log").start()
-        self.procs[name] = proc
-        return proc.wait_ready(ready)
-
-    def agent(self) -> None:
-        self.start("agent", voiceedge_cmd("agent", "--listen", "127.0.0.1", "--port", str(AGENT)),
-                   lambda: tcp_open("127.0.0.1", AGENT))
-
-    def redis(self) -> None:
-        self.start("redis", redis_cmd("127.0.0.1", REDIS, self.workdir),
-                   lambda: tcp_open("127.0.0.1", REDIS))
-
-    def relay(self, with_redis: bool) -> None:
-        routes = self.workdir / "routes.toml"
-        routes.write_text(f'cluster_id = 1\n[routes]\n1 = "{EDGE}:{MEDIA}"\n')
-        extra = ["--redis", f"redis://127.0.0.1:{REDIS}/0"] if with_redis else []
-        self.start("relay", voiceedge_cmd(
-            "relay", "--tier", "cluster", "--routes", str(routes), "--listen", EDGE, "--port",
-            str(VIP), "--internal", f"{EDGE}:{VIP + 1}", "--hop-bind", EDGE, "--relay-id",
-            "edge-test", "--metrics", f"127.0.0.1:{METRICS}", "--cpus", "none", *extra),
-            lambda: http_ok(f"http://127.0.0.1:{METRICS}/metrics"))
-
-    def transceiver(self) -> None:
-        self.start("transceiver", voiceedge_cmd(
-            "transceiver", "--cluster", "1", "--id", "1", "--media", f"{EDGE}:{MEDIA}",
-            "--advertise", f"{EDGE}:{VIP}", "--control", f"127.0.0.1:{CONTROL}",
-            "--agent", f"ws://127.0.0.1:{AGENT}"),
-            lambda: http_ok(f"http://127.0.0.1:{CONTROL}/status"))
-
-    def signaling(self) -> None:
-        self.start("signaling", voiceedge_cmd(
-            "signaling", "--listen", f"127.0.0.1:{SIGNALING}", "--transceiver",
-            f"http://127.0.0.1:{CONTROL}"), lambda: http_ok(f"http://127.0.0.1:{SIGNALING}/healthz"))
-
-    def stop(self) -> None:
-        for proc in reversed(list(self.procs.values())):
-            proc.stop()
-
-
-def relay_counters() -> dict[str, int]:
-    return scrape(f"http://127.0.0.1:{METRICS}/metrics")
+def one_cluster(lab, tmp_path, redis: bool = True, mode: str = "shared") -> Edge:
+    """The one-cluster edge of the demo in the lab namespace (nothing started yet)."""
+    plan = demo_plan(mode, lab.name, *lab.addresses)
+    if not redis:
+        from dataclasses import replace
+        plan = replace(plan, redis=False)
+    return Edge(plan, tmp_path)
 
 
 def test_audio_and_data_channel_both_ways_through_relay_transceiver_and_agent(lab, tmp_path):
+    edge = one_cluster(lab, tmp_path)
+    cluster, front = edge.plan.clusters[0], edge.plan.fronts[0]
+
     async def scenario():
-        edge = Edge(tmp_path)
         loop = asyncio.get_running_loop()
         try:
-            for step in (edge.agent, edge.redis, lambda: edge.relay(True), edge.transceiver,
-                         edge.signaling):
-                await loop.run_in_executor(None, step)
-            result = await run_session(ClientConfig(
-                url=f"http://127.0.0.1:{SIGNALING}/v1/calls", duration_s=2.0))
-            counters = relay_counters()
-            with urllib.request.urlopen(f"http://127.0.0.1:{CONTROL}/status") as r:
+            await loop.run_in_executor(None, edge.start)
+            result = await run_session(ClientConfig(url=edge.signaling_url(front),
+                                                    duration_s=2.0))
+            counters = (await loop.run_in_executor(None, edge.relay_counters))["relay-demo"]
+            with urllib.request.urlopen(f"{edge.control_url(cluster)}/status") as r:
                 status = json.loads(r.read())
             return result, counters, status
         finally:
-            edge.stop()
+            await loop.run_in_executor(None, edge.stop)
 
     result, counters, status = in_namespace(lab.name, asyncio.run, scenario())
     assert result.ok, result.error
@@ -114,7 +68,7 @@ def test_audio_and_data_channel_both_ways_through_relay_transceiver_and_agent(la
     assert status["sessions"] == 0  # the client's DELETE ended it
 
 
-async def _call_with_arrivals(http: aiohttp.ClientSession):
+async def _call_with_arrivals(http: aiohttp.ClientSession, edge: Edge):
     """A plain aiortc call to the transceiver; returns (pc, location, arrival times list)."""
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     pc.addTrack(AudioStreamTrack())
@@ -145,7 +99,10 @@ async def _call_with_arrivals(http: aiohttp.ClientSession):
         await original(packet, arrival_time_ms=arrival_time_ms)
 
     receiver._handle_rtp_packet = timestamped
-    async with http.post(f"http://127.0.0.1:{CONTROL}/sessions", data=pc.localDescription.sdp,
+    cluster = edge.plan.clusters[0]
+    async with http.post(f"{edge.control_url(cluster)}/sessions",
+                         params={"candidate": edge.plan.advertise(cluster)},
+                         data=pc.localDescription.sdp,
                          headers={"Content-Type": "application/sdp"}) as r:
         assert r.status == 201, await r.text()
         answer, location = await r.text(), r.headers["Location"]
@@ -157,38 +114,40 @@ async def _call_with_arrivals(http: aiohttp.ClientSession):
 def _restart_gap(lab, tmp_path, with_redis: bool, down_s: float, listen_s: float):
     """Kill the relay mid-call, start it again; when does the server's audio come back?"""
 
+    edge = one_cluster(lab, tmp_path, redis=with_redis)
+    cluster = edge.plan.clusters[0]
+
     async def scenario():
-        edge = Edge(tmp_path)
         loop = asyncio.get_running_loop()
         try:
-            steps = [edge.agent] + ([edge.redis] if with_redis else []) + [
-                lambda: edge.relay(with_redis), edge.transceiver]
+            steps = [edge.start_agent] + ([edge.start_redis] if with_redis else []) + [
+                edge.start_relay, edge.start_transceiver]
             for step in steps:
-                await loop.run_in_executor(None, step)
+                await loop.run_in_executor(None, step, cluster)
             async with aiohttp.ClientSession() as http:
-                pc, location, arrivals = await _call_with_arrivals(http)
+                pc, location, arrivals = await _call_with_arrivals(http, edge)
                 await asyncio.sleep(1.5)
                 assert len(arrivals) > 40  # audio is flowing through the relay
                 killed_at = time.monotonic()
-                edge.procs["relay"].kill()
+                edge.services["relay-demo"].process.kill()
                 await asyncio.sleep(down_s)
                 last_before = max(t for t in arrivals if t <= killed_at + 0.05)
-                await loop.run_in_executor(None, lambda: edge.relay(with_redis))
+                await loop.run_in_executor(None, edge.start_relay, cluster)
                 ready_at = time.monotonic()
                 deadline = ready_at + listen_s
                 while time.monotonic() < deadline and not [t for t in arrivals if t > ready_at]:
                     await asyncio.sleep(0.01)
                 resumed = [t for t in arrivals if t > ready_at]
                 await asyncio.sleep(0.7)  # the relay publishes its counters twice a second
-                counters = relay_counters()
+                counters = (await loop.run_in_executor(None, edge.relay_counters))["relay-demo"]
                 await pc.close()
-                async with http.delete(f"http://127.0.0.1:{CONTROL}{location}"):
+                async with http.delete(f"{edge.control_url(cluster)}{location}"):
                     pass
             first = resumed[0] if resumed else None
             return (first - ready_at if first else None,
                     first - last_before if first else None, counters)
         finally:
-            edge.stop()
+            await loop.run_in_executor(None, edge.stop)
 
     return in_namespace(lab.name, asyncio.run, scenario())
 
@@ -222,30 +181,76 @@ BAD = [
 
 
 def test_signaling_refuses_bad_offers_and_deletes_calls(lab, tmp_path):
+    edge = one_cluster(lab, tmp_path, redis=False, mode="port-per-session")
+    cluster, front = edge.plan.clusters[0], edge.plan.fronts[0]
+
     async def scenario():
-        edge = Edge(tmp_path)
         loop = asyncio.get_running_loop()
         try:
-            for step in (edge.agent, edge.transceiver, edge.signaling):
-                await loop.run_in_executor(None, step)
-            url = f"http://127.0.0.1:{SIGNALING}/v1/calls"
+            await loop.run_in_executor(None, edge.start)
+            url = edge.signaling_url(front)
             out = []
             async with aiohttp.ClientSession() as http:
                 for ctype, body, _ in BAD:
                     async with http.post(url, data=body, headers={"Content-Type": ctype}) as r:
                         out.append((r.status, await r.text()))
-                async with http.delete(f"{url}/t0.nosuchsession") as r:
-                    missing = r.status
+                # A well-formed call id ({cluster}~{transceiver index}~{session}) that names
+                # no session: signaling forwards the DELETE and the transceiver answers 404.
+                async with http.delete(f"{url}/{cluster.name}~0~nosuchsession") as r:
+                    missing = r.status, await r.text()
                 async with http.delete(f"{url}/garbage") as r:
-                    garbage = r.status
-            with urllib.request.urlopen(f"http://127.0.0.1:{CONTROL}/status") as r:
+                    garbage = r.status, await r.text()
+            with urllib.request.urlopen(f"{edge.control_url(cluster)}/status") as r:
                 sessions = json.loads(r.read())["sessions"]
             return out, missing, garbage, sessions
         finally:
-            edge.stop()
+            await loop.run_in_executor(None, edge.stop)
 
     out, missing, garbage, sessions = in_namespace(lab.name, asyncio.run, scenario())
     for (status, text), (_, _, want) in zip(out, BAD):
         assert status == want, (status, text)
         assert len(text.strip().splitlines()) == 1 and "Traceback" not in text
-    assert missing == 404 and garbage == 404 and sessions == 0
+    assert missing == (404, "no such session\n")  # the transceiver's 404, not signaling's
+    assert garbage == (404, "no such call\n")     # signaling's: not a call id at all
+    assert sessions == 0
+
+
+@pytest.mark.parametrize("mode", ["shared", "port-per-session"])
+def test_public_udp_ports_are_measured_not_assumed(lab, tmp_path, mode):
+    """With three live calls, read from /proc what the edge exposes on its public address:
+    the relay's one port (shared), or a port per session (port-per-session)."""
+    from services.client.runner import run_sessions
+
+    edge = one_cluster(lab, tmp_path, redis=False, mode=mode)
+    cluster, front = edge.plan.clusters[0], edge.plan.fronts[0]
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, edge.start)
+            idle = await loop.run_in_executor(None, edge.public_bindings)
+            calls = asyncio.create_task(run_sessions(
+                ClientConfig(url=edge.signaling_url(front), duration_s=3.0, start_rate=20), 3))
+            live = []
+            for _ in range(60):  # sample while the calls are up
+                await asyncio.sleep(0.1)
+                with urllib.request.urlopen(f"{edge.control_url(cluster)}/status") as r:
+                    if json.loads(r.read())["sessions"] == 3:
+                        live = await loop.run_in_executor(None, edge.public_bindings)
+                        break
+            results = await calls
+            return idle, live, results
+        finally:
+            await loop.run_in_executor(None, edge.stop)
+
+    idle, live, results = in_namespace(lab.name, asyncio.run, scenario())
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert live, "three sessions were never live at once"
+    assert {b.address for b in idle + live} == {cluster.public}  # nothing else faces clients
+    if mode == "shared":
+        assert {(b.port, b.service) for b in idle} == {(3478, "relay-demo")}
+        assert {(b.port, b.service) for b in live} == {(3478, "relay-demo")}
+    else:
+        assert idle == []  # no call, no port
+        ports = {b.port for b in live}
+        assert len(ports) == 3 and {b.service for b in live} == {"transceiver-demo"}

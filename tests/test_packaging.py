@@ -206,11 +206,11 @@ def test_budget_scenario_resolves_from_another_directory(install):
         from pathlib import Path
         from analysis.budgets import BudgetFile
         from scenarios.spec import Scenario
-        path = Path(BudgetFile.load().scenario)
+        path = BudgetFile.load().scenario_path()
         print(json.dumps({"path": str(path), "exists": path.is_file(),
                           "name": Scenario.load(path).name if path.is_file() else None}))
     """)
-    assert got["exists"], (f"BudgetFile.load().scenario = {got['path']!r} does not exist "
+    assert got["exists"], (f"BudgetFile.load().scenario_path() = {got['path']!r} does not exist "
                            f"from {install.elsewhere}")
     assert Path(got["path"]).resolve().is_relative_to(install.site)
     assert got["name"]

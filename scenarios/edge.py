@@ -1,0 +1,312 @@
+"""The edge launcher: one place that builds and starts the edge's services from a description.
+
+An ``EdgePlan`` says which services run where (a host is a network namespace), on which
+addresses, for one architecture; ``Edge`` starts them as real processes (redis-server, the
+agent, relays, transceivers, signaling fronts), waits until each is ready, and stops them all,
+also on errors and Ctrl-C. The scenario runner, the one-host demo and the tests all start the
+edge through it; faults and new client types plug in here.
+
+Per cluster, on its host: the agent, Redis and the metrics endpoints on the host's loopback;
+the transceiver's control API and media socket on the cluster's internal address; the cluster
+relay (relayed architectures) on its public address (on its internal one under the global
+relay, where clients reach only the ingress points). Per client region (global relay): the
+ingress relay on the anycast VIP. Per front: signaling, steering to the plan's clusters.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scenarios.ports import UdpBinding, udp_bindings
+from scenarios.processes import ServiceError, ServiceProcess, http_ok, redis_cmd, tcp_open, voiceedge_cmd
+from scenarios.spec import ARCHITECTURES, CLUSTER_RELAY, GLOBAL_RELAY, PORT_PER_SESSION
+from services.relay.counters import scrape
+from topology.netns import in_namespace
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The ports the edge's services use; each host has its own, so one set serves all."""
+
+    relay: int = 3478       # the one public UDP port of every relay
+    internal: int = 3479    # cluster relay's port for the ingress tier (hop-encapsulated)
+    media: int = 3480       # the transceiver's shared media socket
+    control: int = 8900     # the transceiver's HTTP control API
+    agent: int = 8800
+    redis: int = 6379
+    metrics: int = 9478     # relay Prometheus metrics
+    signaling: int = 8080
+
+
+@dataclass(frozen=True)
+class Host:
+    """Where services run: a network namespace (a name under /var/run/netns, or a path such as
+    a Mininet host's /proc/PID/ns/net)."""
+
+    name: str
+    netns: str
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    """One transceiver cluster: agent, Redis, cluster relay and one transceiver on one host."""
+
+    name: str                # region name; signaling's call ids carry it
+    cluster_id: int          # the routing ufrag's cluster field
+    host: Host
+    public: str              # clients reach this address (relay port, or per-session ports)
+    internal: str            # towards fronts and ingress relays (control API, media, hop port)
+    transceiver_id: int = 1
+
+
+@dataclass(frozen=True)
+class IngressPlan:
+    """A global relay ingress point in a client region, on the anycast VIP."""
+
+    region: str
+    host: Host
+    listen: str              # the VIP
+    hop_bind: str            # the host's backbone address
+
+
+@dataclass(frozen=True)
+class FrontRoute:
+    cluster: str
+    rtt_ms: float            # seeds proximity steering
+
+
+@dataclass(frozen=True)
+class FrontPlan:
+    """A signaling front (geo steering) in a region."""
+
+    region: str
+    host: Host
+    listen: str
+    routes: tuple[FrontRoute, ...]
+
+
+@dataclass(frozen=True)
+class EdgePlan:
+    architecture: str
+    clusters: tuple[ClusterPlan, ...]
+    fronts: tuple[FrontPlan, ...] = ()
+    ingresses: tuple[IngressPlan, ...] = ()
+    ports: Ports = field(default_factory=Ports)
+    redis: bool = True                 # the relays' flow cache
+    max_sessions: int = 500            # per transceiver
+    relay_vip: str | None = None       # the global relay's anycast address (answers carry it)
+
+    def __post_init__(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {', '.join(ARCHITECTURES)}")
+        if self.architecture == GLOBAL_RELAY and self.relay_vip is None:
+            raise ValueError("the global relay needs relay_vip")
+
+    @property
+    def relayed(self) -> bool:
+        return self.architecture != PORT_PER_SESSION
+
+    def cluster(self, name: str) -> ClusterPlan:
+        return next(c for c in self.clusters if c.name == name)
+
+    def advertise(self, cluster: ClusterPlan) -> str | None:
+        """The candidate answers carry for calls to ``cluster`` (None: the transceiver's own
+        per-session port)."""
+        if self.architecture == GLOBAL_RELAY:
+            return f"{self.relay_vip}:{self.ports.relay}"
+        if self.architecture == CLUSTER_RELAY:
+            return f"{cluster.public}:{self.ports.relay}"
+        return None
+
+    def public_addresses(self) -> dict[str, set[str]]:
+        """Host name -> the addresses on it that face clients."""
+        out: dict[str, set[str]] = {}
+        for c in self.clusters:
+            out.setdefault(c.host.name, set()).add(c.public)
+        for i in self.ingresses:
+            out.setdefault(i.host.name, set()).add(i.listen)
+        return out
+
+
+@dataclass
+class Service:
+    name: str
+    host: Host
+    process: ServiceProcess
+    role: str                # agent, redis, relay, ingress, transceiver, signaling
+
+
+class Edge:
+    """The services of an ``EdgePlan``: ``with Edge(plan, logs) as edge:`` starts them all and
+    stops them on the way out; ``start_*`` start one at a time (tests, faults)."""
+
+    def __init__(self, plan: EdgePlan, logs: Path) -> None:
+        self.plan = plan
+        self.logs = logs
+        self.services: dict[str, Service] = {}
+
+    def __enter__(self) -> "Edge":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------ names and addresses
+
+    def control_url(self, cluster: ClusterPlan) -> str:
+        return f"http://{cluster.internal}:{self.plan.ports.control}"
+
+    def signaling_url(self, front: FrontPlan) -> str:
+        return f"http://{front.listen}:{self.plan.ports.signaling}/v1/calls"
+
+    def metrics_url(self) -> str:
+        """A relay's metrics URL, inside its own host."""
+        return f"http://127.0.0.1:{self.plan.ports.metrics}/metrics"
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Every service of the plan, clusters first, each ready before the next starts."""
+        for cluster in self.plan.clusters:
+            self.start_agent(cluster)
+            if self.plan.relayed:
+                if self.plan.redis:
+                    self.start_redis(cluster)
+                self.start_relay(cluster)
+            self.start_transceiver(cluster)
+        for ingress in self.plan.ingresses:
+            self.start_ingress(ingress)
+        for front in self.plan.fronts:
+            self.start_front(front)
+
+    def stop(self) -> None:
+        """Stop every service, last started first (SIGTERM, then SIGKILL after 5 s)."""
+        for service in reversed(list(self.services.values())):
+            service.process.stop()
+
+    def add(self, name: str, host: Host, cmd: list[str], role: str, ready) -> ServiceProcess:
+        """Start ``cmd`` in ``host`` as service ``name``; wait until ``ready()`` holds there."""
+        old = self.services.get(name)
+        if old is not None and old.process.alive():
+            raise ServiceError(f"{name} is already running")
+        proc = ServiceProcess(name, cmd, self.logs / f"{name}.log", netns=host.netns).start()
+        self.services[name] = Service(name, host, proc, role)
+        in_namespace(host.netns, proc.wait_ready, ready)
+        return proc
+
+    def start_agent(self, cluster: ClusterPlan) -> ServiceProcess:
+        port = self.plan.ports.agent
+        return self.add(f"agent-{cluster.name}", cluster.host, voiceedge_cmd(
+            "agent", "--listen", "127.0.0.1", "--port", str(port)), "agent",
+            lambda: tcp_open("127.0.0.1", port))
+
+    def start_redis(self, cluster: ClusterPlan) -> ServiceProcess:
+        port = self.plan.ports.redis
+        return self.add(f"redis-{cluster.name}", cluster.host,
+                        redis_cmd("127.0.0.1", port, self.logs), "redis",
+                        lambda: tcp_open("127.0.0.1", port))
+
+    def start_relay(self, cluster: ClusterPlan) -> ServiceProcess:
+        """The cluster relay: public port -> the transceiver's shared socket. Under the global
+        relay, clients reach only their region's ingress, so the cluster relay's client port
+        faces the backbone (its internal address), not the public internet."""
+        p = self.plan.ports
+        listen = cluster.internal if self.plan.architecture == GLOBAL_RELAY else cluster.public
+        routes = self.logs / f"routes-{cluster.name}.toml"
+        routes.write_text(f"cluster_id = {cluster.cluster_id}\n[routes]\n"
+                          f'{cluster.transceiver_id} = "{cluster.internal}:{p.media}"\n')
+        cmd = ["relay", "--tier", "cluster", "--routes", str(routes), "--listen", listen,
+               "--port", str(p.relay), "--internal", f"{cluster.internal}:{p.internal}",
+               "--hop-bind", cluster.internal, "--relay-id", f"cluster-{cluster.name}",
+               "--metrics", f"127.0.0.1:{p.metrics}", "--cpus", "none"]
+        if self.plan.redis:
+            cmd += ["--redis", f"redis://127.0.0.1:{p.redis}/0"]
+        return self.add(f"relay-{cluster.name}", cluster.host, voiceedge_cmd(*cmd), "relay",
+                        lambda: http_ok(self.metrics_url()))
+
+    def start_transceiver(self, cluster: ClusterPlan) -> ServiceProcess:
+        p = self.plan.ports
+        cmd = ["transceiver", "--cluster", str(cluster.cluster_id), "--id",
+               str(cluster.transceiver_id), "--control", f"{cluster.internal}:{p.control}",
+               "--agent", f"ws://127.0.0.1:{p.agent}", "--max-sessions",
+               str(self.plan.max_sessions)]
+        if self.plan.relayed:
+            cmd += ["--media", f"{cluster.internal}:{p.media}"]
+        else:
+            cmd += ["--mode", "port-per-session", "--media", f"{cluster.public}:0"]
+        return self.add(f"transceiver-{cluster.name}", cluster.host, voiceedge_cmd(*cmd),
+                        "transceiver", lambda: http_ok(f"{self.control_url(cluster)}/status"))
+
+    def start_ingress(self, ingress: IngressPlan) -> ServiceProcess:
+        """A global relay ingress: the VIP -> the cluster relays' hop ports over the backbone."""
+        p = self.plan.ports
+        routes = self.logs / f"routes-ingress-{ingress.region}.toml"
+        routes.write_text("[routes]\n" + "".join(
+            f'{c.cluster_id} = "{c.internal}:{p.internal}"\n' for c in self.plan.clusters))
+        return self.add(f"ingress-{ingress.region}", ingress.host, voiceedge_cmd(
+            "relay", "--tier", "ingress", "--routes", str(routes), "--listen", ingress.listen,
+            "--port", str(p.relay), "--hop-bind", ingress.hop_bind, "--relay-id",
+            f"ingress-{ingress.region}", "--metrics", f"127.0.0.1:{p.metrics}", "--cpus",
+            "none"), "ingress", lambda: http_ok(self.metrics_url()))
+
+    def start_front(self, front: FrontPlan) -> ServiceProcess:
+        clusters = []
+        for route in front.routes:
+            cluster = self.plan.cluster(route.cluster)
+            clusters.append({"name": cluster.name, "advertise": self.plan.advertise(cluster),
+                             "rtt_ms": route.rtt_ms,
+                             "transceivers": [self.control_url(cluster)]})
+        path = self.logs / f"front-{front.region}.json"
+        path.write_text(json.dumps(clusters, indent=2))
+        port = self.plan.ports.signaling
+        return self.add(f"front-{front.region}", front.host, voiceedge_cmd(
+            "signaling", "--listen", f"{front.listen}:{port}", "--clusters", str(path)),
+            "signaling", lambda: http_ok(f"http://{front.listen}:{port}/healthz"))
+
+    def restart(self, name: str, kill: bool = True) -> ServiceProcess:
+        """Stop service ``name`` (SIGKILL by default: a crash) and start it again."""
+        service = self.services[name]
+        if kill:
+            service.process.kill()
+        else:
+            service.process.stop()
+        starter = {"agent": self.start_agent, "redis": self.start_redis,
+                   "relay": self.start_relay, "transceiver": self.start_transceiver}
+        if service.role in starter:
+            return starter[service.role](self.plan.cluster(name.split("-", 1)[1]))
+        if service.role == "ingress":
+            return self.start_ingress(next(i for i in self.plan.ingresses
+                                           if f"ingress-{i.region}" == name))
+        return self.start_front(next(f for f in self.plan.fronts if f"front-{f.region}" == name))
+
+    # ------------------------------------------------------------ what the edge holds
+
+    def relay_counters(self) -> dict[str, dict[str, int]]:
+        """Counters of every relay (cluster and ingress), by service name."""
+        return {s.name: in_namespace(s.host.netns, scrape, self.metrics_url())
+                for s in self.services.values()
+                if s.role in ("relay", "ingress") and s.process.alive()}
+
+    def public_bindings(self) -> list[UdpBinding]:
+        """UDP sockets bound on client-facing addresses (or a wildcard) by the edge's
+        processes now, read from /proc: what a firewall in front of the edge must open."""
+        public = self.plan.public_addresses()
+        out: list[UdpBinding] = []
+        for s in self.services.values():
+            if s.role == "redis" or s.process.pid is None or not s.process.alive():
+                continue
+            for b in udp_bindings(s.process.pid):
+                if b.address in public.get(s.host.name, ()) or b.wildcard:
+                    out.append(b._replace(service=s.name))
+        return out
+
+    def public_udp_ports(self) -> int:
+        """Distinct (address, port) pairs the edge exposes to clients over UDP, measured."""
+        return len({(b.address, b.port) for b in self.public_bindings()})
+
