@@ -303,10 +303,16 @@ class Edge:
                 continue
             for b in udp_bindings(s.process.pid):
                 if b.address in public.get(s.host.name, ()) or b.wildcard:
-                    out.append(b._replace(service=s.name))
+                    out.append(b._replace(service=s.name, host=s.host.name))
         return out
 
     def public_udp_ports(self) -> int:
-        """Distinct (address, port) pairs the edge exposes to clients over UDP, measured."""
-        return len({(b.address, b.port) for b in self.public_bindings()})
+        """UDP ports the edge exposes to clients, measured: distinct (host, address, port), so
+        an anycast VIP served in three regions counts three times (three hosts open it)."""
+        return count_ports(self.public_bindings())
+
+
+def count_ports(bindings: list[UdpBinding]) -> int:
+    """Distinct (host, address, port) among ``bindings`` (workers sharing a port count once)."""
+    return len({(b.host, b.address, b.port) for b in bindings})
 

@@ -18,6 +18,7 @@ class UdpBinding(NamedTuple):
     pid: int
     inode: int
     service: str = ""
+    host: str = ""
 
     @property
     def wildcard(self) -> bool:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from scenarios.edge import (ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, Host,
-                            IngressPlan)
+                            IngressPlan, count_ports)
 from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
 from scenarios.spec import BASELINE, GLOBAL_RELAY, Scenario
 from scenarios.timeline import merge_timeline
@@ -250,7 +250,8 @@ class ScenarioRunner:
         self.say(f"[{arch}] {ok}/{len(sessions)} sessions ok in {time.monotonic() - started:.0f} s")
         return ArchitectureRun(arch, sessions, samples, relays, watch.peak_sessions,
                                watch.ports_at_peak, watch.ports_max,
-                               [f"{b.service} {b.address}:{b.port}" for b in watch.bindings_at_peak],
+                               [f"{b.service}@{b.host} {b.address}:{b.port}"
+                                for b in watch.bindings_at_peak],
                                round(time.monotonic() - started, 1))
 
     # ------------------------------------------------------------ results
@@ -365,7 +366,7 @@ class _PeakWatch:
     def sample(self) -> None:
         live = sum(self._live.values())
         bindings = self._edge.public_bindings()
-        ports = len({(b.address, b.port) for b in bindings})
+        ports = count_ports(bindings)
         self.ports_max = max(self.ports_max, ports)
         if live > self.peak_sessions or (live == self.peak_sessions and not self.bindings_at_peak):
             self.peak_sessions, self.ports_at_peak, self.bindings_at_peak = live, ports, bindings
