@@ -56,8 +56,10 @@ def headline(results: Results, stats: Stats) -> Table:
                    "setup p50 (ms)", "setup p95 (ms)", "setup over floor p50 (ms)",
                    "first ICE RTT p50 (ms)", "media RTT p50 (ms)", "jitter p50 (ms)",
                    "loss p50 (%)", "MOS p50", f"Δ setup p50 vs {results.baseline} (ms) [CI]"],
-                  note=f"p50/p95 [95% bootstrap CI]; {THIN} fewer than 10 sessions beyond the "
-                       f"percentile (CI indicative only); success: Wilson 95% interval.")
+                  note=f"p50/p95 [95% bootstrap CI] over all client regions; {THIN} fewer than 10 "
+                       f"sessions beyond the percentile (CI indicative only); success: Wilson 95% "
+                       f"interval; Δ: median minus the baseline's within each client region, "
+                       f"averaged over the regions.")
     baseline = results.baseline
     base = stats.row(baseline, "setup_ms")
     ports = results.ports.set_index("architecture")["public_udp_ports"].to_dict()

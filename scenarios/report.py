@@ -13,7 +13,8 @@ def _fmt(value, sign: str = "") -> str:
 
 
 def _delta(entry: dict, key: str) -> str:
-    """' (Δ -41 [-45, -38])': the p50 difference from the baseline and its 95% CI."""
+    """' (Δ -41 [-45, -38])': the median difference from the baseline (within client regions,
+    averaged over them) and its 95% CI."""
     delta = (entry.get("vs_baseline_p50") or {}).get(key)
     if delta is None:
         return ""
@@ -41,8 +42,9 @@ def print_summary(summary: dict) -> None:
     baseline = summary.get("baseline", "port-per-session")
     table = Table(title=f"clients in {', '.join(summary['client_regions'])} -> clusters "
                         f"{', '.join(summary['clusters'])} ({summary['backend']} impairment)",
-                  caption=f"p50 / p95; Δ: p50 minus {baseline}'s [95% bootstrap CI]; floor: "
-                          "setup above the topology's signaling RTT + 2 media RTTs")
+                  caption=f"p50 / p95 over all client regions; Δ: median minus {baseline}'s "
+                          "within each client region, averaged over the regions [95% bootstrap "
+                          "CI]; floor: setup above the topology's signaling RTT + 2 media RTTs")
     table.add_column("architecture")
     table.add_column("ok", justify="right")
     table.add_column("UDP ports", justify="right")
