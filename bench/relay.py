@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from analysis.stats import percentile
 from bench.loadgen import LoadGenerator, PhaseResult, Sink
 from services.relay.config import RelayConfig, RouteTable
 from services.relay.server import RelayServer
@@ -73,10 +74,9 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 10) - 1] \
-        if len(values) > 1 else values[0]
+    """The project's one percentile definition (analysis/stats.py); NaN for no values."""
+    value = percentile(values, q)
+    return float("nan") if value is None else value
 
 
 def _free_udp_port() -> int:
