@@ -77,6 +77,22 @@ def findings(results: Results, stats: Stats, metrics=HEADLINE) -> list[Finding]:
             for arch in results.architectures if arch != baseline for m in metrics]
 
 
+def saturation(stats: Stats) -> str:
+    """'' when every successful session was measured while the host kept up; else the
+    warning that opens the report."""
+    rows = stats.success[stats.success.client_region == "all"]
+    hit = [(r.architecture, int(r.saturated), int(r.ok)) for r in rows.itertuples()
+           if r.saturated]
+    if not hit:
+        return ""
+    parts = ", ".join(f"{a}: {n} of {ok}" for a, n, ok in hit)
+    return (f"Host saturated: some sessions were measured while a process on their path "
+            f"(client, front, relays, transceiver or agent: a stall of 10 ms or more; the "
+            f"impairment engine: a release 2 ms late) ({parts}). Their figures are the testbed's, not the "
+            f"architecture's: they are left out of every statistic and comparison below; "
+            f"sessions.csv names what lagged (saturated_by).")
+
+
 def lead(results: Results, stats: Stats) -> str:
     """The sentence that frames the findings (or says why there are none)."""
     baseline = results.baseline
@@ -90,7 +106,7 @@ def lead(results: Results, stats: Stats) -> str:
     regions = (" (within each client region, averaged over them)"
                if len(results.client_regions) > 1 else "")
     return (f"Each architecture against {baseline}: the difference of the medians over "
-            f"successful sessions{regions}, with its {b.level:.0%} bootstrap CI "
+            f"successful sessions measured while the host kept up{regions}, with its {b.level:.0%} bootstrap CI "
             f"({b.resamples} resamples, seed {b.seed}). A difference is stated only when its "
             f"CI excludes zero; with {len(HEADLINE)} metrics per architecture, about one in "
             f"twenty such statements can be chance.")

@@ -158,6 +158,9 @@ def _sessions_frame(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     for col in _TEXT:
         frame[col] = frame[col].astype("string")
     frame["ok"] = as_bool(frame["ok"]).astype(bool)
+    # Measured while a process on the session's path lagged (older runs: never flagged).
+    frame["saturated"] = (as_bool(frame["saturated"]).fillna(False).astype(bool)
+                          if "saturated" in frame else False)
     bursts = []
     for i, cell in enumerate(frame["loss_bursts"]):
         try:

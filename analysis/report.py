@@ -13,7 +13,7 @@ from pathlib import Path
 
 from analysis import tables
 from analysis.compare import compare  # noqa: F401  (part of this module's API)
-from analysis.findings import findings, lead
+from analysis.findings import findings, lead, saturation
 from analysis.load import Results, load_results
 from analysis.mos import EModel
 from analysis.plots import write_plots
@@ -83,7 +83,7 @@ def _img(path: Path) -> str:
 
 def _warnings(results: Results, stats: Stats) -> list[str]:
     """Things a reader must know before trusting the numbers."""
-    out = []
+    out = [text] if (text := saturation(stats)) else []
     if results.missing_text():
         out.append(f"Incomplete run: {results.missing_text()}. The rest of the report covers "
                    f"what was measured.")

@@ -239,6 +239,8 @@ def with_derived(sessions: pd.DataFrame, model: EModel = EModel()) -> pd.DataFra
     out["burst_r"] = [
         burst_ratio(int(r), int(l), b) if not (pd.isna(r) or pd.isna(l)) else math.nan
         for r, l, b in zip(out["packets_received"], out["packets_lost"], out["loss_bursts"])]
+    # What the statistics describe: successful sessions measured while the host kept up.
+    out["measured"] = out["ok"] & ~out["saturated"].astype(bool)
     usable = out["ok"] & out["rtt_ms"].notna() & out["jitter_ms"].notna() & out["loss_pct"].notna()
     one_way = [model.one_way_delay(r, j) if u else math.nan
                for u, r, j in zip(usable, out["rtt_ms"], out["jitter_ms"])]
@@ -273,7 +275,7 @@ class Stats:
                    q: float = 50) -> Difference:
         """pq of ``architecture`` minus pq of ``baseline`` over successful sessions, within
         each client region and averaged over them (see bootstrap_diff_ci), with its CI."""
-        ok = self.sessions[self.sessions.ok]
+        ok = self.sessions[self.sessions.measured]
         a, b = ok[ok.architecture == architecture], ok[ok.architecture == baseline]
         return bootstrap_diff_ci(a[metric], b[metric], q, self.bootstrap, a.client_region,
                                  b.client_region)
@@ -282,7 +284,7 @@ class Stats:
 _METRIC_COLUMNS = ["architecture", "client_region", "metric", "n", "mean"] + [
     f"p{q}{s}" for q in PERCENTILES for s in ("", "_lo", "_hi")]
 _SUCCESS_COLUMNS = ["architecture", "client_region", "sessions", "ok", "success_pct",
-                    "success_lo", "success_hi"]
+                    "success_lo", "success_hi", "saturated"]
 
 
 def _metric_row(values, strata, boot: Bootstrap) -> dict:
@@ -307,7 +309,8 @@ def compute_stats(results: Results, boot: Bootstrap = Bootstrap(),
                   model: EModel = EModel()) -> Stats:
     """Success and metric percentiles per architecture, pooled (ALL) and per client region.
 
-    Metrics come from successful sessions only; loss-burst lengths are pooled over the bursts
+    Metrics come from successful sessions measured while the host kept up (not
+    ``saturated``: scenarios/saturation.py); success counts every session; loss-burst lengths are pooled over the bursts
     of the group's sessions. Pooled rows bootstrap within client regions (see bootstrap_ci).
     """
     import pandas as pd
@@ -315,12 +318,14 @@ def compute_stats(results: Results, boot: Bootstrap = Bootstrap(),
     sessions = with_derived(results.sessions, model)
     metric_rows, success_rows = [], []
     for arch, region, group in _groups(results, sessions):
-        ok = group[group.ok]
-        lo, hi = wilson_interval(len(ok), len(group), boot.level)
+        succeeded = int(group.ok.sum())
+        lo, hi = wilson_interval(succeeded, len(group), boot.level)
         success_rows.append({"architecture": arch, "client_region": region,
-                             "sessions": len(group), "ok": len(ok),
-                             "success_pct": 100 * len(ok) / len(group) if len(group) else math.nan,
-                             "success_lo": 100 * lo, "success_hi": 100 * hi})
+                             "sessions": len(group), "ok": succeeded,
+                             "success_pct": 100 * succeeded / len(group) if len(group) else math.nan,
+                             "success_lo": 100 * lo, "success_hi": 100 * hi,
+                             "saturated": int((group.ok & group.saturated).sum())})
+        ok = group[group.measured]
         for metric in METRICS:
             if metric.name == "loss_burst_len":
                 pairs = [(b, r) for bursts, r in zip(ok["loss_bursts"], ok["client_region"])

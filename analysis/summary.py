@@ -63,9 +63,10 @@ def _ports(results: Results) -> dict[str, dict]:
 
 def _architecture(stats: Stats, arch: str, ports: dict, timings: dict) -> dict:
     s = stats.success_row(arch)
-    ok = stats.sessions[(stats.sessions.architecture == arch) & stats.sessions.ok]
+    ok = stats.sessions[(stats.sessions.architecture == arch) & stats.sessions.measured]
     seconds = (timings.get("architectures") or {}).get(arch)
     entry = {"sessions": int(s.sessions), "ok": int(s.ok),
+             "saturated": int(s.saturated),  # ok sessions left out: the host lagged
              "success_pct": _r(s.success_pct, 1),
              "success_ci": [_r(s.success_lo, 1), _r(s.success_hi, 1)],
              "public_udp_ports": None, "peak_sessions": None,

@@ -47,6 +47,7 @@ def print_summary(summary: dict) -> None:
                           "CI]; floor: setup above the topology's signaling RTT + 2 media RTTs")
     table.add_column("architecture")
     table.add_column("ok", justify="right")
+    table.add_column("saturated", justify="right")
     table.add_column("UDP ports", justify="right")
     for _, label in _COLUMNS:
         table.add_column(label, justify="right")
@@ -59,9 +60,16 @@ def print_summary(summary: dict) -> None:
                 cell += _delta(a, key)
             cells.append(cell)
         over = a["setup_over_floor_ms"]
-        table.add_row(name, f"{a['ok']}/{a['sessions']}", _fmt(a.get("public_udp_ports")),
+        table.add_row(name, f"{a['ok']}/{a['sessions']}", _fmt(a.get("saturated")),
+                      _fmt(a.get("public_udp_ports")),
                       *cells, f"{_fmt(over['p50'])} / {_fmt(over['p95'])}")
     console = Console(width=max(Console().width, 160))
     console.print(table)
     for line in missing_lines(summary):
         console.print(f"[yellow]{line}[/yellow]")
+    saturated = {n: a["saturated"] for n, a in summary["architectures"].items()
+                 if a.get("saturated")}
+    if saturated:
+        console.print(f"[yellow]host saturated: {', '.join(f'{n} {c}' for n, c in saturated.items())}"
+                      " successful sessions were measured while a process on their path lagged; "
+                      "they are left out of every figure above (sessions.csv: saturated_by)[/yellow]")

@@ -28,7 +28,8 @@ from scenarios.edge import (ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, 
                             IngressPlan, count_ports)
 from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
 from scenarios.spec import BASELINE, GLOBAL_RELAY, Scenario
-from scenarios.timeline import merge_timeline
+from scenarios.saturation import LagWindows, flag
+from scenarios.timeline import TIMELINE, merge_timeline
 from topology.calibrate import CalibrationReport, calibrate
 from topology.netns import in_namespace
 from topology.plan import world_spec
@@ -40,7 +41,8 @@ SESSION_FIELDS = (
     "signaling_ms", "offer_ms", "first_ice_rtt_ms", "ice_connected_ms", "setup_ms",
     "first_audio_ms", "rtt_ms", "consent_rtt_ms", "jitter_ms", "loss_pct", "packets_received",
     "packets_lost", "loss_bursts", "echo_verified", "datachannel_verified",
-    "floor_signaling_rtt_ms", "floor_media_rtt_ms", "floor_setup_ms")
+    "floor_signaling_rtt_ms", "floor_media_rtt_ms", "floor_setup_ms", "saturated",
+    "saturated_by")
 SAMPLE_FIELDS = ("architecture", "client_region", "session", "t_ms", "packets_received",
                  "packets_lost", "jitter_ms", "rtt_ms")
 PORT_FIELDS = ("architecture", "concurrent_sessions", "public_udp_ports", "public_udp_ports_max",
@@ -284,6 +286,8 @@ class ScenarioRunner:
 
     def _collect(self, world: World, arch: str, logs: Path) -> tuple[list[dict], list[dict]]:
         sessions, samples = [], []
+        engine = world.backend.stats().get("lagged_seconds")  # userspace engine only
+        lag = LagWindows.from_run(logs / TIMELINE, engine)
         for region in self.client_regions:
             path = logs / f"sessions-{region}.jsonl"
             rows = [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
@@ -295,6 +299,9 @@ class ScenarioRunner:
                            session=r.get("index"), loss_bursts=json.dumps(r.get("loss_bursts") or []))
                 if cluster:
                     row.update(self.floors(region, cluster, arch))
+                setup = r.get("setup_ms")
+                flag(row, lag, r.get("started_unix"), r.get("ended_unix"),
+                     None if setup is None else setup / 1000.0)
                 sessions.append(row)
             spath = logs / f"samples-{region}.jsonl"
             if spath.exists():

@@ -2,21 +2,27 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
+from services.lag import LoopLagMonitor
 
-def serve_until_signal(make_server: Callable[[], AbstractAsyncContextManager]) -> None:
+
+def serve_until_signal(make_server: Callable[[], AbstractAsyncContextManager],
+                       logger: logging.Logger | None = None) -> None:
     """Run ``async with make_server():`` until SIGINT or SIGTERM, then leave the block (which
-    stops the service cleanly)."""
+    stops the service cleanly). The event loop's lag is watched all along (services/lag.py)
+    and logged to ``logger``."""
 
     async def serve() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        async with make_server():
-            await stop.wait()
+        async with LoopLagMonitor(logger or logging.getLogger("voiceedge.lag")):
+            async with make_server():
+                await stop.wait()
 
     asyncio.run(serve())

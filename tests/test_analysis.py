@@ -727,3 +727,35 @@ def test_tables_scroll_inside_themselves(run_dir, tmp_path):
     page = write_report(run_dir, tmp_path / "r", Bootstrap(resamples=200))[0].read_text()
     assert ".scroll{overflow-x:auto" in page
     assert page.count("<table") == page.count('<div class="scroll"><table') > 5
+
+
+def test_saturated_sessions_are_counted_and_left_out_of_every_statistic(tmp_path):
+    """A run whose global-relay sessions 0-9 per region were measured while a process on their
+    path lagged (scenarios/saturation.py): their setup is 5 s slower. The statistics must not
+    see them, the success rate must, and the report must say the host was saturated."""
+    from analysis.findings import saturation
+    from analysis.summary import summarise
+
+    directory = write_run(tmp_path / "run", seed=7)
+    rows = list(csv.DictReader(open(directory / "sessions.csv")))
+    for r in rows:
+        hit = r["architecture"] == "global-relay" and int(r["session"]) < 10
+        r["saturated"] = str(hit)
+        r["saturated_by"] = "transceiver-na-east 180 ms" if hit else ""
+        if hit:
+            r["setup_ms"] = str(float(r["setup_ms"]) + 5000)
+    with open(directory / "sessions.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    results = load_results(directory)
+    stats = compute_stats(results)
+    n_regions = len(results.client_regions)
+    success = stats.success_row("global-relay")
+    assert (success.ok, success.saturated) == (40 * n_regions, 10 * n_regions)
+    setup = stats.row("global-relay", "setup_ms")
+    assert setup.n == 30 * n_regions and setup.p99 < 2000  # none of the +5 s sessions
+    warning = saturation(stats)
+    assert warning.startswith("Host saturated") and f"global-relay: {10 * n_regions} of" in warning
+    assert summarise(directory)["architectures"]["global-relay"]["saturated"] == 10 * n_regions
+    assert saturation(compute_stats(load_results(write_run(tmp_path / "clean", seed=7)))) == ""

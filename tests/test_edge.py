@@ -254,3 +254,42 @@ def test_public_udp_ports_are_measured_not_assumed(lab, tmp_path, mode):
         assert idle == []  # no call, no port
         ports = {b.port for b in live}
         assert len(ports) == 3 and {b.service for b in live} == {"transceiver-demo"}
+
+
+def test_a_stalled_transceiver_flags_the_session_it_served(lab, tmp_path):
+    """SIGSTOP the transceiver for 200 ms mid-call (what a saturated host does to a process):
+    its lag monitor reports it, and the session live then is flagged as saturated."""
+    import signal
+
+    from scenarios.saturation import LagWindows, flag
+    from scenarios.timeline import merge_timeline
+
+    edge = one_cluster(lab, tmp_path, redis=False)
+    front = edge.plan.fronts[0]
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, edge.start)
+            call = asyncio.create_task(run_session(ClientConfig(url=edge.signaling_url(front),
+                                                                duration_s=3.0)))
+            await asyncio.sleep(2.0)
+            pid = edge.services["transceiver-demo"].process.pid
+            os.kill(pid, signal.SIGSTOP)
+            await asyncio.sleep(0.2)
+            os.kill(pid, signal.SIGCONT)
+            return await call
+        finally:
+            await loop.run_in_executor(None, edge.stop)
+
+    result = in_namespace(lab.name, asyncio.run, scenario())
+    assert result.ok, result.error
+    lag = LagWindows.from_run(merge_timeline(tmp_path))
+    worst = max(ms for _, _, ms in lag.windows["transceiver-demo"])
+    assert worst >= 150, lag.windows
+    row = {"client_region": "demo", "cluster_region": "demo", "architecture": "cluster-relay"}
+    flag(row, lag, result.started_unix, result.ended_unix, result.setup_ms / 1000)
+    assert row["saturated"] and "transceiver-demo" in row["saturated_by"], row
+    # The same session, had it ended before the stall, would not be flagged.
+    flag(row, lag, result.started_unix, result.started_unix + 0.5, result.setup_ms / 1000)
+    assert not row["saturated"], (row, lag.windows)

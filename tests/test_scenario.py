@@ -41,6 +41,16 @@ def _column(directory, arch: str, name: str) -> list[float]:
             if r["architecture"] == arch and r[name] not in ("", None)]
 
 
+def test_the_ci_world_is_not_saturated(ci_results):
+    """The CI scenario is sized for the 2-core machine: no session measured while a process on
+    its path lagged (scenarios/saturation.py), so its figures are the architectures'."""
+    summary, directory = ci_results
+    flagged = [(r["architecture"], r["session"], r["saturated_by"])
+               for r in csv.DictReader(open(directory / "sessions.csv")) if r["saturated"] == "True"]
+    assert not flagged, flagged
+    assert all(a["saturated"] == 0 for a in summary["architectures"].values())
+
+
 def test_the_numbers_make_physical_sense(ci_results):
     summary, directory = ci_results
     archs = summary["architectures"]

@@ -8,6 +8,7 @@ import json
 
 from services.client.config import ClientConfig, IceServer
 from services.client.results import SessionResult
+from services.lag import LoopLagMonitor
 from services.logs import log_event
 from voiceedge.errors import UserError
 
@@ -121,10 +122,14 @@ def run(args: argparse.Namespace) -> int:
     log_event(log, "client_started", url=config.url, sessions=args.sessions,
               rate=config.start_rate, concurrency=config.concurrency,
               duration_s=config.duration_s)
+    async def measured() -> list[SessionResult]:
+        async with LoopLagMonitor(log):  # a lagging client measures itself: say when
+            return await run_sessions(config, args.sessions, results_path=args.results,
+                                      samples_path=args.samples,
+                                      on_result=None if args.quiet else log_result)
+
     try:
-        results = asyncio.run(run_sessions(config, args.sessions, results_path=args.results,
-                                           samples_path=args.samples,
-                                           on_result=None if args.quiet else log_result))
+        results = asyncio.run(measured())
     except OSError as exc:  # the output files
         raise UserError(f"cannot write results: {exc}") from None
     log_event(log, "client_finished", sessions=len(results),

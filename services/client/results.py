@@ -29,6 +29,7 @@ class MediaSample:
 class SessionResult:
     index: int
     started_unix: float                   # wall clock at session start, to join with other logs
+    ended_unix: float | None = None       # wall clock when the session was torn down
     ok: bool = False
     error: str | None = None
     stage: str = "setup"                  # where it ended: setup, signaling, connect, call, done

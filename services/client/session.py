@@ -97,6 +97,7 @@ class CallSession:
             finally:
                 if self._http is None:
                     await http.close()
+                r.ended_unix = time.time()
         return r
 
     # -- setup ---------------------------------------------------------------------------------

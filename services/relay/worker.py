@@ -23,6 +23,7 @@ import socket
 import sys
 import time
 
+from services.lag import LagWatch
 from services.logs import log_event
 from services.relay import _fastpath, mmsg
 from services.relay.config import RelayConfig
@@ -232,20 +233,23 @@ class RelayWorker:
         self._running = True
         next_sweep = time.monotonic() + _SWEEP_EVERY
         injected = self.config.test_processing_delay_ms / 1000.0
+        lag = LagWatch(log)  # how late the sweeps run: the worker's scheduling lag
         try:
             while self._running:
-                for fd, _ in ep.poll(_SWEEP_EVERY, len(handlers)):
+                for fd, _ in ep.poll(max(0.0, next_sweep - time.monotonic()), len(handlers)):
                     if injected:
                         time.sleep(injected)
                     handlers[fd]()
                 now = time.monotonic()
                 if now >= next_sweep:
+                    lag.note(now - next_sweep)
                     self._sweep(time.monotonic_ns())
                     self.publish()
                     next_sweep = now + _SWEEP_EVERY
         finally:
             ep.close()
             self.publish()
+            lag.close()
 
     # ---------------------------------------------------------------- socket handlers
 

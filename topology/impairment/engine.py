@@ -45,6 +45,13 @@ IDLE_TIMEOUT = 0.5  # seconds; nothing is due, wake up now and then anyway
 RECV_BURST = 256  # packets read from one socket before releasing what is due
 SEND_CHUNK = 256  # verdicts per send
 LATENESS_BUCKETS = 20_000  # 1 us buckets; beyond 20 ms goes into the last one
+# A release this late puts the path's delay off by more than calibration allows (max(1 ms, 5%)
+# per hop). A second is reported as lagged when at least LAGGED_SHARE of its releases were that
+# late (the engine could not keep up), or one was LAGGED_STALL_S late (services/lag.py's rule).
+LAGGED_S = 0.002
+LAGGED_SHARE = 0.10
+LAGGED_STALL_S = 0.100
+MAX_LAGGED_SECONDS = 100_000
 
 _ID_AT = 24  # NFQA_PACKET_HDR is always the first attribute: its packet id's offset
 _PACKET_ID = struct.Struct(">I")
@@ -100,6 +107,11 @@ class Engine:
         self.heap: list[tuple[float, int, int]] = []
         self.lateness = [0] * (LATENESS_BUCKETS + 1)
         self.late_max = 0.0
+        # Wall-clock seconds in which a release was LAGGED_S or more late -> the worst: the
+        # runner flags the sessions live then (the engine is on every impaired path).
+        self.lagged: dict[int, float] = {}
+        self._unix_offset = time.time() - time.monotonic()
+        self._second, self._second_n, self._second_late, self._second_max = None, 0, 0, 0.0
         self.verdict_errors = 0
         self.started = time.monotonic()
         self._stopping = False
@@ -143,6 +155,8 @@ class Engine:
             "lateness_us": {"count": count, "p50": self._percentile(0.50, count),
                             "p99": self._percentile(0.99, count),
                             "max": round(self.late_max * 1e6, 1)},
+            "lagged_seconds": {str(k): round(v * 1e3, 2) for k, v in sorted(
+                {**self.lagged, **self._open_second()}.items())},
             "verdict_errors": self.verdict_errors,
             "queues": {q.label: {"queue": q.queue, "seen": q.seen, "dropped_loss": q.dropped,
                                  "delayed": q.released,
@@ -239,9 +253,31 @@ class Engine:
             late = now - due
             if late > self.late_max:
                 self.late_max = late
+            second = int(now + self._unix_offset)
+            if second != self._second:
+                self._close_second()
+                self._second, self._second_n, self._second_late, self._second_max = \
+                    second, 0, 0, 0.0
+            self._second_n += 1
+            self._second_late += late >= LAGGED_S
+            if late > self._second_max:
+                self._second_max = late
             hist[min(int(late * 1e6), LATENESS_BUCKETS)] += 1
         for index in touched:
             queues[index].flush()
+
+    def _open_second(self) -> dict[int, float]:
+        """The second in progress, {second: worst} if it has lagged so far."""
+        n, late, worst = self._second_n, self._second_late, self._second_max
+        if self._second is None or not n:
+            return {}
+        if worst >= LAGGED_STALL_S or late / n >= LAGGED_SHARE:
+            return {self._second: worst}
+        return {}
+
+    def _close_second(self) -> None:
+        if len(self.lagged) < MAX_LAGGED_SECONDS:
+            self.lagged.update(self._open_second())
 
     def run(self) -> None:
         heap, spin = self.heap, self.spin
