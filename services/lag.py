@@ -32,9 +32,11 @@ STALL_MS = 100.0
 TICK_S = 0.02            # how often the event-loop monitor wakes (one audio frame)
 
 
-def lagged(samples: int, late: int, max_ms: float) -> bool:
-    """The rule above, for one second: ``samples`` taken, ``late`` of them LATE_MS or more."""
-    return max_ms >= STALL_MS or (samples > 0 and late / samples >= SUSTAINED)
+def lagged(samples: int, late: int, max_ms: float, expected: float) -> bool:
+    """The rule above, for one second: ``samples`` taken of ``expected`` (fewer in a second the
+    watch only partly saw: they do not make one late sample a sustained lag), ``late`` of them
+    LATE_MS or more."""
+    return max_ms >= STALL_MS or late / max(samples, expected, 1) >= SUSTAINED
 
 
 @dataclass
@@ -42,6 +44,7 @@ class LagWatch:
     """Collects lateness samples; logs each wall-clock second that ``lagged``."""
 
     logger: logging.Logger
+    expected: float = 1 / TICK_S   # samples a second when on time
     seconds_observed: int = 0
     seconds_lagged: int = 0
     max_ms: float = 0.0
@@ -67,7 +70,7 @@ class LagWatch:
         if self._second is None:
             return
         self.seconds_observed += 1
-        if lagged(self._samples, self._late, self._second_max):
+        if lagged(self._samples, self._late, self._second_max, self.expected):
             self.seconds_lagged += 1
             log_event(self.logger, "loop_lag", level=logging.WARNING,
                       window_start=float(self._second), window_s=1.0,
@@ -88,7 +91,7 @@ class LoopLagMonitor:
     how late the event loop ran it."""
 
     def __init__(self, logger: logging.Logger, tick: float = TICK_S) -> None:
-        self.watch = LagWatch(logger)
+        self.watch = LagWatch(logger, expected=1 / tick)
         self._tick = tick
         self._task: asyncio.Task | None = None
 

@@ -278,7 +278,9 @@ def test_two_tier_chain_ingress_cluster_transceiver(tmp_path, relay_factory):
     client2 = udp()
     client2.sendto(stun_for(5, 7), ("127.0.0.1", cluster_port))
     cluster.wait_for(lambda m: m["drops_no_route"] == 1)
-    c, i = cluster.metrics(), ingress.metrics()
+    c = cluster.metrics()
+    # Each relay publishes its counters every 0.5 s, on its own phase: wait for the ingress's.
+    i = ingress.wait_for(lambda m: m["packets_to_server"] >= 2 and m["packets_to_client"] >= 1)
     assert c["packets_to_server"] == 2 and c["packets_to_client"] == 1
     assert i["packets_to_server"] == 2 and i["packets_to_client"] == 1
 

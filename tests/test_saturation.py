@@ -34,7 +34,7 @@ def captured():
 
 def test_a_second_lags_when_lateness_is_sustained_or_one_stall_is_long(captured):
     logger, events = captured
-    watch = LagWatch(logger)
+    watch = LagWatch(logger, expected=20)
     # second 100: one 15 ms stall in 20 samples (session set-up work): not lagged
     # second 101: 3 of 20 samples 6 ms late (15% >= 10%): lagged
     # second 102: one 120 ms stall: lagged; second 103: all on time
@@ -49,6 +49,19 @@ def test_a_second_lags_when_lateness_is_sustained_or_one_stall_is_long(captured)
     assert lags == [(101.0, 6.0, 3), (102.0, 120.0, 1)]
     [summary] = [e for e in events if e["event"] == "loop_lag_summary"]
     assert (summary["seconds_observed"], summary["seconds_lagged"]) == (4, 2)
+
+
+def test_a_second_seen_only_in_part_needs_as_many_late_samples_as_a_whole_one(captured):
+    """A watch that starts late in a second sees a few samples: one late among them is not 10%
+    of the second."""
+    logger, events = captured
+    watch = LagWatch(logger, expected=20)
+    for k, late in enumerate([0.014, 0.0, 0.0]):           # second 100: 3 samples, 1 late
+        watch.note(late, 100.85 + k * 0.05)
+    for k in range(20):                                    # second 101: 2 of 20 late
+        watch.note(0.006 if k < 2 else 0.0, 101 + k / 20)
+    watch.close()
+    assert [e["window_start"] for e in events if e["event"] == "loop_lag"] == [101.0]
 
 
 def test_the_loop_monitor_sees_a_blocked_event_loop(captured):
