@@ -140,3 +140,26 @@ def test_a_ufrag_cannot_be_registered_twice():
             mux.close()
 
     assert "already registered" in run(scenario())
+
+
+def test_the_shared_socket_has_room_for_a_stall_and_counts_what_the_kernel_drops():
+    """The one socket gets a large receive buffer (it takes what a socket per session would
+    each take); datagrams the kernel still drops (buffer full) are counted in kernel_drops."""
+    async def scenario():
+        mux = await SharedSocket.open("127.0.0.1", 0)
+        big = mux.transport.get_extra_info("socket").getsockopt(socket.SOL_SOCKET,
+                                                               socket.SO_RCVBUF)
+        mux.close()
+        small = await SharedSocket.open("127.0.0.1", 0, buffer_bytes=4096)
+        sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for _ in range(200):  # the loop does not run meanwhile: nothing is read
+            sender.sendto(b"\x80" + bytes(199), small.address)
+        drops = small.read_kernel_drops()
+        counted = vars(small.counters)["kernel_drops"]
+        small.close()
+        sender.close()
+        return big, drops, counted
+
+    big, drops, counted = run(scenario())
+    assert big >= 4 << 20            # (the kernel reports twice what was set)
+    assert drops > 0 and counted == drops

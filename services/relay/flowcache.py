@@ -87,6 +87,14 @@ class FlowCache:
         except queue.Full:
             self.writes_dropped += 1
 
+    def write_many(self, items: list[tuple[tuple[str, int], CachedFlow]]) -> None:
+        """Queue the writes of several mappings, sent to Redis as one pipeline; never blocks."""
+        if items:
+            try:
+                self._queue.put_nowait(("mset", list(items), None))
+            except queue.Full:
+                self.writes_dropped += len(items)
+
     def refresh(self, clients: list[tuple[str, int]]) -> None:
         """Queue a TTL refresh for live flows; never blocks."""
         if clients:
@@ -134,6 +142,12 @@ class FlowCache:
                 if kind == "set":
                     self._client.set(self._key(arg), extra.to_json(), px=self._ttl_ms)
                     self.writes += 1
+                elif kind == "mset":
+                    pipe = self._client.pipeline(transaction=False)
+                    for client, flow in arg:
+                        pipe.set(self._key(client), flow.to_json(), px=self._ttl_ms)
+                    pipe.execute()
+                    self.writes += len(arg)
                 elif kind == "expire":
                     pipe = self._client.pipeline(transaction=False)
                     for client in arg:
@@ -155,7 +169,7 @@ class FlowCache:
     def _fail(self, kind, arg, extra, exc) -> None:
         if kind == "set":
             self.writes_dropped += 1
-        elif kind == "expire":
+        elif kind in ("expire", "mset"):
             self.writes_dropped += len(arg)
         else:
             self._deliver(extra, arg, None)

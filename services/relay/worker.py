@@ -12,6 +12,12 @@ Fast path and slow path: datagrams of known IPv4 flows are forwarded by the C he
 header and at the receive slot). Everything else comes back here as a "miss": first packets
 (STUN parsing, ufrag check, flow creation), IPv6 clients, Redis recovery, and every drop, which
 is counted by reason.
+
+A first packet is forwarded before its flow's bookkeeping: the ``flow_created`` line is written
+once the batch is sent, and the flow's Redis write waits for the next sweep (at most
+``_SWEEP_EVERY``), where all new flows go to Redis in one batch. Waking the Redis thread at
+once made it compete for the GIL with the answer to that very packet (~0.5 ms more on the
+first round trip of every call, measured on loopback).
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ _SWEEP_EVERY = 0.5
 _RECOVERY_BACKLOG = 8
 _NEGATIVE_TTL = 1.0
 _MAX_ROUNDS = 16  # receive batches per readiness event before looking at other sockets
+_WRITE_BATCH = 1024  # new flows held for Redis before the sweep writes them anyway
 
 # Flow record words shared with _fastpath.c (its REC_* enum).
 (_NEXT_NAME, _NEXT_NAMELEN, _HEADER, _HEADER_LEN, _CLIENT_NAME, _CLIENT_NAMELEN, _PREV_NAME,
@@ -193,6 +200,8 @@ class RelayWorker:
         self.receive_batches = 0
         self._send_failed = 0
         self._pending: dict = {}   # key -> (previous hop, datagrams waiting for Redis)
+        self._unlogged: list[Flow] = []  # created in this batch: logged once it is sent
+        self._unwritten: list[tuple[tuple[str, int], CachedFlow]] = []  # to Redis at the sweep
         self._negative: dict = {}  # key -> monotonic ns until which Redis is not asked again
         self._running = False
         size = config.batch
@@ -217,7 +226,9 @@ class RelayWorker:
 
     def close(self) -> None:
         self.sockets.close()
+        self._log_created()
         if self.cache is not None:
+            self._write_created()
             self.cache.stop()
 
     def run(self) -> None:
@@ -269,6 +280,7 @@ class RelayWorker:
             for k in range(missed):
                 self._public_slow(misses[k], now)
             tx.flush(self._hop_fd)
+            self._log_created()
 
     def _on_return(self) -> None:
         """Answers from next hops -> the client (header stripped) or the upstream relay."""
@@ -307,6 +319,7 @@ class RelayWorker:
             for i in range(n):
                 self._upstream_datagram(i, now)
             tx.flush(self._hop_fd)
+            self._log_created()
             if n < rx.size:
                 return
 
@@ -468,15 +481,30 @@ class RelayWorker:
         if source == "stun":
             self.flows_created += 1
             if self.cache is not None:
-                self.cache.write(client, CachedFlow(nxt.addr, prev.addr if prev else None,
-                                                    cluster_id, transceiver_id))
+                self._unwritten.append((client, CachedFlow(
+                    nxt.addr, prev.addr if prev else None, cluster_id, transceiver_id)))
+                if len(self._unwritten) >= _WRITE_BATCH:
+                    self._write_created()
         else:
             self.flows_recovered += 1
-        log_event(log, "flow_created", relay=self.config.name, worker=self.index,
-                  client=f"{client[0]}:{client[1]}", next_hop=nxt.label,
-                  prev_hop=prev.label if prev else None, cluster=cluster_id,
-                  transceiver=transceiver_id, origin=source)
+        self._unlogged.append(flow)
         return flow
+
+    def _log_created(self) -> None:
+        """``flow_created`` for the flows of the batch just sent (after it: not before)."""
+        for flow in self._unlogged:
+            prev = flow.prev
+            log_event(log, "flow_created", relay=self.config.name, worker=self.index,
+                      client=f"{flow.client[0]}:{flow.client[1]}", next_hop=flow.next.label,
+                      prev_hop=prev.label if prev else None, cluster=flow.cluster_id,
+                      transceiver=flow.transceiver_id, origin=flow.source)
+        self._unlogged.clear()
+
+    def _write_created(self) -> None:
+        """Hand the new flows' Redis writes to the cache thread, in one batch."""
+        if self._unwritten:
+            self.cache.write_many(self._unwritten)
+            self._unwritten = []
 
     # ---------------------------------------------------------------- Redis recovery
 
@@ -524,6 +552,7 @@ class RelayWorker:
                     self._send_failed += 1
                     continue
                 flow.count_up(len(datagram) - hl, now)
+        self._log_created()
 
     # ---------------------------------------------------------------- housekeeping
 
@@ -544,6 +573,7 @@ class RelayWorker:
         if self._negative:
             self._negative = {k: t for k, t in self._negative.items() if t > now}
         if self.cache is not None:
+            self._write_created()
             due = now - int(self.config.redis_ttl / 3 * 1e9)
             stale = [f for f in self.flows.values()
                      if f.refreshed < due and f.last_seen_ns > f.refreshed]

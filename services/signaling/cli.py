@@ -21,6 +21,9 @@ def add_parser(sub) -> None:
     p.add_argument("--clusters", metavar="FILE",
                    help="geo steering: JSON list of {name, transceivers: [URL], advertise: "
                         "'HOST:PORT' | null, rtt_ms} (instead of --transceiver)")
+    p.add_argument("--warm-connections", type=int, default=None, metavar="N",
+                   help="idle keep-alive connections kept open to each transceiver, at least "
+                        "(default 8; more after a burst of calls: services/signaling/pool.py)")
     p.set_defaults(func=run, service="signaling")  # JSON logs: services/logs.py
 
 
@@ -43,16 +46,22 @@ def _load_clusters(path: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    from services.signaling.pool import SPARE
     from services.signaling.server import SignalingConfig, SignalingServer
 
     try:
         listen = parse_hostport(args.listen, "--listen")
+        warm = SPARE if args.warm_connections is None else args.warm_connections
+        if warm < 0:
+            raise ConfigError("--warm-connections must be 0 or more")
         if args.clusters:
-            config = SignalingConfig(clusters=_load_clusters(args.clusters), listen=listen)
+            config = SignalingConfig(clusters=_load_clusters(args.clusters), listen=listen,
+                                     warm_connections=warm)
         elif args.transceiver:
             config = SignalingConfig.single(
                 tuple(args.transceiver), listen,
-                parse_hostport(args.advertise, "--advertise") if args.advertise else None)
+                parse_hostport(args.advertise, "--advertise") if args.advertise else None,
+                warm_connections=warm)
         else:
             raise ConfigError("give --transceiver URL (repeatable) or --clusters FILE")
     except ConfigError as exc:

@@ -19,13 +19,20 @@
 - ``GET /healthz``: ``200`` with the transceivers as last probed while at least one answered
   its ``/status``; ``503`` with the same body and a ``reason`` when none did.
 - ``GET /metrics``: Prometheus text: calls created, refused (by status), steered (by
-  cluster, and whether that was the nearest), and each transceiver's probed health and load.
+  cluster, and whether that was the nearest), each transceiver's probed health and load, and
+  the front's warm connections to it.
+- Connections to transceivers: calls go over keep-alive connections opened ahead of them
+  (services/signaling/pool.py), so a call does not pay a TCP handshake across the backbone;
+  the ``/status`` probes have a connection of their own. ``call_created`` says how long the
+  transceiver took (``transceiver_ms``, as seen from here), how long the front held the call
+  (``front_ms``) and whether a connection had to be opened for it (``new_connection``).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -34,10 +41,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from services.logs import log_event
+from services.signaling.pool import SPARE, ControlPool
 from services.wire.sdp import MAX_OFFER_BYTES, OfferError, check_offer
 
 log = logging.getLogger("voiceedge.signaling")
-_WARM = 4  # keep-alive connections kept open to each transceiver
+_CALL_TIMEOUT_S = 15.0
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what a transceiver's session id can be
 
 
@@ -56,17 +64,21 @@ class SignalingConfig:
     clusters: tuple[ClusterRoute, ...]
     listen: tuple[str, int] = ("127.0.0.1", 8080)
     poll_interval: float = 1.0
+    warm_connections: int = SPARE  # idle connections kept open to each transceiver, at least
 
     @classmethod
     def single(cls, transceivers: tuple[str, ...], listen=("127.0.0.1", 8080),
-               advertise: tuple[str, int] | None = None) -> "SignalingConfig":
-        return cls(clusters=(ClusterRoute("local", transceivers, advertise),), listen=listen)
+               advertise: tuple[str, int] | None = None,
+               warm_connections: int = SPARE) -> "SignalingConfig":
+        return cls(clusters=(ClusterRoute("local", transceivers, advertise),), listen=listen,
+                   warm_connections=warm_connections)
 
 
 @dataclass
 class _Backend:
     url: str
     cluster: ClusterRoute
+    pool: ControlPool
     sessions: int = 0
     capacity: int = 0
     healthy: bool = False
@@ -90,8 +102,11 @@ class SignalingServer:
         if not any(c.transceivers for c in config.clusters):
             raise ValueError("signaling needs at least one transceiver")
         self.config = config
-        self.backends = [_Backend(url.rstrip("/"), cluster) for cluster in config.clusters
-                         for url in cluster.transceivers]
+        if config.warm_connections < 0:
+            raise ValueError("warm_connections must be >= 0")
+        self.backends = [_Backend(url.rstrip("/"), cluster,
+                                  ControlPool(url, config.warm_connections))
+                         for cluster in config.clusters for url in cluster.transceivers]
         self.stats = SignalingStats()
         self._nearest = min((c for c in config.clusters if c.transceivers),
                             key=lambda c: (c.rtt_ms, c.name)).name
@@ -110,10 +125,13 @@ class SignalingServer:
         await self.stop()
 
     async def start(self) -> None:
+        # Status probes only: one connection per transceiver, never one a call could use.
         self._http = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=15),
-            connector=aiohttp.TCPConnector(keepalive_timeout=60))
+            connector=aiohttp.TCPConnector(limit_per_host=1, keepalive_timeout=60))
         await self._poll_once()
+        # Ready only with warm connections: the first calls must not pay a handshake either.
+        await asyncio.gather(*(b.pool.wait_warm() for b in self.backends))
         self._poller = asyncio.create_task(self._poll())
         app = web.Application(client_max_size=MAX_OFFER_BYTES + 1, middlewares=[_cors])
         app.router.add_post("/v1/calls", self._post_call)
@@ -129,7 +147,8 @@ class SignalingServer:
         self.port = site._server.sockets[0].getsockname()[1]
         log_event(log, "signaling_started", listen=f"{self.config.listen[0]}:{self.port}",
                   clusters=[c.name for c in self.config.clusters],
-                  healthy=[b.url for b in self.backends if b.healthy])
+                  healthy=[b.url for b in self.backends if b.healthy],
+                  warm_connections={b.url: b.pool.warm for b in self.backends})
 
     async def stop(self) -> None:
         if self._poller is not None:
@@ -137,11 +156,15 @@ class SignalingServer:
             await asyncio.gather(self._poller, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
+        await asyncio.gather(*(b.pool.close() for b in self.backends))
         if self._http is not None:
             await self._http.close()
         if self._runner is not None:
             log_event(log, "signaling_stopped", calls_created=self.stats.created,
-                      calls_refused={str(k): v for k, v in self.stats.refused.items()})
+                      calls_refused={str(k): v for k, v in self.stats.refused.items()},
+                      connections_opened={b.url: {"ahead": b.pool.opened_ahead,
+                                                  "on_call": b.pool.opened_on_call}
+                                          for b in self.backends})
 
     # ------------------------------------------------------------ backends
 
@@ -154,23 +177,25 @@ class SignalingServer:
         await asyncio.gather(*(self._probe(b) for b in self.backends))
 
     async def _probe(self, backend: _Backend) -> None:
-        # Several polls at once keep that many keep-alive connections warm: a call then does
-        # not pay a TCP handshake across the backbone (a whole RTT) when calls arrive together.
-        results = await asyncio.gather(*(self._status(backend) for _ in range(_WARM)),
-                                       return_exceptions=True)
-        status = next((r for r in results if isinstance(r, dict)), None)
         try:
+            status = await self._status(backend)
             backend.sessions, backend.capacity = int(status["sessions"]), int(status["capacity"])
             healthy = True
-        except (KeyError, TypeError, ValueError):
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError,
+                TypeError):
             healthy = False
         self._set_health(backend, healthy)
+        backend.pool.maintain()
 
     def _set_health(self, backend: _Backend, healthy: bool) -> None:
         if healthy != backend.healthy:
             log_event(log, "transceiver_up" if healthy else "transceiver_down",
                       level=logging.INFO if healthy else logging.WARNING,
                       transceiver=backend.url, cluster=backend.cluster.name)
+            if healthy:
+                backend.pool.enable()
+            else:
+                backend.pool.disable()
         backend.healthy = healthy
 
     async def _status(self, backend: _Backend) -> dict:
@@ -186,6 +211,7 @@ class SignalingServer:
     # ------------------------------------------------------------ API
 
     async def _post_call(self, request: web.Request) -> web.Response:
+        arrived = time.monotonic()
         try:
             if request.content_type != "application/sdp":
                 raise OfferError("Content-Type must be application/sdp", 415)
@@ -204,15 +230,17 @@ class SignalingServer:
                 host, port = backend.cluster.advertise
                 params["candidate"] = f"{host}:{port}"
             try:
-                async with self._http.post(f"{backend.url}/sessions", data=body, params=params,
-                                           headers={"Content-Type": "application/sdp"}) as r:
-                    text = await r.text()
-                    if r.status == 503:
-                        backend.sessions = backend.capacity  # full until the next poll says
-                        continue
-                    if r.status != 201:
-                        return self._refuse(r.status, text.strip() or f"transceiver said {r.status}")
-                    session = r.headers["Location"].rsplit("/", 1)[1]
+                reply = await backend.pool.request(
+                    "POST", "/sessions", _CALL_TIMEOUT_S, data=body, params=params,
+                    headers={"Content-Type": "application/sdp"})
+                text = reply.text
+                if reply.status == 503:
+                    backend.sessions = backend.capacity  # full until the next poll says
+                    continue
+                if reply.status != 201:
+                    return self._refuse(reply.status,
+                                        text.strip() or f"transceiver said {reply.status}")
+                session = reply.headers["Location"].rsplit("/", 1)[1]
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError):
                 self._set_health(backend, False)
                 continue
@@ -223,7 +251,9 @@ class SignalingServer:
             self.stats.steered[cluster, nearest] = self.stats.steered.get((cluster, nearest), 0) + 1
             call = f"{cluster}~{self.backends.index(backend)}~{session}"
             log_event(log, "call_created", call=call, cluster=cluster, nearest=nearest,
-                      transceiver=backend.url)
+                      transceiver=backend.url, transceiver_ms=reply.ms,
+                      front_ms=round((time.monotonic() - arrived) * 1000.0, 3),
+                      new_connection=reply.new_connection)
             return web.Response(status=201, text=text, content_type="application/sdp",
                                 headers={"Location": f"/v1/calls/{call}",
                                          "X-Voiceedge-Cluster": cluster})
@@ -252,13 +282,13 @@ class SignalingServer:
             return web.Response(status=404, text="no such call\n")
         backend, session = found
         try:
-            async with self._http.delete(f"{backend.url}/sessions/{session}") as r:
-                if r.status == 204:
-                    log_event(log, "call_deleted", call=call)
-                    return web.Response(status=204)
-                return web.Response(status=r.status, text=(await r.text()) or "\n")
+            reply = await backend.pool.request("DELETE", f"/sessions/{session}", _CALL_TIMEOUT_S)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return web.Response(status=502, text="transceiver unreachable\n")
+        if reply.status == 204:
+            log_event(log, "call_deleted", call=call)
+            return web.Response(status=204)
+        return web.Response(status=reply.status, text=reply.text or "\n")
 
     async def _healthz(self, request: web.Request) -> web.Response:
         """200 while a transceiver answered its last probe; 503 (same body, with a reason)
@@ -311,11 +341,23 @@ class _Collector:
                                           labels=labels),
             "capacity": GaugeMetricFamily("voiceedge_signaling_transceiver_capacity",
                                           "session capacity, as last probed", labels=labels)}
+        gauges["warm"] = GaugeMetricFamily(
+            "voiceedge_signaling_transceiver_warm_connections",
+            "idle keep-alive connections ready for calls", labels=labels)
+        opened = CounterMetricFamily(
+            "voiceedge_signaling_transceiver_connections_opened",
+            "TCP connections opened to the transceiver's control API: when=\"ahead\" in the "
+            "background, when=\"on_call\" by a call that found none warm (it paid a handshake)",
+            labels=labels + ["when"])
         for b in s.backends:
             gauges["healthy"].add_metric([b.cluster.name, b.url], int(b.healthy))
             gauges["sessions"].add_metric([b.cluster.name, b.url], b.sessions)
             gauges["capacity"].add_metric([b.cluster.name, b.url], b.capacity)
+            gauges["warm"].add_metric([b.cluster.name, b.url], b.pool.warm)
+            opened.add_metric([b.cluster.name, b.url, "ahead"], b.pool.opened_ahead)
+            opened.add_metric([b.cluster.name, b.url, "on_call"], b.pool.opened_on_call)
         yield from gauges.values()
+        yield opened
 
 
 @web.middleware

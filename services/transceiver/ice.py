@@ -10,22 +10,40 @@ otherwise, so other peer connections in the same process (clients in a demo) are
   shared socket itself); its StunProtocol writes into the transceiver's ``SharedSocket``.
 - port-per-session mode: stock aioice behaviour on one bind address: a socket per session.
 
+Per-call work done once or ahead of the call (the answer is on every call's signaling path):
+
+- ``gather_candidates`` does not ask the OS for the host's addresses (``ifaddr``, a few hundred
+  microseconds per call, more on a host with many interfaces): the plan says where the one
+  candidate is, in both modes;
+- DTLS certificates (a fresh EC key each, never reused) come from a ``CertificatePool`` filled
+  in the background while one is active (``with certificates(pool): RTCPeerConnection()``),
+  compute their fingerprints once instead of for every SDP aiortc writes, and bring their
+  DTLS context along.
+
 Hooks into aioice 0.13 / aiortc 1.16 internals (pinned in pyproject.toml):
 ``Connection.get_component_candidates`` (the only place aioice creates sockets),
+``Connection.gather_candidates`` and the attributes it sets (``_local_candidates_start``,
+``_local_candidates``, ``_local_candidates_end``, ``_components``),
 ``Connection._protocols``, ``StunProtocol`` (subclassed) and its private closed future, which
-``connection_lost`` resolves.
+``connection_lost`` resolves; the name ``RTCCertificate`` in ``aiortc.rtcpeerconnection``
+(its ``generateCertificate`` is the only certificate ``RTCPeerConnection()`` makes) and
+``RTCCertificate._create_ssl_context`` (overridden by the pool's certificates).
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
+import time
 from dataclasses import dataclass
 
 import aioice
 import aiortc.rtcicetransport
+import aiortc.rtcpeerconnection
 from aioice.candidate import Candidate, candidate_foundation, candidate_priority
 from aioice.ice import StunProtocol
+from aiortc.rtcdtlstransport import SRTP_PROFILES, RTCCertificate
 
 from services.transceiver.mux import SharedSocket
 
@@ -67,8 +85,119 @@ def _connection_factory(*args, **kwargs) -> aioice.Connection:
 
 
 def install() -> None:
-    """Route aiortc's Connection construction through the plan-aware factory (idempotent)."""
+    """Route aiortc's Connection construction through the plan-aware factory, and its
+    certificate generation through the active ``CertificatePool`` (idempotent)."""
     aiortc.rtcicetransport.Connection = _connection_factory
+    aiortc.rtcpeerconnection.RTCCertificate = _CertificateSource
+
+
+class PooledCertificate(RTCCertificate):
+    """An RTCCertificate that computes its fingerprints once (aiortc asks for them, three
+    digests of the certificate, every time it writes an SDP) and has its DTLS context ready
+    (~0.5 ms, otherwise made when the session is nominated, before its first DTLS flight)."""
+
+    def __init__(self, key, cert) -> None:
+        super().__init__(key, cert)
+        self.made = time.monotonic()
+        self._fingerprints = super().getFingerprints()
+        self._context = super()._create_ssl_context(SRTP_PROFILES)
+
+    def getFingerprints(self):
+        return list(self._fingerprints)
+
+    def _create_ssl_context(self, srtp_profiles):
+        context, self._context = self._context, None
+        if context is not None and list(srtp_profiles) == SRTP_PROFILES:
+            return context
+        return super()._create_ssl_context(srtp_profiles)
+
+
+class CertificatePool:
+    """DTLS certificates made ahead of the calls: each has its own fresh key and serves one
+    peer connection only (a shared one would let anyone link a transceiver's calls by
+    fingerprint). ``take`` hands out the oldest, or makes one on the spot when the pool ran
+    dry (counted in ``made_on_call``), and refills in the background a little later (the call
+    that took one is still being answered and set up), one certificate per event-loop turn,
+    so no other work waits for more than one."""
+
+    def __init__(self, size: int = 32, max_age_s: float = 3600.0,
+                 refill_after_s: float = 0.05) -> None:
+        self.size = size
+        self.refill_after_s = refill_after_s
+        self.max_age_s = max_age_s  # aiortc's certificates are valid for 30 days
+        self.made_ahead = 0
+        self.made_on_call = 0
+        self._ready: collections.deque[PooledCertificate] = collections.deque()
+        self._refill: asyncio.Task | None = None
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def fill(self) -> None:
+        """Fill the pool now (at start-up, before any call)."""
+        while len(self._ready) < self.size:
+            self._ready.append(PooledCertificate.generateCertificate())
+            self.made_ahead += 1
+
+    def take(self) -> PooledCertificate:
+        now = time.monotonic()
+        cert = None
+        while self._ready:
+            candidate = self._ready.popleft()
+            if now - candidate.made < self.max_age_s:
+                cert = candidate
+                break
+        if cert is None:
+            cert = PooledCertificate.generateCertificate()
+            self.made_on_call += 1
+        self._refill_soon()
+        return cert
+
+    def _refill_soon(self) -> None:
+        if self._refill is not None and not self._refill.done():
+            return
+        try:
+            self._refill = asyncio.get_running_loop().create_task(self._refill_loop())
+        except RuntimeError:  # no event loop: the next take refills
+            pass
+
+    async def _refill_loop(self) -> None:
+        await asyncio.sleep(self.refill_after_s)
+        while len(self._ready) < self.size:
+            await asyncio.sleep(0)  # let the loop's other work run between two certificates
+            self._ready.append(PooledCertificate.generateCertificate())
+            self.made_ahead += 1
+
+    def close(self) -> None:
+        if self._refill is not None:
+            self._refill.cancel()
+        self._ready.clear()
+
+
+_CERTS: contextvars.ContextVar[CertificatePool | None] = contextvars.ContextVar(
+    "voiceedge_certificates", default=None)
+
+
+@contextlib.contextmanager
+def certificates(pool: CertificatePool):
+    """Make peer connections created inside this block take their certificate from ``pool``."""
+    token = _CERTS.set(pool)
+    try:
+        yield
+    finally:
+        _CERTS.reset(token)
+
+
+class _CertificateSource:
+    """Stands in for ``RTCCertificate`` in ``aiortc.rtcpeerconnection``: the active pool's
+    certificate inside ``certificates(pool)``, a stock one elsewhere (clients in a demo)."""
+
+    @staticmethod
+    def generateCertificate() -> RTCCertificate:
+        pool = _CERTS.get()
+        if pool is None:
+            return RTCCertificate.generateCertificate()
+        return pool.take()
 
 
 class _MuxTransport:
@@ -144,6 +273,17 @@ class EdgeConnection(aioice.Connection):
                     pair.nominated = True
                     self.check_complete(pair)
                 return
+
+    async def gather_candidates(self) -> None:
+        """aioice's, without enumerating the host's addresses (neither mode uses them: the
+        plan says where the candidate is) and without a task per component (one component
+        here: BUNDLE and rtcp-mux), so gathering costs no extra event-loop turn."""
+        if not self._local_candidates_start:
+            self._local_candidates_start = True
+            for component in self._components:
+                self._local_candidates += await self.get_component_candidates(
+                    component=component, addresses=[])
+            self._local_candidates_end = True
 
     async def get_component_candidates(self, component: int, addresses: list[str],
                                        timeout: int = 5) -> list[Candidate]:

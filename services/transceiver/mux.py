@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import struct
 import time
 from dataclasses import dataclass, field
 
@@ -29,6 +31,11 @@ log = logging.getLogger("voiceedge.transceiver")
 
 _PARK_LIMIT = 16     # parked datagrams per session
 _PARK_TTL = 5.0      # seconds a parked datagram waits for its address
+_SO_MEMINFO, _SK_MEMINFO_DROPS = 55, 8  # linux/sock_diag.h: the socket's kernel drop count
+# Socket buffers: the one socket takes what a socket per session would each take, so a short
+# stall of the event loop must not overflow it (the relay's sockets have the same).
+_BUFFER_BYTES = 4 << 20
+_SO_RCVBUFFORCE, _SO_SNDBUFFORCE = 33, 32
 
 
 class MuxPort:
@@ -60,6 +67,7 @@ class MuxCounters:
     parked: int = 0
     parked_sent: int = 0
     parked_expired: int = 0
+    kernel_drops: int = 0  # datagrams the kernel dropped for this socket (receive buffer full)
 
 
 @dataclass
@@ -85,9 +93,23 @@ class SharedSocket(asyncio.DatagramProtocol):
         self._parked: dict[int, _Parked] = {}
 
     @classmethod
-    async def open(cls, host: str, port: int) -> "SharedSocket":
+    async def open(cls, host: str, port: int, buffer_bytes: int = _BUFFER_BYTES) -> "SharedSocket":
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                             socket.SOCK_DGRAM)
+        try:
+            for opt, force in ((socket.SO_RCVBUF, _SO_RCVBUFFORCE),
+                               (socket.SO_SNDBUF, _SO_SNDBUFFORCE)):
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, force, buffer_bytes)  # root
+                except PermissionError:
+                    sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)  # up to rmem_max
+            sock.bind((host, port))
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
         loop = asyncio.get_running_loop()
-        _, mux = await loop.create_datagram_endpoint(cls, local_addr=(host, port))
+        _, mux = await loop.create_datagram_endpoint(cls, sock=sock)
         return mux
 
     @property
@@ -97,6 +119,17 @@ class SharedSocket(asyncio.DatagramProtocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    def read_kernel_drops(self) -> int:
+        """Update ``counters.kernel_drops`` from the kernel (SO_MEMINFO) and return it."""
+        sock = self.transport.get_extra_info("socket") if self.transport else None
+        if sock is not None and sock.fileno() >= 0:
+            try:
+                raw = sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, 9 * 4)
+                self.counters.kernel_drops = struct.unpack("9I", raw)[_SK_MEMINFO_DROPS]
+            except OSError:
+                pass
+        return self.counters.kernel_drops
 
     def connection_made(self, transport) -> None:
         self.transport = transport

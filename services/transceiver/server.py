@@ -9,6 +9,8 @@ Control API (HTTP, internal):
 - ``DELETE /sessions/{id}``: ``204``, or ``404``.
 - ``GET /status``: JSON (ids, mode, sessions, capacity, UDP sockets held by this process).
 - ``GET /metrics``: Prometheus text.
+- ``GET /ping``: ``204``, nothing else: signaling fronts open and refresh their warm keep-alive
+  connections with it (services/signaling/pool.py). Idle connections are kept an hour.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from services.wire.ufrag import DEV_SECRET, DEV_SECRET_WARNING, UfragCodec, is_d
 from voiceedge.errors import ConfigError
 
 log = logging.getLogger("voiceedge.transceiver")
+_KEEPALIVE_S = 3600.0  # idle control-API connections are kept this long
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class TransceiverConfig:
     secret: bytes = DEV_SECRET
     max_sessions: int = 200
     setup_timeout: float = 10.0
+    certificates_ahead: int = 32                # DTLS certificates made before the calls
 
 
 def udp_sockets_of_this_process() -> int:
@@ -88,6 +92,7 @@ class TransceiverServer:
         self.sessions_refused = 0
         self._registry = CollectorRegistry()
         self._registry.register(_Collector(self))
+        self.certificates = ice.CertificatePool(config.certificates_ahead)
 
     async def __aenter__(self) -> "TransceiverServer":
         await self.start()
@@ -108,6 +113,7 @@ class TransceiverServer:
     async def start(self) -> None:
         ice.install()
         cfg = self.config
+        self.certificates.fill()  # off every call's path from the first one on
         if cfg.mode == ice.SHARED:
             self.mux = await SharedSocket.open(cfg.media_host, cfg.media_port)
         self._http = aiohttp.ClientSession()
@@ -116,7 +122,9 @@ class TransceiverServer:
         app.router.add_delete("/sessions/{id}", self._delete_session)
         app.router.add_get("/status", self._status)
         app.router.add_get("/metrics", self._metrics)
-        self._runner = web.AppRunner(app, access_log=None)
+        app.router.add_get("/ping", _ping)
+        # Fronts keep connections open ahead of calls; do not close them under their feet.
+        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=_KEEPALIVE_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, cfg.control[0], cfg.control[1])
         await site.start()
@@ -137,6 +145,9 @@ class TransceiverServer:
             await self._runner.cleanup()
         if self._http is not None:
             await self._http.close()
+        self.certificates.close()
+        if self.mux is not None:
+            self.mux.read_kernel_drops()
         log_event(log, "transceiver_stopped", sessions_total=self.sessions_total,
                   sessions_refused=self.sessions_refused,
                   mux=vars(self.mux.counters) if self.mux else None)
@@ -171,10 +182,16 @@ class TransceiverServer:
                                advertise=self._advertise(request))
         return ice.IcePlan(ufrag=ufrag, mode=cfg.mode, bind_host=cfg.media_host)
 
-    async def create_session(self, offer: str, plan: ice.IcePlan) -> tuple[Session, str]:
+    async def create_session(self, offer: str, plan: ice.IcePlan,
+                             received: float | None = None) -> tuple[Session, str]:
+        """A session for ``offer`` and its answer. ``received``: when the request arrived
+        (monotonic), for ``answer_ms`` in the log; default now."""
+        started = time.monotonic()
+        received = started if received is None else received
         session_id = secrets.token_urlsafe(12)
-        session = Session(session_id, plan, self.config.agent_url, self._http,
-                          self.config.setup_timeout, self._forget)
+        with ice.certificates(self.certificates):
+            session = Session(session_id, plan, self.config.agent_url, self._http,
+                              self.config.setup_timeout, self._forget)
         self.sessions[session_id] = session
         try:
             answer = await session.start(offer)
@@ -182,14 +199,18 @@ class TransceiverServer:
             await session.close("offer rejected")
             raise
         self.sessions_total += 1
+        done = time.monotonic()
         log_event(log, "session_created", session=session_id, ufrag=plan.ufrag,
-                  candidate=f"{plan.advertise[0]}:{plan.advertise[1]}" if plan.advertise else None)
+                  candidate=f"{plan.advertise[0]}:{plan.advertise[1]}" if plan.advertise else None,
+                  answer_ms=round((done - received) * 1000.0, 3),
+                  negotiate_ms=round((done - started) * 1000.0, 3))
         return session, answer
 
     def _forget(self, session: Session) -> None:
         self.sessions.pop(session.id, None)
 
     async def _post_session(self, request: web.Request) -> web.Response:
+        received = time.monotonic()
         try:
             if request.content_type != "application/sdp":
                 raise OfferError("Content-Type must be application/sdp", 415)
@@ -200,7 +221,7 @@ class TransceiverServer:
             check_offer(body)
             plan = self._new_plan(request)
             try:
-                session, answer = await self.create_session(body.decode(), plan)
+                session, answer = await self.create_session(body.decode(), plan, received)
             except OfferError:
                 raise
             except Exception as exc:  # aiortc's parse or negotiation errors
@@ -219,6 +240,8 @@ class TransceiverServer:
 
     def status(self) -> dict:
         cfg = self.config
+        if self.mux is not None:
+            self.mux.read_kernel_drops()
         return {
             "cluster_id": cfg.cluster_id, "transceiver_id": cfg.transceiver_id,
             "mode": cfg.mode, "sessions": len(self.sessions), "capacity": cfg.max_sessions,
@@ -245,6 +268,10 @@ class TransceiverServer:
                             content_type="text/plain", charset="utf-8")
 
 
+async def _ping(request: web.Request) -> web.Response:
+    return web.Response(status=204)
+
+
 class _Collector:
     def __init__(self, server: TransceiverServer) -> None:
         self._server = server
@@ -260,11 +287,19 @@ class _Collector:
         r = CounterMetricFamily("voiceedge_transceiver_sessions_refused", "503 at capacity")
         r.add_metric([], s.sessions_refused)
         yield r
+        made = CounterMetricFamily(
+            "voiceedge_transceiver_certificates_made", "DTLS certificates made: when=\"ahead\" "
+            "in the background, when=\"on_call\" while answering (the pool had run dry)",
+            labels=["when"])
+        made.add_metric(["ahead"], s.certificates.made_ahead)
+        made.add_metric(["on_call"], s.certificates.made_on_call)
+        yield made
         dev = GaugeMetricFamily("voiceedge_ufrag_dev_secret", "1 when routing ufrags use the "
                                 "public development secret", labels=["service"])
         dev.add_metric(["transceiver"], int(s.dev_secret))
         yield dev
         if s.mux is not None:
+            s.mux.read_kernel_drops()
             for name, value in vars(s.mux.counters).items():
                 m = CounterMetricFamily(f"voiceedge_transceiver_mux_{name}", f"shared socket: {name}")
                 m.add_metric([], value)

@@ -1,0 +1,118 @@
+"""A call's first packet through a relay worker: forwarded first, bookkept after.
+
+In-process worker on loopback, driven one readiness event at a time, with a stand-in for the
+Redis flow cache that records what it is handed: the datagram reaches the next hop before the
+``flow_created`` line is written, and the flow's Redis write waits for the sweep, where the
+new flows go in one batch (waking the cache thread at once made it compete for the GIL with
+the answer to that very packet).
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+from services.logs import Event
+from services.relay.config import RelayConfig, RouteTable
+from services.relay.worker import RelayWorker
+from services.wire import hop
+from services.wire.stun import binding_request
+from services.wire.ufrag import UfragCodec, secret_from_env
+from tests.conftest import free_port
+
+CODEC = UfragCodec(secret_from_env(None))
+
+
+class RecordingCache:
+    """What the worker hands to the flow cache, in order."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+        self.writes = self.writes_dropped = self.lookups = self.hits = self.errors = 0
+        self.up = True
+
+    def write(self, client, flow) -> None:
+        self.calls.append(("write", [client]))
+
+    def write_many(self, items) -> None:
+        self.calls.append(("write_many", [client for client, _ in items]))
+
+    def refresh(self, clients) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def test_first_packets_are_forwarded_before_they_are_logged_and_written_to_redis(caplog):
+    caplog.set_level(logging.INFO, "voiceedge.relay")
+    next_hop = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    next_hop.bind(("127.0.0.1", 0))
+    next_hop.settimeout(1)
+    routes = RouteTable.from_dict({"routes": {"1": f"127.0.0.1:{next_hop.getsockname()[1]}"}},
+                                  "ingress")
+    worker = RelayWorker(RelayConfig(routes=routes, listen=("127.0.0.1", free_port()),
+                                     hop_bind="127.0.0.1", metrics=None))
+    calls: list = []
+    worker.cache = RecordingCache(calls)
+    flush = worker.tx_hop.flush
+
+    def recorded_flush(fd: int) -> int:
+        sent = flush(fd)
+        calls.append(("sent", sent))
+        return sent
+
+    worker.tx_hop.flush = recorded_flush
+    handler = logging.Handler()
+    handler.emit = lambda record: calls.append(("logged", record.msg.name)) \
+        if isinstance(record.msg, Event) else None
+    logging.getLogger("voiceedge.relay").addHandler(handler)
+    clients = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
+    try:
+        for i, c in enumerate(clients):
+            c.bind(("127.0.0.1", 0))
+            c.sendto(binding_request(f"{CODEC.encode(1, 1)}:cli{i}".encode()),
+                     worker.sockets.public.getsockname())
+        addresses = [c.getsockname() for c in clients]
+        time.sleep(0.05)
+        worker._on_public()  # one readiness event: the three first packets
+        got = [hop.decode(next_hop.recvfrom(2048)[0])[0].client for _ in clients]
+        before_sweep = list(calls)
+        worker._sweep(time.monotonic_ns())
+    finally:
+        logging.getLogger("voiceedge.relay").removeHandler(handler)
+        for c in clients:
+            c.close()
+        next_hop.close()
+        worker.sockets.close()
+
+    assert got == addresses                   # forwarded, in the order they came
+    assert before_sweep == [("sent", 3)] + [("logged", "flow_created")] * 3  # then logged
+    assert calls[len(before_sweep):] == [("write_many", addresses)]  # Redis: at the sweep
+    assert worker.flows_created == 3
+
+
+def test_the_flow_cache_writes_a_batch_as_one_pipeline_and_counts_it(redis_server):
+    import redis
+
+    from services.relay.flowcache import CachedFlow, FlowCache
+
+    cache = FlowCache(redis_server.url, "batch-test", ttl=60.0, max_queue=16)
+    cache.start()
+    flows = [(("10.0.0.1", 5000 + i), CachedFlow(("10.0.9.9", 3479), None, 2, 1))
+             for i in range(3)]
+    try:
+        cache.write_many(flows)
+        deadline = time.monotonic() + 5
+        while cache.writes < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        keys = sorted(k.decode() for k in redis.Redis.from_url(redis_server.url).keys("*"))
+        redis_server.stop()
+        cache.write_many(flows[:2])  # Redis gone: the batch is dropped and counted
+        while cache.writes_dropped < 2 and time.monotonic() < deadline + 5:
+            time.sleep(0.02)
+    finally:
+        cache.stop()
+    assert cache.writes == 3
+    assert keys == [f"voiceedge:relay:batch-test:flow:10.0.0.1:{5000 + i}" for i in range(3)]
+    assert cache.writes_dropped == 2 and not cache.up
