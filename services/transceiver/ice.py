@@ -67,13 +67,18 @@ _PLAN: contextvars.ContextVar[IcePlan | None] = contextvars.ContextVar("voiceedg
 
 
 @contextlib.contextmanager
-def ice_plan(plan: IcePlan):
-    """Make peer connections set up inside this block use ``plan``."""
-    token = _PLAN.set(plan)
+def _scoped(var: contextvars.ContextVar, value):
+    """``var`` is ``value`` inside the block (and in tasks started there)."""
+    token = var.set(value)
     try:
         yield
     finally:
-        _PLAN.reset(token)
+        var.reset(token)
+
+
+def ice_plan(plan: IcePlan):
+    """Make peer connections set up inside this block use ``plan``."""
+    return _scoped(_PLAN, plan)
 
 
 def _connection_factory(*args, **kwargs) -> aioice.Connection:
@@ -178,14 +183,9 @@ _CERTS: contextvars.ContextVar[CertificatePool | None] = contextvars.ContextVar(
     "voiceedge_certificates", default=None)
 
 
-@contextlib.contextmanager
 def certificates(pool: CertificatePool):
     """Make peer connections created inside this block take their certificate from ``pool``."""
-    token = _CERTS.set(pool)
-    try:
-        yield
-    finally:
-        _CERTS.reset(token)
+    return _scoped(_CERTS, pool)
 
 
 class _CertificateSource:
