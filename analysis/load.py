@@ -49,6 +49,7 @@ class Results:
     config: dict
     calibration: dict
     summary: dict
+    calibration_at_load: dict = field(default_factory=dict)  # architecture -> its probes
     missing_files: list[str] = field(default_factory=list)
     timings: dict = field(default_factory=dict)  # timings.json: run and per-architecture times
 
@@ -225,4 +226,5 @@ def load_results(path: str | Path, require_sessions: bool = True) -> Results:
                    relays=optional_json("relays.json"), config=_read_json(path / "config.json"),
                    calibration=optional_json("calibration.json"),
                    summary=optional_json("summary.json"), missing_files=missing,
-                   timings=optional_json("timings.json"))
+                   timings=optional_json("timings.json"),
+                   calibration_at_load=optional_json("calibration_at_load.json"))

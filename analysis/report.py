@@ -91,6 +91,13 @@ def _warnings(results: Results, stats: Stats) -> list[str]:
         out.append("No calibration.json: the emulated world was not proven.")
     elif not results.calibration.get("ok", False):
         out.append("Calibration FAILED: the emulated world is not the configured one.")
+    for arch, cal in results.calibration_at_load.items():
+        if not cal.get("ok", False):
+            bad = [p for p in cal.get("paths", []) if not p.get("ok")]
+            names = ", ".join(f"{p.get('kind')} {p.get('src')}->{p.get('dst')}" for p in bad[:3])
+            out.append(f"{arch}: calibration at load FAILED on {len(bad)} of "
+                       f"{len(cal.get('paths', []))} paths ({names}): while its calls ran, the "
+                       f"world was not the configured one, and its figures include that.")
     for _, s in stats.success[stats.success.client_region == ALL].iterrows():
         if s.sessions and s.ok < s.sessions:
             out.append(f"{s.architecture}: {s.sessions - s.ok} of {s.sessions} sessions failed "
@@ -147,6 +154,7 @@ def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: E
               "<h2 id='ports'>Ports and relays</h2>", tables.to_html(tables.ports(results)),
               tables.to_html(tables.relays(results)),
               "<h2 id='calibration'>Calibration</h2>",
+              tables.to_html(tables.calibration_at_load(results)),
               tables.to_html(tables.calibration(results)),
               "<h2 id='config'>Configuration</h2>", tables.to_html(tables.configuration(results)),
               "<details><summary>emulated paths (impairments)</summary>",
@@ -184,6 +192,7 @@ def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], mode
     for name, path in plots.items():
         rel = path.relative_to(base) if path.is_relative_to(base) else path
         lines += [f"![{name}]({rel.as_posix()})", "", f"_{CAPTIONS.get(name, '')}_", ""]
+    lines += ["## Calibration", "", tables.to_markdown(tables.calibration_at_load(results))]
     lines += ["Full tables, calibration and configuration: `report.html`.", "", "## Method", ""]
     lines += [f"- {line}" for line in _method(stats.bootstrap, model)]
     return "\n".join(lines) + "\n"

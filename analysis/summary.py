@@ -101,6 +101,8 @@ def summary_of(results: Results, stats: Stats) -> dict:
            "client_regions": results.config.get("client_regions") or results.client_regions,
            "clusters": results.config.get("clusters", []),
            "calibration_ok": bool(results.calibration.get("ok", False)),
+           "calibration_at_load_ok": {arch: bool(c.get("ok")) for arch, c
+                                      in results.calibration_at_load.items()},
            "timings": timings, "baseline": baseline,
            "planned_architectures": results.planned_architectures,
            "complete": results.complete,

@@ -181,6 +181,35 @@ def calibration(results: Results) -> Table:
     return table
 
 
+def calibration_at_load(results: Results) -> Table:
+    """Idle calibration next to each architecture's calibration while its calls ran."""
+    table = Table(["when", "live sessions mean (min-max)", "paths ok", "worst mean error (ms)",
+                   "engine CPU (% of a core)", "engine packets/s", "release lateness p50 / p99 (us)"],
+                  note="Calls' paths probed again while the calls ran (the probes' own packets "
+                       "included). Engine figures are the userspace impairment engine over each "
+                       "probe window; '-' where the backend has no engine.")
+    runs = [("idle (before the calls)", results.calibration)]
+    runs += [(f"at load: {arch}", cal) for arch, cal in results.calibration_at_load.items()]
+    for when, cal in runs:
+        paths = cal.get("paths", [])
+        if not paths:
+            continue
+        engine = cal.get("engine") or {}
+        live = ("0" if when.startswith("idle") else
+                f"{cal.get('live_sessions_mean', 0):g} ({cal.get('live_sessions_min', 0)}-"
+                f"{cal.get('live_sessions_max', 0)})")
+        errors = [abs(p["mean_ms"] - p["expected_mean_ms"]) for p in paths
+                  if p.get("mean_ms") is not None]
+        late = (engine.get("lateness_p50_us"), engine.get("lateness_p99_us"))
+        table.rows.append([
+            when, live, f"{sum(1 for p in paths if p.get('ok'))}/{len(paths)}",
+            _ms(max(errors)) if errors else "-",
+            "-" if engine.get("cpu_pct") is None else f"{engine['cpu_pct']:.1f}",
+            "-" if engine.get("releases_per_s") is None else f"{engine['releases_per_s']:.0f}",
+            "-" if late[0] is None else f"{late[0]:.0f} / {late[1]:.0f}"])
+    return table
+
+
 def configuration(results: Results) -> Table:
     """The run's scenario and world, one setting per row."""
     c = results.config

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import subprocess
 import threading
 import time
@@ -30,7 +31,8 @@ from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
 from scenarios.spec import BASELINE, GLOBAL_RELAY, Scenario
 from scenarios.saturation import LagWindows, flag
 from scenarios.timeline import TIMELINE, merge_timeline
-from topology.calibrate import CalibrationReport, calibrate
+from topology.calibrate import CalibrationReport, calibrate, session_links
+from topology.loadcal import EngineWindow, LoadCalibration, calibrate_under_load, engine_stats
 from topology.netns import in_namespace
 from topology.plan import world_spec
 from topology.regions import RegionsCatalog
@@ -69,6 +71,7 @@ class ArchitectureRun:
     public_udp_ports_max: int   # the most seen at any sample
     bindings: list[str]         # "service address:port" at the peak
     seconds: float
+    load_calibration: LoadCalibration | None = None  # the calls' paths probed during the calls
 
     @property
     def success_pct(self) -> float:
@@ -140,12 +143,14 @@ class ScenarioRunner:
         with world:
             self.say(f"world built in {world.build_seconds:.1f} s; calibrating "
                      f"{len(world.links) + 1} paths")
+            before, t0 = engine_stats(world), time.monotonic()
             report = calibrate(world, count=self.scenario.calibration_count,
                                rate=self.scenario.calibration_rate,
                                progress=lambda done, total: self.progress(
                                    "calibration", done, total))
+            engine = EngineWindow.between(before, engine_stats(world), time.monotonic() - t0)
             (self.directory / "calibration.json").write_text(
-                json.dumps(report.to_dict(), indent=2))
+                json.dumps(report.to_dict() | {"engine": asdict(engine)}, indent=2))
             result = RunResult(self.directory, self.scenario, self.client_regions,
                                self.clusters, backend.name, report)
             self._write_config(result)
@@ -213,6 +218,7 @@ class ScenarioRunner:
         self.say(f"[{arch}] starting services")
         plan = self.edge_plan(world, arch)
         clients: list[ServiceProcess] = []
+        load_calibration = None
         edge = Edge(plan, logs)
         try:
             edge.start()
@@ -227,6 +233,7 @@ class ScenarioRunner:
                     logs / f"client-{front.region}.log", netns=world.node(host).ns_path).start())
             watch = _PeakWatch(edge)
             watch.start()
+            at_load = _AtLoad(self, world, arch, watch) if sc.calibration_at_load else None
             # the plan (progress bar, deadline); what ran is counted from the clients' results
             planned = sc.sessions_per_region * len(self.client_regions)
             deadline = time.monotonic() + planned / sc.start_rate + sc.call_duration_s + 90
@@ -238,7 +245,11 @@ class ScenarioRunner:
                 self.say(f"[{arch}] sessions {done}/{planned} done, {failed} failed, "
                          f"{time.monotonic() - started:.0f} s", transient=True)
                 watch.sample()
+                if at_load is not None:
+                    at_load.poll()
                 time.sleep(0.5)
+            if at_load is not None:
+                load_calibration = at_load.finish()
             watch.stop()
             time.sleep(0.6)  # relays publish their counters twice a second
             relays = edge.relay_counters()
@@ -255,7 +266,7 @@ class ScenarioRunner:
                                watch.ports_at_peak, watch.ports_max,
                                [f"{b.service}@{b.host} {b.address}:{b.port}"
                                 for b in watch.bindings_at_peak],
-                               round(time.monotonic() - started, 1))
+                               round(time.monotonic() - started, 1), load_calibration)
 
     # ------------------------------------------------------------ results
 
@@ -336,9 +347,67 @@ class ScenarioRunner:
                             a.public_udp_ports_max, "; ".join(a.bindings)])
         (d / "relays.json").write_text(json.dumps(
             {a.architecture: a.relays for a in result.architectures}, indent=2))
+        at_load = {a.architecture: a.load_calibration.to_dict()
+                   for a in result.architectures if a.load_calibration is not None}
+        if at_load:
+            (d / "calibration_at_load.json").write_text(json.dumps(at_load, indent=2))
         result.timings["architectures"] = {a.architecture: a.seconds for a in result.architectures}
         (d / "timings.json").write_text(json.dumps(result.timings, indent=2))
         result.summary = finalize(d)
+
+
+class _AtLoad:
+    """Calibration at load for one architecture: started, in a thread, once the calls are
+    near their expected concurrency (or once they have had time to get there)."""
+
+    def __init__(self, runner: "ScenarioRunner", world: World, arch: str,
+                 watch: "_PeakWatch") -> None:
+        sc = runner.scenario
+        regions = len(runner.client_regions)
+        per_region = min(sc.sessions_per_region, sc.start_rate * sc.call_duration_s)
+        self._target = max(1, math.ceil(0.8 * regions * per_region))
+        self._latest = time.monotonic() + min(sc.sessions_per_region / sc.start_rate,
+                                              sc.call_duration_s) + 2.0
+        self._start = lambda: calibrate_under_load(
+            world, arch, session_links(world, runner.client_regions, runner.clusters),
+            live=lambda: watch.live, count=min(100, sc.calibration_count),
+            rate=sc.calibration_rate)
+        self._say = runner.say
+        self._arch = arch
+        self._thread: threading.Thread | None = None
+        self._result: LoadCalibration | None = None
+        self._error: BaseException | None = None
+        self._watch = watch
+
+    def poll(self) -> None:
+        if self._thread is None and (self._watch.live >= self._target
+                                     or time.monotonic() >= self._latest):
+            self._say(f"[{self._arch}] calibrating again at load "
+                      f"({self._watch.live} live sessions)")
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = self._start()
+        except BaseException as exc:  # noqa: BLE001 - reported by finish()
+            self._error = exc
+
+    def finish(self) -> LoadCalibration | None:
+        """Wait for the probes (started now if the calls ended first) and return them."""
+        if self._thread is None:
+            self._latest = 0.0
+            self.poll()
+        self._thread.join(timeout=120)
+        if self._error is not None:
+            raise self._error
+        result = self._result
+        if result is not None:
+            verdict = "held" if result.ok else (
+                f"FAILED on {len(result.report.failures)} of {len(result.report.paths)} paths")
+            self._say(f"[{self._arch}] calibration at load {verdict} "
+                      f"({result.live_sessions_mean:g} live sessions on average)")
+        return result
 
 
 class _PeakWatch:
@@ -371,8 +440,13 @@ class _PeakWatch:
             except OSError:
                 continue
 
+    @property
+    def live(self) -> int:
+        """Live sessions on every transceiver, as last polled."""
+        return sum(self._live.values())
+
     def sample(self) -> None:
-        live = sum(self._live.values())
+        live = self.live
         bindings = self._edge.public_bindings()
         ports = count_ports(bindings)
         self.ports_max = max(self.ports_max, ports)

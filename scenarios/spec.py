@@ -30,6 +30,7 @@ class Scenario:
     profiles: dict = field(default_factory=dict)
     calibration_count: int = 150
     calibration_rate: float = 100.0
+    calibration_at_load: bool = True  # probe the calls' paths again while the calls run
     min_success_pct: float = 100.0  # below this for any architecture, the run exits 1
     description: str = ""
     source: str = ""
@@ -64,8 +65,10 @@ class Scenario:
         if not isinstance(archs, list) or not archs or set(archs) - set(ARCHITECTURES):
             raise ScenarioError(f"{path}: architectures: choose from {', '.join(ARCHITECTURES)}")
         calibration = doc.get("calibration", {}) or {}
-        if not isinstance(calibration, dict) or set(calibration) - {"count", "rate"}:
-            raise ScenarioError(f"{path}: calibration: only count and rate")
+        if not isinstance(calibration, dict) or set(calibration) - {"count", "rate", "at_load"}:
+            raise ScenarioError(f"{path}: calibration: only count, rate and at_load")
+        if not isinstance(calibration.get("at_load", True), bool):
+            raise ScenarioError(f"{path}: calibration: at_load is true or false")
         profiles = doc.get("profiles", {}) or {}
         if not isinstance(profiles, dict):
             raise ScenarioError(f"{path}: profiles: a mapping of profile -> overrides")
@@ -83,6 +86,7 @@ class Scenario:
             profiles=profiles,
             calibration_count=int(calibration.get("count", 150)),
             calibration_rate=float(calibration.get("rate", 100)),
+            calibration_at_load=calibration.get("at_load", True),
             min_success_pct=float(need("min_success_pct", (int, float), lambda v: 0 <= v <= 100,
                                        "0..100")) if "min_success_pct" in doc else 100.0,
             description=str(doc.get("description", "")).strip(), source=str(path))

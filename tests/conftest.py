@@ -15,6 +15,27 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.fixture
+def as_nobody() -> list[str]:
+    """The command prefix that runs a command as user nobody, for tests of the not-root paths.
+
+    Skips when this cannot run: without root or setpriv, or when the checkout itself is not
+    readable by other users (e.g. a clone inside a 0700 directory), so that nobody cannot
+    even import the project: there the test would measure the checkout's permissions.
+    """
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("switching to user nobody needs root and setpriv (util-linux)")
+    probe = subprocess.run([*AS_NOBODY, sys.executable, "-c", "import voiceedge"], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"user nobody cannot import the project from {REPO} (a directory on the "
+                    "way is not readable by other users); clone it somewhere readable")
+    return list(AS_NOBODY)
+
+
 def free_port(kind: int = socket.SOCK_DGRAM) -> int:
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))

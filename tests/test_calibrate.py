@@ -7,6 +7,7 @@ import numpy as np
 
 from topology.calibrate import FAMILY_TAIL, Expectation, judge, loss_band
 from topology.impairment.model import BernoulliLoss, GilbertElliottLoss, Impairment
+from topology.loadcal import EngineWindow
 
 
 def verdict(impairment: Impairment, delays, sent=200):
@@ -74,3 +75,16 @@ def test_the_loss_band_is_corrected_for_the_number_of_paths():
                  paths=51).loss_ok
     assert not judge(Expectation.of(imp), 200, list(delays), 0, "public", "a", "b", "x", "y",
                      paths=1).loss_ok
+
+
+def test_the_engine_window_is_the_difference_of_two_snapshots():
+    before = {"cpu_seconds": 10.0, "lateness_hist": {10: 500, 20: 7}}
+    # 100 releases in the window: 89 at 20 us, 10 at 500 us, 1 at 3000 us
+    after = {"cpu_seconds": 10.5, "lateness_hist": {10: 500, 20: 96, 500: 10, 3000: 1}}
+    w = EngineWindow.between(before, after, seconds=2.0)
+    assert (w.cpu_pct, w.releases_per_s) == (25.0, 50.0)
+    assert (w.lateness_p50_us, w.lateness_p99_us) == (20.0, 500.0)
+    # the releases before the window (500 at 10 us) would have made the p50 10 us
+    assert EngineWindow.between({}, after, 2.0).cpu_pct is None  # a backend without an engine
+    quiet = EngineWindow.between(before, before, 2.0)
+    assert quiet.releases_per_s == 0 and quiet.lateness_p99_us is None

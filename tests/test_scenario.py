@@ -85,11 +85,38 @@ def test_the_numbers_make_physical_sense(ci_results):
     assert g["public_udp_ports"] == 1
 
 
+def test_the_world_is_calibrated_again_while_the_calls_run(ci_results, kernel_backend):
+    summary, directory = ci_results
+    at_load = json.loads((directory / "calibration_at_load.json").read_text())
+    assert list(at_load) == ["port-per-session", "cluster-relay", "global-relay"]
+    assert summary["calibration_at_load_ok"] == {arch: True for arch in at_load}
+    for arch, cal in at_load.items():
+        assert cal["ok"] and cal["live_sessions_max"] >= 1, (arch, cal)
+        # the calls' paths only: the client region's last mile, and both ways between it
+        # and the cluster over the public internet and the backbone, plus the unimpaired path
+        probed = {(p["kind"], p["src"], p["dst"]) for p in cal["paths"]}
+        assert probed == {("last_mile_up", "apac-se", "apac-se"),
+                          ("last_mile_down", "apac-se", "apac-se"),
+                          ("public", "apac-se", "na-east"), ("public", "na-east", "apac-se"),
+                          ("backbone", "apac-se", "na-east"), ("backbone", "na-east", "apac-se"),
+                          ("unimpaired", "apac-se", "apac-se")}, (arch, probed)
+        engine = cal["engine"]
+        if kernel_backend == "userspace":  # measured over the probe window, from the engine
+            assert engine["cpu_pct"] > 0 and engine["releases_per_s"] > 0, engine
+            assert engine["lateness_p50_us"] <= engine["lateness_p99_us"], engine
+    idle = json.loads((directory / "calibration.json").read_text())["engine"]
+    if kernel_backend == "userspace":
+        assert idle["releases_per_s"] > 0 and idle["lateness_p99_us"] is not None
+    report = (directory / "report.md").read_text()
+    assert "at load: global-relay" in report and "idle (before the calls)" in report
+
+
 def test_results_folder_has_everything_and_nothing_else(ci_results, kernel_backend):
     _, directory = ci_results
     names = {p.name for p in directory.iterdir()}
     assert {"config.json", "calibration.json", "sessions.csv", "samples.csv", "ports.csv",
-            "relays.json", "summary.json", "stats.csv", "stats.json", "logs"} <= names
+            "relays.json", "summary.json", "stats.csv", "stats.json", "logs",
+            "calibration_at_load.json"} <= names
     config = json.loads((directory / "config.json").read_text())
     assert config["backend"] == kernel_backend and config["clusters"] == ["na-east"]
     assert config["baseline"] == "port-per-session"
@@ -130,6 +157,8 @@ def test_scenario_files_are_checked(tmp_path):
         "architectures: [carrier-pigeon]\n": "architectures",
         "name: x\nclusters: [na-east]\nwhat: 1\n": "unknown field",
         "[1, 2": "not valid YAML",
+        "name: x\nclusters: [na-east]\nsessions_per_region: 1\ncall_duration_s: 3\nstart_rate: 1\n"
+        "calibration: {at_load: sometimes}\n": "at_load is true or false",
     }
     for text, message in cases.items():
         path = tmp_path / "s.yaml"
@@ -146,12 +175,9 @@ def test_bad_region_is_a_one_line_error():
     assert proc.returncode == 2 and "atlantis" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_not_root_is_one_line_and_exit_2_before_any_folder(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to drop to another user")
+def test_not_root_is_one_line_and_exit_2_before_any_folder(tmp_path, as_nobody):
     out = tmp_path / "results"
-    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                           sys.executable, "-m", "voiceedge", "scenario", str(CI), "--region",
+    proc = subprocess.run([*as_nobody, sys.executable, "-m", "voiceedge", "scenario", str(CI), "--region",
                            "apac-se", "--results", str(out)], capture_output=True, text=True,
                           cwd=REPO, timeout=60)
     assert proc.returncode == 2, proc.stderr

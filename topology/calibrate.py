@@ -30,7 +30,7 @@ import numpy as np
 
 from topology.impairment.model import BernoulliLoss, Impairment, LossModel
 from topology.probe import ProbeResult, udp_probe
-from topology.world import World
+from topology.world import ImpairedLink, World
 
 PROBE_BYTES = 200  # UDP payload of a probe datagram
 
@@ -174,15 +174,29 @@ def _probe(world: World, job: _Job, count: int, rate: float) -> ProbeResult:
                      job.target_ip, count=count, rate=rate, size=PROBE_BYTES, drain_s=drain_s)
 
 
+def session_links(world: World, client_regions: list[str],
+                  clusters: list[str]) -> list[ImpairedLink]:
+    """The impaired directions a call from ``client_regions`` to ``clusters`` can cross: the
+    clients' last miles, and the public internet and backbone between them and the clusters."""
+    ends = {(c, k) for c in client_regions for k in clusters if c != k}
+    ends |= {(k, c) for c, k in ends}
+    return [link for link in world.links
+            if (link.kind.startswith("last_mile") and link.src in client_regions)
+            or (link.kind in ("public", "backbone") and (link.src, link.dst) in ends)]
+
+
 def calibrate(world: World, count: int = 200, rate: float = 100.0, parallel: int = 4,
-              progress: Callable[[int, int], None] | None = None) -> CalibrationReport:
-    """Probe every impaired direction of the world (and one unimpaired path) and judge each.
+              progress: Callable[[int, int], None] | None = None,
+              links: list[ImpairedLink] | None = None) -> CalibrationReport:
+    """Probe every impaired direction of the world, or only ``links``, and one unimpaired
+    path, and judge each.
 
     ``progress(paths_done, paths_total)`` is called once with 0 before the first probe and
     then after each path is probed. Probes run ``parallel`` at a time; verdicts are computed
     after the last probe, so the loss bands' simulation never competes with a probe."""
     jobs = [_Job(link.kind, link.src, link.dst, link.sender, link.receiver, link.receiver_ip,
-                 Expectation.of(link.impairment)) for link in world.links]
+                 Expectation.of(link.impairment))
+            for link in (world.links if links is None else links)]
     first = world.spec.regions[0]
     i = world.index[first]
     jobs.append(_Job("unimpaired", first, first, f"edge{i}", f"pub{i}", world.lan(i, 2, 1),

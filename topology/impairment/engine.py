@@ -154,7 +154,9 @@ class Engine:
             "cpu_seconds": ru.ru_utime + ru.ru_stime,
             "lateness_us": {"count": count, "p50": self._percentile(0.50, count),
                             "p99": self._percentile(0.99, count),
-                            "max": round(self.late_max * 1e6, 1)},
+                            "max": round(self.late_max * 1e6, 1),
+                            # sparse 1-us histogram: callers diff two snapshots for a window
+                            "hist": {str(us): n for us, n in enumerate(self.lateness) if n}},
             "lagged_seconds": {str(k): round(v * 1e3, 2) for k, v in sorted(
                 {**self.lagged, **self._open_second()}.items())},
             "verdict_errors": self.verdict_errors,

@@ -250,6 +250,7 @@ class UserspaceBackend(ImpairmentBackend):
                 "cpu_seconds": cpu if cpu is not None else raw["cpu_seconds"],
                 "lateness_p50_us": lateness["p50"], "lateness_p99_us": lateness["p99"],
                 "lateness_max_us": lateness["max"], "releases": lateness["count"],
+                "lateness_hist": {int(k): v for k, v in lateness.get("hist", {}).items()},
                 "verdict_errors": raw["verdict_errors"], "interfaces": interfaces,
                 # wall-clock second -> worst release lateness (ms), where it reached 2 ms
                 "lagged_seconds": raw.get("lagged_seconds", {})}
