@@ -16,6 +16,7 @@ from voiceedge.errors import UserError
 def build_parser() -> argparse.ArgumentParser:
     from analysis import budgets_cli
     from analysis import cli as report_cli
+    from bench import capacity as capacity_bench
     from bench import relay as relay_bench
     from topology.impairment import bench as impairment_bench
     from scenarios import cli as scenario_cli
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks of the testbed's own parts")
     bench_sub = bench.add_subparsers(dest="target", metavar="TARGET", required=True)
     relay_bench.add_parser(bench_sub)
+    capacity_bench.add_parser(bench_sub)
     impairment_bench.add_parser(bench_sub)
 
     scenario_cli.add_parser(sub)
