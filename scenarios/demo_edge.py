@@ -3,14 +3,20 @@
 Everything runs in a lab network namespace (topology/netns.py), started by the edge launcher
 (scenarios/edge.py) like every other run: Redis, the cluster relay (its public address is the
 answers' only candidate), one transceiver, the echo agent and signaling, as separate
-processes; then N concurrent aiortc client sessions. ``--mode port-per-session`` runs the
-baseline instead: no relay, no Redis, a UDP port per session advertised directly.
+processes; then N concurrent aiortc client sessions in this process, a few of them full
+clients, the others light (docs/client.md). ``--mode port-per-session`` runs the baseline
+instead: no relay, no Redis, a UDP port per session advertised directly.
+
+CPU per session-second (transceiver, and this process, i.e. the clients): user + sys time
+over a window, divided by the session-seconds of call in it. The window is the middle of the
+calls when every session is in its call at once ("all sessions in call"); otherwise the whole
+run of the clients ("whole run"), which also counts the sessions' setup and teardown.
 """
 from __future__ import annotations
 
 import asyncio
-import glob
 import json
+import os
 import tempfile
 import time
 import urllib.request
@@ -21,7 +27,7 @@ from analysis.stats import percentile
 from scenarios.edge import ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, Host
 from scenarios.spec import CLUSTER_RELAY, PORT_PER_SESSION
 from scenarios.timeline import merge_timeline
-from services.client.config import ClientConfig
+from services.client.config import KINDS, ClientConfig
 from services.client.runner import run_sessions
 from services.transceiver.ice import MODES, SHARED
 from topology.netns import in_namespace, lab_namespace
@@ -35,6 +41,7 @@ class DemoConfig:
     duration_s: float = 5.0
     start_rate: float = 20.0
     concurrency: int | None = None  # 1: sessions one at a time
+    full_clients: int = 2           # sessions with the full client; the others are light
     workdir: Path | None = None
 
 
@@ -56,6 +63,9 @@ class DemoResult:
     transceiver_udp_sockets: int | None
     public_udp_ports: int | None     # measured (/proc) at the peak of concurrent sessions
     transceiver_cpu_ms_per_session_second: float | None
+    clients_cpu_ms_per_session_second: float | None
+    cpu_window: str                  # "all sessions in call" or "whole run" (module docstring)
+    clients: dict = field(default_factory=dict)  # per kind: sessions, ok, echo_verified
     relay: dict = field(default_factory=dict)
     logs: str = ""
 
@@ -66,15 +76,32 @@ def _get_json(url: str) -> dict:
 
 
 def _cpu_seconds(pid: int) -> float:
-    """CPU time of every thread of ``pid`` (scheduler-measured)."""
-    total = 0
-    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
-        try:
-            with open(path) as f:
-                total += int(f.read().split()[0])
-        except OSError:
-            pass
-    return total / 1e9
+    """User + sys CPU time of process ``pid``, its ended threads included."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class CpuMark:
+    """CPU seconds of the transceiver and of this process (the clients) at one moment."""
+
+    at: float
+    transceiver: float
+    clients: float
+
+    @classmethod
+    def take(cls, transceiver_pid: int) -> "CpuMark":
+        return cls(time.monotonic(), _cpu_seconds(transceiver_pid), _cpu_seconds(os.getpid()))
+
+
+def cpu_ms_per_session_second(start: CpuMark, end: CpuMark, session_seconds: float
+                              ) -> tuple[float | None, float | None]:
+    """(transceiver, clients) CPU ms per session-second of call between two marks."""
+    if session_seconds <= 0:
+        return None, None
+    per = lambda a, b: round((b - a) * 1000 / session_seconds, 2)  # noqa: E731
+    return (per(start.transceiver, end.transceiver), per(start.clients, end.clients))
 
 
 def demo_plan(mode: str, netns: str, public: str, internal: str) -> EdgePlan:
@@ -115,20 +142,25 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
     try:
         say(f"starting services ({cfg.mode}) in {workdir}")
         await loop.run_in_executor(None, edge.start)
-        say(f"{cfg.sessions} client sessions, {cfg.duration_s:g} s calls")
+        say(f"{cfg.sessions} client sessions ({min(cfg.full_clients, cfg.sessions)} full), "
+            f"{cfg.duration_s:g} s calls")
         client = ClientConfig(url=edge.signaling_url(front), duration_s=cfg.duration_s,
-                              start_rate=cfg.start_rate, concurrency=cfg.concurrency)
+                              start_rate=cfg.start_rate, concurrency=cfg.concurrency,
+                              full_sessions=cfg.full_clients)
         transceiver = edge.services[f"transceiver-{cluster.name}"].process
-        watch = asyncio.create_task(_watch_transceiver(transceiver.pid, control, edge, cfg))
+        first = CpuMark.take(transceiver.pid)
+        watch = asyncio.create_task(_watch_transceiver(
+            transceiver.pid, control, edge, cfg, lambda: done, first.at + cfg.duration_s))
         if cfg.concurrency is not None and cfg.concurrency < cfg.sessions:
-            watch.cancel()  # sessions never all live at once: no CPU-per-session window
+            watch.cancel()  # sessions never all live at once: no steady window
         results = await run_sessions(client, cfg.sessions,
                                      results_path=workdir / "sessions.jsonl",
                                      samples_path=workdir / "samples.jsonl", on_result=ended)
+        last = CpuMark.take(transceiver.pid)
         try:
-            status, cpu_ms, ports = await watch
+            status, steady, ports = await watch
         except asyncio.CancelledError:
-            status, cpu_ms = await loop.run_in_executor(None, _get_json, control), None
+            status, steady = await loop.run_in_executor(None, _get_json, control), None
             ports = None
         relay = {}
         if plan.relayed:
@@ -148,6 +180,17 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
         value = percentile([getattr(r, name) for r in ok], q)
         return None if value is None else round(value, 1)
 
+    if steady is not None:
+        window = "all sessions in call"
+        cpu = cpu_ms_per_session_second(*steady, (steady[1].at - steady[0].at) * cfg.sessions)
+    else:
+        window = "whole run"
+        cpu = cpu_ms_per_session_second(first, last, sum((r.call_ms or 0) for r in results) / 1000)
+    clients = {kind: {"sessions": sum(1 for r in results if r.client == kind),
+                      "ok": sum(1 for r in ok if r.client == kind),
+                      "echo_verified": sum(1 for r in ok if r.client == kind and r.echo_verified)}
+               for kind in KINDS}
+
     return DemoResult(
         mode=cfg.mode, sessions=cfg.sessions, ok=len(ok), failed=len(results) - len(ok),
         failures=failures,
@@ -158,18 +201,22 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
         echo_verified=sum(1 for r in ok if r.echo_verified),
         datachannel_verified=sum(1 for r in ok if r.datachannel_verified),
         transceiver_udp_sockets=status.get("udp_sockets") if status else None,
-        public_udp_ports=ports, transceiver_cpu_ms_per_session_second=cpu_ms, relay=relay,
-        logs=str(workdir))
+        public_udp_ports=ports, transceiver_cpu_ms_per_session_second=cpu[0],
+        clients_cpu_ms_per_session_second=cpu[1], cpu_window=window, clients=clients,
+        relay=relay, logs=str(workdir))
 
 
-async def _watch_transceiver(pid: int, url: str, edge: Edge, cfg: DemoConfig
-                            ) -> tuple[dict, float | None, int | None]:
-    """Wait until every session is live, then read the socket counts and measure CPU per
-    session-second over the middle of the calls."""
+async def _watch_transceiver(pid: int, url: str, edge: Edge, cfg: DemoConfig, ended,
+                             first_call_end: float
+                             ) -> tuple[dict, tuple[CpuMark, CpuMark] | None, int | None]:
+    """Wait until every session is live, then read the socket counts and take CPU marks
+    around the middle of the calls, ending before ``first_call_end`` (monotonic; no call ends
+    earlier): (status, marks or None, ports). No marks when that leaves less than a second, a
+    session ends (``ended()`` > 0) before the last one is connected, or one ends in the window."""
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + cfg.sessions / cfg.start_rate + 15
     status: dict = {}
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not ended():
         status = await loop.run_in_executor(None, _get_json, url)
         connected = sum(1 for s in status["session_details"] if s["state"] == "connected")
         if connected >= cfg.sessions:
@@ -178,15 +225,16 @@ async def _watch_transceiver(pid: int, url: str, edge: Edge, cfg: DemoConfig
     else:
         return status, None, None
     ports = await loop.run_in_executor(None, edge.public_udp_ports)
-    window = max(1.0, cfg.duration_s - 2.0)
-    cpu0, t0 = _cpu_seconds(pid), time.monotonic()
-    await asyncio.sleep(window)
-    cpu1, t1 = _cpu_seconds(pid), time.monotonic()
-    status = await loop.run_in_executor(None, _get_json, url)
-    live = status["sessions"]
-    if live < cfg.sessions:
+    window = min(cfg.duration_s - 2.0, first_call_end - 1.0 - time.monotonic())
+    if window < 1.0:
         return status, None, ports
-    return status, round((cpu1 - cpu0) / (t1 - t0) / live * 1000, 1), ports
+    start = CpuMark.take(pid)
+    await asyncio.sleep(window)
+    end = CpuMark.take(pid)
+    status = await loop.run_in_executor(None, _get_json, url)
+    if status["sessions"] < cfg.sessions or ended():
+        return status, None, ports
+    return status, (start, end), ports
 
 
 def add_parser(sub) -> None:
@@ -202,6 +250,9 @@ def add_parser(sub) -> None:
     e.add_argument("--rate", type=float, default=d.start_rate, help="sessions started per second")
     e.add_argument("--concurrency", type=int, metavar="N",
                    help="at most N sessions at once (1: one at a time; default: all)")
+    e.add_argument("--full-clients", type=int, default=d.full_clients, metavar="N",
+                   help="sessions with the full client (decodes, checks the echo's level); "
+                        f"the others are light (default {d.full_clients})")
     e.add_argument("--workdir", type=Path, help="where logs and JSON lines go (default: a temp dir)")
     e.add_argument("--json", action="store_true", help="print only JSON")
     e.set_defaults(func=_main)
@@ -211,6 +262,8 @@ def _main(args) -> int:
     if args.sessions < 1 or args.duration <= 0 or args.rate <= 0 or (
             args.concurrency is not None and args.concurrency < 1):
         raise UserError("--sessions, --duration, --rate and --concurrency must be positive")
+    if args.full_clients < 0:
+        raise UserError("--full-clients must be at least 0")
     from rich.console import Console
 
     from scenarios.processes import ServiceError
@@ -218,7 +271,8 @@ def _main(args) -> int:
     from topology.netns import NetnsError
 
     cfg = DemoConfig(sessions=args.sessions, mode=args.mode, duration_s=args.duration,
-                     start_rate=args.rate, concurrency=args.concurrency, workdir=args.workdir)
+                     start_rate=args.rate, concurrency=args.concurrency,
+                     full_clients=args.full_clients, workdir=args.workdir)
     bars = ProgressBars(Console(stderr=True), enabled=not args.json)
     with bars:
         try:
@@ -249,10 +303,15 @@ def _print(r: DemoResult) -> None:
         ("signaling_ms p50", fmt(r.signaling_ms_p50)),
         ("first_audio_ms p50", fmt(r.first_audio_ms_p50)),
         ("audio echo verified", f"{r.echo_verified} / {r.ok}"),
+        *((f"  {kind} clients: echo verified / ok / sessions",
+           f"{c['echo_verified']} / {c['ok']} / {c['sessions']}") for kind, c in r.clients.items()),
         ("data-channel echo verified", f"{r.datachannel_verified} / {r.ok}"),
         ("UDP sockets held by the transceiver", fmt(r.transceiver_udp_sockets)),
         ("public UDP ports (measured, all sessions live)", fmt(r.public_udp_ports)),
-        ("transceiver CPU ms per session-second", fmt(r.transceiver_cpu_ms_per_session_second)),
+        (f"transceiver CPU ms per session-second ({r.cpu_window})",
+         fmt(r.transceiver_cpu_ms_per_session_second)),
+        (f"clients' CPU ms per session-second ({r.cpu_window})",
+         fmt(r.clients_cpu_ms_per_session_second)),
     ]
     if r.relay:
         rows.append(("relay flows / datagrams forwarded",

@@ -39,7 +39,8 @@ from topology.regions import RegionsCatalog
 from topology.world import World
 
 SESSION_FIELDS = (
-    "architecture", "client_region", "cluster_region", "session", "ok", "error", "stage",
+    "architecture", "client_region", "cluster_region", "session", "client", "ok", "error",
+    "stage",
     "signaling_ms", "offer_ms", "first_ice_rtt_ms", "ice_connected_ms", "setup_ms",
     "first_audio_ms", "rtt_ms", "consent_rtt_ms", "jitter_ms", "loss_pct", "packets_received",
     "packets_lost", "loss_bursts", "echo_verified", "datachannel_verified",
@@ -227,6 +228,7 @@ class ScenarioRunner:
                 clients.append(ServiceProcess(f"client-{front.region}", voiceedge_cmd(
                     "client", "--url", edge.signaling_url(front),
                     "-n", str(sc.sessions_per_region), "--rate", str(sc.start_rate),
+                    "--full-clients", str(sc.full_clients_per_region),
                     "--duration", str(sc.call_duration_s), "--results",
                     str(logs / f"sessions-{front.region}.jsonl"), "--samples",
                     str(logs / f"samples-{front.region}.jsonl")),
@@ -284,7 +286,9 @@ class ScenarioRunner:
                     if client != cluster else 0.0)
         public = (one_way("public", client, cluster) + one_way("public", cluster, client)
                   if client != cluster else 0.0)
-        signaling = last_mile + backbone
+        # The client opens a new connection to its region's front for each call (as a browser
+        # would): the TCP handshake costs one round trip over the last mile before the POST.
+        signaling = 2 * last_mile + backbone
         media = last_mile + (backbone if arch == "global-relay" else public)
         # Setup cannot beat the offer/answer round trip plus two media round trips: the
         # client's nominating check (one RTT) overlaps the first DTLS flight, because the

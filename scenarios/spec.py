@@ -23,6 +23,7 @@ class Scenario:
     name: str
     clusters: tuple[str, ...]
     sessions_per_region: int = 7
+    full_clients_per_region: int = 2  # sessions with the full client (docs/client.md); rest light
     call_duration_s: float = 6.0
     start_rate: float = 3.0
     architectures: tuple[str, ...] = ARCHITECTURES
@@ -48,7 +49,7 @@ class Scenario:
             raise ScenarioError(f"{path}: must be a mapping of fields")
         known = {"name", "description", "clusters", "sessions_per_region", "call_duration_s",
                  "start_rate", "architectures", "last_mile", "profiles", "calibration",
-                 "min_success_pct"}
+                 "min_success_pct", "full_clients_per_region"}
         unknown = set(doc) - known
         if unknown:
             raise ScenarioError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -72,12 +73,15 @@ class Scenario:
         profiles = doc.get("profiles", {}) or {}
         if not isinstance(profiles, dict):
             raise ScenarioError(f"{path}: profiles: a mapping of profile -> overrides")
+        sessions = need("sessions_per_region", int, lambda v: 1 <= v <= 200, "1..200")
+        full = (need("full_clients_per_region", int, lambda v: 0 <= v <= sessions,
+                     f"0..sessions_per_region ({sessions})")
+                if "full_clients_per_region" in doc else min(2, sessions))
         scenario = cls(
             name=need("name", str, lambda v: v.replace("-", "").replace("_", "").isalnum(),
                       "letters, digits, - and _ only"),
             clusters=tuple(clusters),
-            sessions_per_region=need("sessions_per_region", int, lambda v: 1 <= v <= 200,
-                                     "1..200"),
+            sessions_per_region=sessions, full_clients_per_region=full,
             call_duration_s=float(need("call_duration_s", (int, float), lambda v: 2 <= v <= 600,
                                        "2..600 s")),
             start_rate=float(need("start_rate", (int, float), lambda v: 0 < v <= 50, "0..50/s")),

@@ -231,7 +231,9 @@ def test_one_session_measures_the_timeline_and_verifies_echo(echo_peer):
     assert "a=sendrecv" in offer and "opus/48000/2" in offer and "PCMU" not in offer
     assert len(set(re.findall(r"^a=ice-ufrag:(\S+)", offer, re.M))) == 1
     assert "a=end-of-candidates" in offer and f" {echo_peer.media_host} " in offer
+    assert result.client == "full"
     assert result.echo_verified and result.echo_rms > 0.05
+    assert result.echo_voiced_pct > 80    # measured for every kind; decides for light ones
     assert result.datachannel_verified
     assert result.events[:1] == ["session.created"] and "agent.echo" in result.events
     # about 50 packets per second come back (minus the echo's start-up)
@@ -264,16 +266,20 @@ def test_rtt_from_rtcp_during_a_longer_call(echo_peer):
     assert any(s.rtt_ms is not None for s in result.samples)
 
 
-def test_no_task_outlives_its_session(echo_peer):
+@pytest.mark.parametrize("kind", ["full", "light"])
+def test_no_task_or_thread_outlives_its_session(echo_peer, kind):
     async def main():
         before = asyncio.all_tasks()
-        ok = await run_session(config(echo_peer.url(), duration_s=1.0))
-        failed = await run_session(config(echo_peer.url("/deaf"), setup_timeout_s=1.0))
+        ok = await run_session(config(echo_peer.url(), duration_s=1.0), kind=kind)
+        failed = await run_session(config(echo_peer.url("/deaf"), setup_timeout_s=1.0),
+                                   kind=kind)
         return ok, failed, asyncio.all_tasks() - before
 
+    threads = set(threading.enumerate())
     ok, failed, left = asyncio.run(main())
-    assert ok.ok and not failed.ok
+    assert ok.ok and not failed.ok and ok.client == failed.client == kind
     assert left == set(), [t.get_coro() for t in left]
+    assert not [t.name for t in set(threading.enumerate()) - threads if t.name.endswith("decoder")]
 
 
 # -- many sessions -------------------------------------------------------------------------------
@@ -478,13 +484,26 @@ def test_cli_runs_sessions_and_writes_results(echo_peer, tmp_path, capsys, caplo
     assert args.func(args) == 0
     assert len(results.read_text().splitlines()) == 2
     out = capsys.readouterr()
-    assert "2/2 sessions ok" in out.out and "setup_ms" in out.out
+    assert "2/2 sessions ok (2 full, 0 light)" in out.out and "setup_ms" in out.out
     assert out.err == ""  # logs go through logging: JSON lines on stderr in `voiceedge client`
     finished = logged(caplog, "session_finished")
     assert sorted(f["session"] for f in finished) == [0, 1]
     assert all(f["ok"] and f["setup_ms"] > 0 and f["echo_verified"] for f in finished)
     assert logged(caplog, "client_started")[0]["sessions"] == 2
     assert logged(caplog, "client_finished") == [{"sessions": 2, "ok": 2}]
+
+
+def test_cli_full_clients_and_the_rest_light(echo_peer, tmp_path, capsys):
+    results = tmp_path / "r.jsonl"
+    args = parse_cli("--url", echo_peer.url(), "-n", "3", "--rate", "20", "--duration", "1",
+                     "--full-clients", "1", "--results", str(results), "-q", "--json")
+    assert args.func(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["clients"] == {"full": 1, "light": 2} and summary["unverified"] == 0
+    lines = sorted((json.loads(x) for x in results.read_text().splitlines()),
+                   key=lambda x: x["index"])
+    assert [x["client"] for x in lines] == ["full", "light", "light"]
+    assert [x["echo_rms"] is None for x in lines] == [False, True, True]
 
 
 def test_cli_failures_and_user_errors(echo_peer, capsys, caplog):

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import json
 
-from services.client.config import ClientConfig, IceServer
+from services.client.config import KINDS, ClientConfig, IceServer
 from services.client.results import SessionResult
 from services.lag import LoopLagMonitor
 from services.logs import log_event
@@ -30,6 +30,10 @@ def add_parser(sub) -> None:
                    help="call seconds after setup (default 5)")
     p.add_argument("--setup-timeout", type=float, default=10.0,
                    help="seconds from session start to DTLS connected (default 10)")
+    p.add_argument("--full-clients", type=int, metavar="N",
+                   help="N of the sessions (spread over the run) decode what they receive and "
+                        "check the echo's level; the others are light: RTP headers and payload "
+                        "sizes only (default: all full)")
     p.add_argument("--signaling-timeout", type=float, default=5.0,
                    help="seconds for the offer POST (default 5)")
     p.add_argument("--ice-server", action="append", default=[], metavar="URL",
@@ -51,6 +55,8 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
 
     if args.sessions < 1:
         raise UserError("--sessions must be at least 1")
+    if args.full_clients is not None and args.full_clients < 0:
+        raise UserError("--full-clients must be at least 0")
     headers = {}
     for h in args.header:
         name, sep, value = h.partition(":")
@@ -62,7 +68,8 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
         return ClientConfig(url=args.url, duration_s=args.duration, start_rate=args.rate,
                             concurrency=args.concurrency, ice_servers=servers,
                             setup_timeout_s=args.setup_timeout,
-                            signaling_timeout_s=args.signaling_timeout, headers=headers)
+                            signaling_timeout_s=args.signaling_timeout, headers=headers,
+                            full_sessions=args.full_clients)
     except ValueError as exc:
         raise UserError(str(exc)) from None
 
@@ -71,7 +78,7 @@ def log_result(r: SessionResult) -> None:
     """One ``session_finished`` log line (WARNING if it failed); the full result is in
     ``--results``."""
     log_event(log, "session_finished", level=logging.INFO if r.ok else logging.WARNING,
-              session=r.index, ok=r.ok, stage=r.stage, error=r.error,
+              session=r.index, client=r.client, ok=r.ok, stage=r.stage, error=r.error,
               session_url=r.session_url, setup_ms=r.setup_ms, first_audio_ms=r.first_audio_ms,
               first_ice_rtt_ms=r.first_ice_rtt_ms, loss_pct=r.loss_pct,
               echo_verified=r.echo_verified, datachannel_verified=r.datachannel_verified)
@@ -97,14 +104,16 @@ def summary_of(results: list[SessionResult]) -> dict:
         if values:
             metrics[name] = {"p50": percentile(values, 50, 2), "p95": percentile(values, 95, 2),
                              "max": round(max(values), 2), "n": len(values)}
-    return {"sessions": len(results), "ok": len(ok), "failures": failures,
+    clients = {kind: sum(1 for r in results if r.client == kind) for kind in KINDS}
+    return {"sessions": len(results), "ok": len(ok), "clients": clients, "failures": failures,
             "unverified": sum(1 for r in ok if not (r.echo_verified and r.datachannel_verified)),
             "metrics": metrics}
 
 
 def summary(results: list[SessionResult]) -> str:
     s = summary_of(results)
-    lines = [f"{s['ok']}/{s['sessions']} sessions ok"]
+    lines = [f"{s['ok']}/{s['sessions']} sessions ok "
+             f"({', '.join(f'{n} {kind}' for kind, n in s['clients'].items())})"]
     for name, m in s["metrics"].items():
         lines.append(f"  {name:<17} p50 {m['p50']:9.2f}  p95 {m['p95']:9.2f}  "
                      f"max {m['max']:9.2f}  (n={m['n']})")
@@ -119,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
     from services.client.runner import run_sessions
 
     config = config_from_args(args)
+    full = args.sessions if config.full_sessions is None else config.full_sessions
     log_event(log, "client_started", url=config.url, sessions=args.sessions,
+              full_clients=min(full, args.sessions),
               rate=config.start_rate, concurrency=config.concurrency,
               duration_s=config.duration_s)
     async def measured() -> list[SessionResult]:

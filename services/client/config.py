@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+FULL, LIGHT = "full", "light"   # client kinds: docs/client.md (Two kinds of client)
+KINDS = (FULL, LIGHT)
+
 
 @dataclass(frozen=True)
 class IceServer:
@@ -27,7 +30,9 @@ class ClientConfig:
     teardown_timeout_s: float = 5.0       # each of DELETE and peer-connection close
     sample_interval_s: float = 1.0        # per-second media samples
     echo_skip_ms: float = 200.0           # received audio ignored for the echo check
-    echo_min_rms: float = 0.02            # RMS (full scale 1.0) from which the echo counts
+    echo_min_rms: float = 0.02            # RMS (full scale 1.0) from which the echo counts (full)
+    echo_min_voiced_pct: float = 25.0     # voiced payloads after echo_skip_ms (light)
+    full_sessions: int | None = None      # run_sessions: this many full, the rest light; None: all
     tone_hz: float = 440.0
     headers: dict[str, str] = field(default_factory=dict)  # extra HTTP headers, e.g. Authorization
 
@@ -40,3 +45,7 @@ class ClientConfig:
                 raise ValueError(f"{name} must be positive")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if self.full_sessions is not None and self.full_sessions < 0:
+            raise ValueError("full_sessions must be at least 0")
+        if not 0 < self.echo_min_voiced_pct <= 100:
+            raise ValueError("echo_min_voiced_pct must be in (0, 100]")

@@ -5,7 +5,8 @@ so other sessions and other code in the process are untouched. Pinned to aiortc 
 
 - ``RTCRtpReceiver._handle_rtp_packet(packet, arrival_time_ms)``: called by the DTLS transport
   for every SRTP-decrypted RTP packet routed to the receiver (before the jitter buffer and the
-  decoder). ``RtpProbe`` timestamps the first one and records every sequence number.
+  decoder). ``RtpProbe`` timestamps the first one, records every sequence number and counts
+  voiced payloads (``voiced.py``).
 - ``aioice.ice.StunProtocol.request(request, addr, ...)``: every connectivity check and consent
   check goes through it (``Connection.check_start``, ``Connection.query_consent``); it sends the
   first transmission synchronously before awaiting. ``StunProtocol.datagram_received`` is called by
@@ -24,25 +25,30 @@ from typing import Any
 from aioice import stun
 
 from services.client.seqstats import SeqTracker
+from services.client.voiced import VoicedCount
 
 _BINDING_SUCCESS = b"\x01\x01"  # STUN message type: Binding success response
 
 
 class RtpProbe:
-    """First-packet time and sequence numbers of the RTP packets one receiver gets."""
+    """First-packet time, sequence numbers and voiced payloads of the RTP packets one
+    receiver gets."""
 
-    def __init__(self) -> None:
+    def __init__(self, voiced: VoicedCount) -> None:
         self.first_packet_at: float | None = None
         self.seq = SeqTracker()
+        self.voiced = voiced
         self._receiver: Any = None
 
     def attach(self, receiver: Any) -> None:
         original = receiver._handle_rtp_packet
 
         async def handle_rtp_packet(packet: Any, arrival_time_ms: int) -> None:
+            now = time.monotonic()
             if self.first_packet_at is None:
-                self.first_packet_at = time.monotonic()
+                self.first_packet_at = now
             self.seq.add(packet.sequence_number)
+            self.voiced.add(len(packet.payload), now)
             await original(packet, arrival_time_ms=arrival_time_ms)
 
         receiver._handle_rtp_packet = handle_rtp_packet

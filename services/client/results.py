@@ -33,6 +33,7 @@ class SessionResult:
     ok: bool = False
     error: str | None = None
     stage: str = "setup"                  # where it ended: setup, signaling, connect, call, done
+    client: str = "full"                  # full (decodes, RMS echo) or light (RTP headers only)
 
     # timeline
     offer_ms: float | None = None         # offer POST sent (after ICE gathering)
@@ -55,7 +56,8 @@ class SessionResult:
     call_ms: float | None = None          # how long the call actually ran
 
     # verification
-    echo_rms: float | None = None
+    echo_rms: float | None = None         # full clients only
+    echo_voiced_pct: float | None = None  # voiced payloads after echo_skip_ms, both kinds
     echo_verified: bool = False
     datachannel_verified: bool = False
     events: list[str] = field(default_factory=list)  # types of received data-channel events

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from services.client.config import ClientConfig
+from services.client.config import FULL, LIGHT, ClientConfig
 from services.client.results import SessionResult
 from services.client.session import CallSession
 
@@ -33,6 +33,15 @@ class _JsonLines:
                 f.close()
 
 
+def kinds(n: int, full: int | None) -> list[str]:
+    """The client kind of each of ``n`` sessions: ``full`` of them full (all when None), spread
+    evenly over the run so that they sample its whole ramp, the others light."""
+    if full is None or full >= n:
+        return [FULL] * n
+    chosen = {j * n // full for j in range(full)}
+    return [FULL if i in chosen else LIGHT for i in range(n)]
+
+
 async def run_sessions(config: ClientConfig, n: int, *,
                        results_path: Path | str | None = None,
                        samples_path: Path | str | None = None,
@@ -40,6 +49,7 @@ async def run_sessions(config: ClientConfig, n: int, *,
                        ) -> list[SessionResult]:
     """Run ``n`` sessions, session i starting at i / config.start_rate s (later if
     config.concurrency sessions are still running); return their results in index order.
+    ``config.full_sessions`` of them are full clients, the others light (``kinds``).
 
     Each result is written (and ``on_result`` called) as soon as its session ends. A session
     never raises, so one failure cannot disturb the others; if this coroutine is cancelled,
@@ -49,10 +59,11 @@ async def run_sessions(config: ClientConfig, n: int, *,
     slots = asyncio.Semaphore(config.concurrency) if config.concurrency else None
     results: list[SessionResult] = []
     tasks: list[asyncio.Task] = []
+    kind_of = kinds(n, config.full_sessions)
 
     async def one(index: int) -> None:
         try:
-            result = await CallSession(config, index).run()
+            result = await CallSession(config, index, kind=kind_of[index]).run()
         finally:
             if slots is not None:
                 slots.release()

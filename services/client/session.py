@@ -1,5 +1,8 @@
 """One measured call: offer -> POST -> answer -> ICE -> DTLS -> a few seconds of audio -> DELETE.
 
+A full session decodes what it receives and checks the echo's level; a light one decodes
+nothing (``light.py``) and checks the echo from payload sizes (``voiced.py``).
+
 Lifecycle (``CallSession.run``): everything the session starts (its peer connection, the audio
 consumer, the sampler, its HTTP client) is stopped and awaited before ``run`` returns, whatever
 happened; expected failures become ``SessionResult.error`` (one line), never an exception.
@@ -18,11 +21,13 @@ from aiortc import (RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCRtpSen
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcconfiguration import RTCBundlePolicy
 
-from services.client.config import ClientConfig
+from services.client.config import FULL, KINDS, LIGHT, ClientConfig
+from services.client.light import receive_without_decoding
 from services.client.probes import RtpProbe, StunProbe
 from services.client.results import MediaSample, SessionResult
 from services.client.signaling import SignalingError, delete_session, post_offer
 from services.client.tone import PreEncodedOpusTrack, opus_tone
+from services.client.voiced import VoicedCount
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +50,18 @@ class CallSession:
     """One client session. Create, ``await run()`` once, read the returned ``SessionResult``."""
 
     def __init__(self, config: ClientConfig, index: int = 0,
-                 http: aiohttp.ClientSession | None = None) -> None:
+                 http: aiohttp.ClientSession | None = None, kind: str = FULL) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"client kind must be one of {', '.join(KINDS)}")
         self.config = config
         self.index = index
-        self.result = SessionResult(index=index, started_unix=0.0)
+        self.kind = kind
+        self.result = SessionResult(index=index, started_unix=0.0, client=kind)
         self._http = http
         self._t0 = 0.0
         self._pc: RTCPeerConnection | None = None
         self._location: str | None = None
-        self._rtp = RtpProbe()
+        self._rtp = RtpProbe(VoicedCount(config.echo_skip_ms / 1000.0))
         self._stun = StunProbe()
         self._ice_connected_at: float | None = None
         self._failure: str | None = None
@@ -120,6 +128,8 @@ class CallSession:
             [c for c in RTCRtpSender.getCapabilities("audio").codecs
              if c.mimeType.lower() == "audio/opus"])
         self._rtp.attach(transceiver.receiver)
+        if self.kind == LIGHT:
+            receive_without_decoding(transceiver.receiver)
 
         channel = pc.createDataChannel(DATA_CHANNEL)
         channel.on("open", lambda: self._on_channel_open(channel))
@@ -170,7 +180,7 @@ class CallSession:
             self._fail(f"connection {state}")
 
     def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind == "audio" and self._consumer is None:
+        if track.kind == "audio" and self.kind == FULL and self._consumer is None:
             self._consumer = asyncio.create_task(self._consume(track),
                                                  name=f"client-{self.index}-audio-in")
 
@@ -312,7 +322,12 @@ class CallSession:
         r.packets_expected, r.packets_lost = loss.expected, loss.lost
         r.loss_bursts = list(loss.bursts)
         r.loss_pct = round(loss.loss_pct, 3) if loss.expected else None
-        if self._audio_n:
+        voiced_pct = self._rtp.voiced.voiced_pct
+        r.echo_voiced_pct = None if voiced_pct is None else round(voiced_pct, 1)
+        if self.kind == LIGHT:
+            r.echo_verified = (voiced_pct is not None
+                               and voiced_pct >= self.config.echo_min_voiced_pct)
+        elif self._audio_n:
             r.echo_rms = round(float(np.sqrt(self._audio_sumsq / self._audio_n)), 5)
             r.echo_verified = r.echo_rms >= self.config.echo_min_rms
 
@@ -322,6 +337,7 @@ def _hostport(host: str, port: int) -> str:
 
 
 async def run_session(config: ClientConfig, index: int = 0,
-                      http: aiohttp.ClientSession | None = None) -> SessionResult:
+                      http: aiohttp.ClientSession | None = None, kind: str = FULL
+                      ) -> SessionResult:
     """Run one session to the end; a failed session is ``SessionResult.error``, not an exception."""
-    return await CallSession(config, index, http).run()
+    return await CallSession(config, index, http, kind).run()
