@@ -15,7 +15,9 @@ run of the clients ("whole run"), which also counts the sessions' setup and tear
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import tempfile
 import time
@@ -29,6 +31,8 @@ from scenarios.spec import CLUSTER_RELAY, PORT_PER_SESSION
 from scenarios.timeline import merge_timeline
 from services.client.config import KINDS, ClientConfig
 from services.client.runner import run_sessions
+from services.lag import LoopLagMonitor
+from services.logs import JsonFormatter
 from services.transceiver.ice import MODES, SHARED
 from topology.netns import in_namespace, lab_namespace
 from voiceedge.errors import UserError
@@ -153,9 +157,12 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
             transceiver.pid, control, edge, cfg, lambda: done, first.at + cfg.duration_s))
         if cfg.concurrency is not None and cfg.concurrency < cfg.sessions:
             watch.cancel()  # sessions never all live at once: no steady window
-        results = await run_sessions(client, cfg.sessions,
-                                     results_path=workdir / "sessions.jsonl",
-                                     samples_path=workdir / "samples.jsonl", on_result=ended)
+        with _clients_log(workdir) as log:
+            async with LoopLagMonitor(log):  # the clients say when they measure themselves
+                results = await run_sessions(client, cfg.sessions,
+                                             results_path=workdir / "sessions.jsonl",
+                                             samples_path=workdir / "samples.jsonl",
+                                             on_result=ended)
         last = CpuMark.take(transceiver.pid)
         try:
             status, steady, ports = await watch
@@ -204,6 +211,22 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
         public_udp_ports=ports, transceiver_cpu_ms_per_session_second=cpu[0],
         clients_cpu_ms_per_session_second=cpu[1], cpu_window=window, clients=clients,
         relay=relay, logs=str(workdir))
+
+
+@contextlib.contextmanager
+def _clients_log(workdir: Path):
+    """A logger writing the clients' JSON lines (service "clients") to clients-demo.log."""
+    log = logging.getLogger("voiceedge.demo.clients")
+    handler = logging.FileHandler(workdir / "clients-demo.log")
+    handler.setFormatter(JsonFormatter("clients"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        yield log
+    finally:
+        log.removeHandler(handler)
+        handler.close()
 
 
 async def _watch_transceiver(pid: int, url: str, edge: Edge, cfg: DemoConfig, ended,
