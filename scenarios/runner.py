@@ -161,8 +161,12 @@ class ScenarioRunner:
             for arch in self.scenario.architectures:
                 result.architectures.append(self._run_architecture(world, arch))
                 self._write_results(result)
-            result.timings["engine"] = {k: v for k, v in backend.stats().items()
+            stats = backend.stats()
+            result.timings["engine"] = {k: v for k, v in stats.items()
                                         if not isinstance(v, (dict, list))}
+            # every impaired interface's counters over the run (seen, delayed, dropped_loss)
+            (self.directory / "impairment.json").write_text(json.dumps(
+                {k: v for k, v in stats.items() if k != "lateness_hist"}, indent=2))
         result.timings.update(build_s=round(world.build_seconds, 2),
                               teardown_s=round(world.teardown_seconds, 2),
                               total_s=round(time.monotonic() - started, 1))

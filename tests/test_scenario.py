@@ -116,7 +116,10 @@ def test_results_folder_has_everything_and_nothing_else(ci_results, kernel_backe
     names = {p.name for p in directory.iterdir()}
     assert {"config.json", "calibration.json", "sessions.csv", "samples.csv", "ports.csv",
             "relays.json", "summary.json", "stats.csv", "stats.json", "logs",
-            "calibration_at_load.json"} <= names
+            "calibration_at_load.json", "impairment.json"} <= names
+    impairment = json.loads((directory / "impairment.json").read_text())
+    assert impairment["backend"] == kernel_backend and impairment["interfaces"]
+    assert all("dropped_loss" in c for c in impairment["interfaces"].values())
     config = json.loads((directory / "config.json").read_text())
     assert config["backend"] == kernel_backend and config["clusters"] == ["na-east"]
     assert config["baseline"] == "port-per-session"
