@@ -105,6 +105,48 @@ def test_relay_encapsulation_is_unwrapped_and_answers_go_back_through_the_relay(
     run(scenario())
 
 
+def test_hop_headers_are_remembered_per_client_and_a_wrong_way_one_never_is():
+    """The mux keeps parsed hop headers (both ways); every datagram still lands on the
+    right session and goes back to the right client, and a header towards the client is
+    refused however often it comes."""
+    async def scenario():
+        mux = await SharedSocket.open("127.0.0.1", 0)
+        relay = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        relay.bind(("127.0.0.1", 0))
+        relay.settimeout(1)
+        ports = {}
+        for n, client in enumerate([("198.51.100.7", 40000), ("198.51.100.7", 40001)]):
+            port = ports[client] = RecordingPort(f"ufrag{n}", f"{n}" * 22)
+            mux.register(port)
+            relay.sendto(hop.encode(client) + check(f"ufrag{n}", f"{n}" * 22), mux.address)
+        await _settle()
+        for k in range(3):
+            for client, port in ports.items():
+                relay.sendto(hop.encode(client) + bytes([0x80, k]) + client[0].encode(),
+                             mux.address)
+                mux.sendto(port, bytes([0x80, k]), client)
+        await _settle()
+        back = []
+        for _ in range(6):
+            data, _ = relay.recvfrom(2048)
+            header, payload = hop.decode(data)
+            back.append((header.client, header.direction, bytes(payload)))
+        for _ in range(3):
+            relay.sendto(hop.encode(("198.51.100.7", 40000), hop.TO_CLIENT) + b"\x80",
+                         mux.address)
+        await _settle()
+        mux.close()
+        relay.close()
+        return ports, back, mux.counters.bad_hop_header
+
+    ports, back, bad = run(scenario())
+    for client, port in ports.items():
+        assert port.media == [bytes([0x80, k]) + client[0].encode() for k in range(3)]
+    assert sorted(back) == sorted((client, hop.TO_CLIENT, bytes([0x80, k]))
+                                  for client in ports for k in range(3))
+    assert bad == 3
+
+
 def test_checks_to_unlearned_addresses_are_parked_then_sent_when_the_address_is_learned():
     async def scenario():
         mux = await SharedSocket.open("127.0.0.1", 0)

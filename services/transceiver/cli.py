@@ -7,6 +7,7 @@ import os
 from services.config import parse_hostport
 from voiceedge.errors import ConfigError
 from services.transceiver import ice
+from services.transceiver.opus import APPLICATIONS, OpusSettings
 from services.wire.ufrag import MAX_CLUSTER_ID, MAX_TRANSCEIVER_ID, secret_from_env
 from voiceedge.errors import UserError
 
@@ -31,6 +32,12 @@ def add_parser(sub) -> None:
     p.add_argument("--max-sessions", type=int, default=200, help="sessions before 503")
     p.add_argument("--setup-timeout", type=float, default=10.0,
                    help="seconds for a session to connect before it is closed")
+    opus = OpusSettings()
+    p.add_argument("--opus-application", choices=APPLICATIONS, default=opus.application,
+                   help="libopus application of the outbound encoder (default "
+                        f"{opus.application}: CELT only, the least CPU; docs/transceiver.md)")
+    p.add_argument("--opus-complexity", type=int, default=opus.complexity, metavar="0-10",
+                   help=f"libopus complexity of the outbound encoder (default {opus.complexity})")
     p.set_defaults(func=run, service="transceiver")  # JSON logs: services/logs.py
 
 
@@ -42,6 +49,8 @@ def config_from_args(args: argparse.Namespace):
             raise ConfigError("--cluster or --id out of range")
         if args.max_sessions < 1 or args.setup_timeout <= 0:
             raise ConfigError("--max-sessions and --setup-timeout must be positive")
+        if not 0 <= args.opus_complexity <= 10:
+            raise ConfigError("--opus-complexity must be 0..10")
         media = parse_hostport(args.media, "--media", allow_zero=True)
         return TransceiverConfig(
             cluster_id=args.cluster, transceiver_id=args.transceiver_id, mode=args.mode,
@@ -49,7 +58,9 @@ def config_from_args(args: argparse.Namespace):
             advertise=parse_hostport(args.advertise, "--advertise") if args.advertise else None,
             control=parse_hostport(args.control, "--control"), agent_url=args.agent,
             secret=secret_from_env(os.environ.get("VOICEEDGE_UFRAG_SECRET")),
-            max_sessions=args.max_sessions, setup_timeout=args.setup_timeout)
+            max_sessions=args.max_sessions, setup_timeout=args.setup_timeout,
+            opus=OpusSettings(application=args.opus_application,
+                              complexity=args.opus_complexity))
     except ConfigError as exc:
         raise UserError(str(exc)) from None
 

@@ -24,8 +24,9 @@ Hooks into aioice 0.13 / aiortc 1.16 internals (pinned in pyproject.toml):
 ``Connection.get_component_candidates`` (the only place aioice creates sockets),
 ``Connection.gather_candidates`` and the attributes it sets (``_local_candidates_start``,
 ``_local_candidates``, ``_local_candidates_end``, ``_components``),
-``Connection._protocols``, ``StunProtocol`` (subclassed) and its private closed future, which
-``connection_lost`` resolves; the name ``RTCCertificate`` in ``aiortc.rtcpeerconnection``
+``Connection._protocols``, ``Connection.data_received`` (overridden: SRTP goes to the session's
+shortcut once DTLS is up, inbound.py), ``StunProtocol`` (subclassed) and its private closed
+future, which ``connection_lost`` resolves; the name ``RTCCertificate`` in ``aiortc.rtcpeerconnection``
 (its ``generateCertificate`` is the only certificate ``RTCPeerConnection()`` makes) and
 ``RTCCertificate._create_ssl_context`` (overridden by the pool's certificates).
 """
@@ -45,6 +46,7 @@ from aioice.candidate import Candidate, candidate_foundation, candidate_priority
 from aioice.ice import StunProtocol
 from aiortc.rtcdtlstransport import SRTP_PROFILES, RTCCertificate
 
+from services.transceiver.inbound import is_srtp
 from services.transceiver.mux import SharedSocket
 
 SHARED, PORT_PER_SESSION = "shared", "port-per-session"
@@ -251,6 +253,16 @@ class EdgeConnection(aioice.Connection):
     def __init__(self, plan: IcePlan, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.plan = plan
+        self.media_sink = None  # set once DTLS is up: SRTP goes there, not to the queue
+
+    def data_received(self, data: bytes, component: int) -> None:
+        """Every non-STUN datagram of the session (both modes). SRTP goes to ``media_sink``
+        when one is set (inbound.py), everything else to aioice's queue."""
+        sink = self.media_sink
+        if sink is not None and is_srtp(data):
+            sink(data)
+        else:
+            super().data_received(data, component)
 
     def check_incoming(self, message, addr, protocol) -> None:
         """An authenticated check with USE-CANDIDATE from the controlling client validates and

@@ -1,74 +1,88 @@
 """Media between a WebRTC session and the backend agent (docs/agent-protocol.md).
 
 Inbound: the caller's Opus frames are decoded to mono PCM in the event loop and handed to the
-agent link. Outbound: PCM frames from the agent are encoded to mono Opus here and played,
-paced in real time, on the session's outgoing track; silence fills the gaps.
+agent link. Outbound: PCM frames from the agent are queued on the session's outgoing track,
+encoded to mono Opus when their 20 ms comes (outbound.py plays every session's track on the
+shared frame clock); silence fills the gaps.
 
 Why not aiortc's own codec path: it decodes in a thread per receiver and encodes through the
 default executor, two cross-thread hand-offs per 20 ms frame, which cost more CPU than the
-codec itself (stereo, 96 kbit/s). Decoding and encoding mono voice inline, and giving aiortc
-encoded packets (which it only packetizes), took the transceiver from ~53 to the figure in
-docs/transceiver.md per session-second.
+codec itself (stereo, 96 kbit/s). Decoding and encoding mono voice inline with libopus
+(libopus.py), and giving aiortc encoded packets (which it only packetizes), is what
+docs/transceiver.md measures per session-second.
 """
 from __future__ import annotations
 
-import asyncio
 import collections
 import fractions
-import time
 
-import av
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from services.transceiver import libopus
+from services.transceiver.opus import OpusSettings
+from services.transceiver.pacing import FrameClock
 
 SAMPLE_RATE = 48000
 FRAME_SAMPLES = 960           # 20 ms
 FRAME_BYTES = FRAME_SAMPLES * 2
 _TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 _MAX_QUEUE = 5                # frames (100 ms) before the oldest is dropped: bounded latency
+_CODED_SILENCE = 3            # silent frames encoded after audio before the cached packet
 
 
 class OpusMonoDecoder:
     """Opus payloads -> 20 ms mono s16le PCM frames."""
 
     def __init__(self) -> None:
-        self._codec = av.CodecContext.create("libopus", "r")
-        self._codec.format = "s16"
-        self._codec.layout = "mono"
-        self._codec.sample_rate = SAMPLE_RATE
+        self._decoder = libopus.Decoder()
 
     def decode(self, payload: bytes) -> list[bytes]:
-        try:
-            frames = self._codec.decode(av.Packet(payload))
-        except av.FFmpegError:
+        if not payload:
             return []
-        return [bytes(f.planes[0])[:f.samples * 2] for f in frames]
+        try:
+            pcm = self._decoder.decode(payload)
+        except libopus.OpusError:
+            return []
+        return [pcm[i:i + FRAME_BYTES] for i in range(0, len(pcm), FRAME_BYTES)]
 
 
 class OpusMonoEncoder:
     """20 ms mono s16le PCM frames -> Opus packets for aiortc to packetize."""
 
-    def __init__(self, bitrate: int = 32000) -> None:
-        self._codec = av.CodecContext.create("libopus", "w")
-        self._codec.bit_rate = bitrate
-        self._codec.format = "s16"
-        self._codec.layout = "mono"
-        self._codec.sample_rate = SAMPLE_RATE
-        self._codec.time_base = _TIME_BASE
-        self._codec.options = {"application": "voip"}
-        self._frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
-        self._frame.sample_rate = SAMPLE_RATE
-        self._frame.time_base = _TIME_BASE
+    def __init__(self, settings: OpusSettings = OpusSettings()) -> None:
+        self._encoder = libopus.Encoder(settings.application, settings.bitrate,
+                                        settings.complexity, FRAME_SAMPLES)
 
-    def encode(self, pcm: bytes, pts: int) -> list[av.Packet]:
-        frame = self._frame  # one frame object, refilled: from_ndarray costs more than Opus
-        frame.planes[0].update(pcm)
-        frame.pts = pts
-        packets = self._codec.encode(frame)
-        for packet in packets:  # libopus delays its output: stamp packets with our clock
-            packet.pts = pts
-            packet.time_base = _TIME_BASE
-        return packets
+    def encode(self, pcm: bytes) -> bytes:
+        return self._encoder.encode(pcm)
+
+
+class OpusPacket:
+    """An encoded frame as aiortc's Opus packetizer reads it (``pts``, ``time_base``,
+    ``bytes()``): aiortc sends it without re-encoding."""
+
+    __slots__ = ("data", "pts", "time_base")
+
+    def __init__(self, data: bytes, pts: int) -> None:
+        self.data, self.pts, self.time_base = data, pts, _TIME_BASE
+
+    def __bytes__(self) -> bytes:
+        return self.data
+
+
+_SILENCE_PACKETS: dict[OpusSettings, bytes] = {}
+
+
+def silence_packet(settings: OpusSettings) -> bytes:
+    """The Opus packet of a silent 20 ms frame with these settings (a few bytes), made once."""
+    packet = _SILENCE_PACKETS.get(settings)
+    if packet is None:
+        encoder, silence = OpusMonoEncoder(settings), bytes(FRAME_BYTES)
+        for _ in range(4):  # past the encoder's start-up: a steady-state silent frame
+            packet = encoder.encode(silence)
+        _SILENCE_PACKETS[settings] = packet
+    return packet
 
 
 class InlineDecoder:
@@ -113,19 +127,28 @@ def decode_inline(receiver, sink) -> None:
 
 
 class AgentAudioTrack(MediaStreamTrack):
-    """The session's outgoing audio: agent frames, or silence, every 20 ms."""
+    """The session's outgoing audio: agent frames, or silence, every 20 ms of ``clock``.
+
+    Silence costs no encoder call once it has lasted ``_CODED_SILENCE`` frames: the first
+    silent frames after audio are encoded (the decoder hears the sound end as the encoder
+    shaped it, and both end up in the same silent state), the rest are one cached packet."""
 
     kind = "audio"
 
-    def __init__(self) -> None:
+    def __init__(self, settings: OpusSettings = OpusSettings(),
+                 clock: FrameClock | None = None) -> None:
         super().__init__()
         self._queue: collections.deque[bytes] = collections.deque()
         self._silence = bytes(FRAME_BYTES)
-        self._start: float | None = None
+        self._silence_packet = silence_packet(settings)
+        self._silent = _CODED_SILENCE  # nothing played yet: no sound to end
+        self._clock = clock or FrameClock()
+        self._tick: int | None = None
         self._pts = 0
-        self._encoder = OpusMonoEncoder()
+        self._encoder = OpusMonoEncoder(settings)
         self.frames_played = 0
         self.frames_dropped = 0
+        self.frames_encoded = 0
 
     def push(self, pcm: bytes) -> None:
         if len(pcm) != FRAME_BYTES:
@@ -135,21 +158,34 @@ class AgentAudioTrack(MediaStreamTrack):
             self.frames_dropped += 1
         self._queue.append(pcm)
 
-    async def recv(self) -> av.Packet:
-        """The next 20 ms, Opus-encoded (aiortc sends an av.Packet without re-encoding)."""
-        while True:
-            if self.readyState != "live":
-                raise MediaStreamError
-            if self._start is None:
-                self._start = time.monotonic()
-            else:
-                self._pts += FRAME_SAMPLES
-                wait = self._start + self._pts / SAMPLE_RATE - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-            pcm = self._queue.popleft() if self._queue else self._silence
-            if pcm is not self._silence:
-                self.frames_played += 1
-            packets = self._encoder.encode(pcm, self._pts)
-            if packets:
-                return packets[0]
+    async def recv(self) -> OpusPacket:
+        """The next 20 ms, Opus-encoded, paced on the clock (aiortc's own send loop; the
+        transceiver's sessions are played by outbound.py instead)."""
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._tick is None:
+            self._tick = self._clock.current()
+        else:
+            self._tick += 1
+            await self._clock.reach(self._tick)
+        return self.next_packet()
+
+    def next_packet(self) -> OpusPacket:
+        """The next 20 ms now: the agent's next frame, or silence."""
+        pts = self._pts
+        self._pts += FRAME_SAMPLES
+        if self._queue:
+            self._silent = 0
+            self.frames_played += 1
+            pcm = self._queue.popleft()
+        elif self._silent < _CODED_SILENCE:
+            self._silent += 1
+            pcm = self._silence
+        else:
+            return OpusPacket(self._silence_packet, pts)
+        self.frames_encoded += 1
+        return OpusPacket(self._encoder.encode(pcm), pts)
+
+    def skip(self, frames: int) -> None:
+        """Let ``frames`` x 20 ms pass unsent (the sender fell too far behind real time)."""
+        self._pts += frames * FRAME_SAMPLES

@@ -36,6 +36,7 @@ _SO_MEMINFO, _SK_MEMINFO_DROPS = 55, 8  # linux/sock_diag.h: the socket's kernel
 # stall of the event loop must not overflow it (the relay's sockets have the same).
 _BUFFER_BYTES = 4 << 20
 _SO_RCVBUFFORCE, _SO_SNDBUFFORCE = 33, 32
+_HOP_CACHE_LIMIT = 4096  # decoded IPv4 hop headers kept (one per client behind a relay)
 
 
 class MuxPort:
@@ -74,6 +75,7 @@ class MuxCounters:
 class _Learned:
     port: MuxPort
     relay: tuple[str, int] | None  # None: the client reaches this socket directly
+    header: bytes = b""            # the hop header towards this client, once made
 
 
 @dataclass
@@ -91,6 +93,10 @@ class SharedSocket(asyncio.DatagramProtocol):
         self._by_addr: dict[tuple[str, int], _Learned] = {}
         self._addrs_of: dict[int, set[tuple[str, int]]] = {}  # id(port) -> learned addresses
         self._parked: dict[int, _Parked] = {}
+        # Parsing a hop header makes an ipaddress object, each way, per datagram: instead,
+        # a client's header bytes map to its address, and a learned address keeps the
+        # header towards it.
+        self._hop_clients: dict[bytes, tuple[str, int]] = {}
 
     @classmethod
     async def open(cls, host: str, port: int, buffer_bytes: int = _BUFFER_BYTES) -> "SharedSocket":
@@ -158,16 +164,26 @@ class SharedSocket(asyncio.DatagramProtocol):
         self.counters.datagrams_in += 1
         relay = None
         if data and data[0] == hop.MAGIC:
-            try:
-                header, payload = hop.decode(data)
-            except hop.HopHeaderError:
-                self.counters.bad_hop_header += 1
-                return
-            if header.direction != hop.TO_SERVER:
-                self.counters.bad_hop_header += 1
-                return
+            key = data[:hop.IPV4_LENGTH]
+            client = self._hop_clients.get(key)
+            if client is not None:  # only valid IPv4 headers towards the server are cached
+                data = data[hop.IPV4_LENGTH:]
+            else:
+                try:
+                    header, payload = hop.decode(data)
+                except hop.HopHeaderError:
+                    self.counters.bad_hop_header += 1
+                    return
+                if header.direction != hop.TO_SERVER:
+                    self.counters.bad_hop_header += 1
+                    return
+                client, data = header.client, bytes(payload)
+                if header.length == hop.IPV4_LENGTH:
+                    if len(self._hop_clients) >= _HOP_CACHE_LIMIT:
+                        self._hop_clients.clear()
+                    self._hop_clients[key] = client
             self.counters.from_relays += 1
-            relay, client, data = (addr[0], addr[1]), header.client, bytes(payload)
+            relay = (addr[0], addr[1])
         else:
             client = (addr[0], addr[1])
 
@@ -233,18 +249,23 @@ class SharedSocket(asyncio.DatagramProtocol):
     def sendto(self, port: MuxPort, data: bytes, addr: tuple[str, int]) -> None:
         learned = self._by_addr.get(addr)
         if learned is not None and learned.port is port:
-            self._send(data, addr, learned.relay)
+            self._send(data, addr, learned.relay, learned)
             return
         parked = self._parked.setdefault(id(port), _Parked())
         if len(parked.items) < _PARK_LIMIT:
             parked.items.append((time.monotonic(), data, addr))
             self.counters.parked += 1
 
-    def _send(self, data: bytes, client: tuple[str, int], relay) -> None:
+    def _send(self, data: bytes, client: tuple[str, int], relay, learned=None) -> None:
         if self.transport is None or self.transport.is_closing():
             return
         self.counters.datagrams_out += 1
         if relay is None:
             self.transport.sendto(data, client)
+            return
+        if learned is None:
+            header = hop.encode(client, hop.TO_CLIENT)
         else:
-            self.transport.sendto(hop.encode(client, hop.TO_CLIENT) + data, relay)
+            header = learned.header or hop.encode(client, hop.TO_CLIENT)
+            learned.header = header
+        self.transport.sendto(header + data, relay)

@@ -29,7 +29,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from services.config import parse_hostport
 from services.logs import log_event
 from services.transceiver import ice
+from services.transceiver.opus import OpusSettings
 from services.transceiver.mux import SharedSocket
+from services.transceiver.pacing import FrameClock
 from services.transceiver.session import Session
 from services.wire.sdp import OfferError, check_offer
 from services.wire.ufrag import DEV_SECRET, DEV_SECRET_WARNING, UfragCodec, is_dev_secret
@@ -53,6 +55,7 @@ class TransceiverConfig:
     max_sessions: int = 200
     setup_timeout: float = 10.0
     certificates_ahead: int = 32                # DTLS certificates made before the calls
+    opus: OpusSettings = OpusSettings()         # the outbound encoder
 
 
 def udp_sockets_of_this_process() -> int:
@@ -93,6 +96,7 @@ class TransceiverServer:
         self._registry = CollectorRegistry()
         self._registry.register(_Collector(self))
         self.certificates = ice.CertificatePool(config.certificates_ahead)
+        self.clock = FrameClock()  # paces every session's outgoing audio
 
     async def __aenter__(self) -> "TransceiverServer":
         await self.start()
@@ -146,6 +150,7 @@ class TransceiverServer:
         if self._http is not None:
             await self._http.close()
         self.certificates.close()
+        self.clock.close()
         if self.mux is not None:
             self.mux.read_kernel_drops()
         log_event(log, "transceiver_stopped", sessions_total=self.sessions_total,
@@ -191,7 +196,8 @@ class TransceiverServer:
         session_id = secrets.token_urlsafe(12)
         with ice.certificates(self.certificates):
             session = Session(session_id, plan, self.config.agent_url, self._http,
-                              self.config.setup_timeout, self._forget)
+                              self.config.setup_timeout, self._forget, self.config.opus,
+                              self.clock)
         self.sessions[session_id] = session
         try:
             answer = await session.start(offer)

@@ -19,10 +19,29 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from services.logs import log_event
 from services.transceiver.ice import IcePlan, ice_plan, selected_remote_address
+from services.transceiver.eager import run_now
+from services.transceiver.inbound import shortcut_srtp
 from services.transceiver.media import AgentAudioTrack, decode_inline
+from services.transceiver.opus import OpusSettings
+from services.transceiver.outbound import play_on_tick
+from services.transceiver.pacing import FrameClock
 
 log = logging.getLogger("voiceedge.transceiver")
 _RESERVED_EVENTS = ("session.started", "session.ended")  # docs/agent-protocol.md
+
+
+def write_now(send) -> bool:
+    """Run an aiohttp WebSocket send coroutine in the caller, without a task.
+
+    An uncompressed frame is written to the transport synchronously; the coroutine only
+    suspends when it then waits for the transport to drain (the agent is not reading). The
+    frame is in the transport's buffer by then, so that wait is given up rather than paid for
+    with a task per frame. False when the frame could not be written (connection closing)."""
+    try:
+        run_now(send)
+    except (ConnectionError, RuntimeError):
+        return False
+    return True
 
 
 @dataclass
@@ -40,7 +59,8 @@ class Session:
     """A server-side WebRTC session bridged to the agent."""
 
     def __init__(self, session_id: str, plan: IcePlan, agent_url: str | None,
-                 http: aiohttp.ClientSession, setup_timeout: float, on_closed) -> None:
+                 http: aiohttp.ClientSession, setup_timeout: float, on_closed,
+                 opus: OpusSettings = OpusSettings(), clock: FrameClock | None = None) -> None:
         self.id = session_id
         self.plan = plan
         self.stats = SessionStats()
@@ -49,7 +69,8 @@ class Session:
         self._setup_timeout = setup_timeout
         self._on_closed = on_closed
         self._pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        self._outbound = AgentAudioTrack()
+        self._clock = clock or FrameClock()
+        self._outbound = AgentAudioTrack(opus, self._clock)
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._ws_ready = asyncio.Event()
         self._connected = asyncio.Event()
@@ -57,6 +78,7 @@ class Session:
         self._to_client: list[str] = []  # agent events waiting for the data channel to open
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
+        self._srtp_shortcut = None
 
     @property
     def state(self) -> str:
@@ -75,7 +97,7 @@ class Session:
         pc.on("connectionstatechange", self._on_state)
         with ice_plan(self.plan):
             await pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
-        pc.addTrack(self._outbound)
+        play_on_tick(pc.addTrack(self._outbound), self._outbound, self._clock)
         await pc.setLocalDescription(await pc.createAnswer())
         self._spawn(self._guard_setup())
         if self._agent_url:
@@ -108,7 +130,8 @@ class Session:
         log_event(log, "session_closed", session=self.id, reason=reason, ufrag=self.plan.ufrag,
                   frames_to_agent=self.stats.frames_to_agent,
                   events_to_agent=self.stats.events_to_agent,
-                  events_to_client=self.stats.events_to_client)
+                  events_to_client=self.stats.events_to_client,
+                  srtp_inline=self._srtp_shortcut.packets if self._srtp_shortcut else None)
         self._on_closed(self)
 
     # ------------------------------------------------------------ peer connection events
@@ -122,6 +145,7 @@ class Session:
         state = self._pc.connectionState
         if state == "connected" and self.stats.connected_at is None:
             self.stats.connected_at = time.monotonic()
+            self._srtp_shortcut = shortcut_srtp(self._pc)
             self._connected.set()
             log_event(log, "session_connected", session=self.id,
                       setup_s=round(self.stats.connected_at - self.stats.created, 4))
@@ -177,19 +201,14 @@ class Session:
             self._spawn(self.close("agent closed"))
 
     def _to_agent_audio(self, pcm: bytes) -> None:
-        """Caller audio -> agent, one PCM frame per WebSocket message. Audio that arrives
-        before the agent answered is dropped: queued, it would only add latency."""
+        """Caller audio -> agent, one PCM frame per WebSocket message, written at once (no
+        task per frame). Audio that arrives before the agent answered is dropped: queued, it
+        would only add latency."""
         ws = self._ws
         if ws is None or not self._ws_ready.is_set() or ws.closed:
             return
-        self._spawn(self._send_audio(ws, pcm))
-
-    async def _send_audio(self, ws, pcm: bytes) -> None:
-        try:
-            await ws.send_bytes(pcm)
+        if write_now(ws.send_bytes(pcm)):
             self.stats.frames_to_agent += 1
-        except (ConnectionError, RuntimeError):
-            pass
 
     async def _to_agent_text(self, text: str) -> None:
         try:
