@@ -41,6 +41,9 @@ class SizeResult:
                 "transceiver_cpu_ms_per_session_second":
                     d.get("transceiver_cpu_ms_per_session_second"),
                 "clients_cpu_ms_per_session_second": d.get("clients_cpu_ms_per_session_second"),
+                "services_cpu_ms_per_session_second":
+                    d.get("services_cpu_ms_per_session_second", {}),
+                "cpu_window": d.get("cpu_window"),
                 "lagged_seconds": self.lagged_seconds, "saturated": self.saturated}
 
 
@@ -114,12 +117,15 @@ def _main(args) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print("| sessions | ok | setup p50 / p95 (ms) | first ICE RTT p50 / p95 (ms) | transceiver "
-          "CPU ms per session-s | clients CPU ms per session-s | seconds lagged |")
-    print("|---|---|---|---|---|---|---|")
+          "CPU ms per session-s | clients CPU ms per session-s | other services (ms per "
+          "session-s) | seconds lagged |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         lag = ", ".join(f"{k} {v}" for k, v in r["lagged_seconds"].items() if v) or "none"
+        others = ", ".join(f"{k} {v}" for k, v in r["services_cpu_ms_per_session_second"].items()
+                           if k != "transceiver") or "-"
         print(f"| {r['sessions']} | {r['ok']} | {r['setup_ms_p50']} / {r['setup_ms_p95']} | "
               f"{r['first_ice_rtt_ms_p50']} / {r['first_ice_rtt_ms_p95']} | "
               f"{r['transceiver_cpu_ms_per_session_second']} | "
-              f"{r['clients_cpu_ms_per_session_second']} | {lag} |")
+              f"{r['clients_cpu_ms_per_session_second']} | {others} | {lag} |")
     return 0

@@ -70,6 +70,9 @@ class DemoResult:
     clients_cpu_ms_per_session_second: float | None
     cpu_window: str                  # "all sessions in call" or "whole run" (module docstring)
     clients: dict = field(default_factory=dict)  # per kind: sessions, ok, echo_verified
+    # every service (its child processes included) over the same window: transceiver, relay,
+    # front, agent, redis
+    services_cpu_ms_per_session_second: dict = field(default_factory=dict)
     relay: dict = field(default_factory=dict)
     logs: str = ""
 
@@ -86,17 +89,49 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _tree_cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User + sys CPU seconds of each named process and its live descendants (a relay's
+    workers are its children), from one pass over /proc."""
+    parent: dict[int, int] = {}
+    own: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        parent[int(entry)] = int(fields[1])
+        own[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    out = {}
+    for name, root in pids.items():
+        total = 0.0
+        for pid in own:
+            p = pid
+            while p > 1 and p != root:
+                p = parent.get(p, 0)
+            if p == root:
+                total += own[pid]
+        out[name] = total
+    return out
+
+
 @dataclass(frozen=True)
 class CpuMark:
-    """CPU seconds of the transceiver and of this process (the clients) at one moment."""
+    """CPU seconds of the transceiver, of this process (the clients) and of every service
+    (with its child processes) at one moment."""
 
     at: float
     transceiver: float
     clients: float
+    services: dict = field(default_factory=dict)
 
     @classmethod
-    def take(cls, transceiver_pid: int) -> "CpuMark":
-        return cls(time.monotonic(), _cpu_seconds(transceiver_pid), _cpu_seconds(os.getpid()))
+    def take(cls, transceiver_pid: int, services: dict[str, int] | None = None) -> "CpuMark":
+        return cls(time.monotonic(), _cpu_seconds(transceiver_pid), _cpu_seconds(os.getpid()),
+                   _tree_cpu_seconds(services or {}))
 
 
 def cpu_ms_per_session_second(start: CpuMark, end: CpuMark, session_seconds: float
@@ -106,6 +141,15 @@ def cpu_ms_per_session_second(start: CpuMark, end: CpuMark, session_seconds: flo
         return None, None
     per = lambda a, b: round((b - a) * 1000 / session_seconds, 2)  # noqa: E731
     return (per(start.transceiver, end.transceiver), per(start.clients, end.clients))
+
+
+def services_cpu_ms_per_session_second(start: CpuMark, end: CpuMark,
+                                       session_seconds: float) -> dict[str, float]:
+    """Every service's CPU ms per session-second of call between two marks."""
+    if session_seconds <= 0:
+        return {}
+    return {name: round((end.services[name] - cpu) * 1000 / session_seconds, 2)
+            for name, cpu in start.services.items() if name in end.services}
 
 
 def demo_plan(mode: str, netns: str, public: str, internal: str) -> EdgePlan:
@@ -152,9 +196,11 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
                               start_rate=cfg.start_rate, concurrency=cfg.concurrency,
                               full_sessions=cfg.full_clients)
         transceiver = edge.services[f"transceiver-{cluster.name}"].process
-        first = CpuMark.take(transceiver.pid)
+        pids = {name.rsplit("-", 1)[0]: s.process.pid for name, s in edge.services.items()}
+        first = CpuMark.take(transceiver.pid, pids)
         watch = asyncio.create_task(_watch_transceiver(
-            transceiver.pid, control, edge, cfg, lambda: done, first.at + cfg.duration_s))
+            transceiver.pid, control, edge, cfg, lambda: done, first.at + cfg.duration_s,
+            pids))
         if cfg.concurrency is not None and cfg.concurrency < cfg.sessions:
             watch.cancel()  # sessions never all live at once: no steady window
         with _clients_log(workdir) as log:
@@ -163,7 +209,7 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
                                              results_path=workdir / "sessions.jsonl",
                                              samples_path=workdir / "samples.jsonl",
                                              on_result=ended)
-        last = CpuMark.take(transceiver.pid)
+        last = CpuMark.take(transceiver.pid, pids)
         try:
             status, steady, ports = await watch
         except asyncio.CancelledError:
@@ -189,10 +235,14 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
 
     if steady is not None:
         window = "all sessions in call"
-        cpu = cpu_ms_per_session_second(*steady, (steady[1].at - steady[0].at) * cfg.sessions)
+        seconds = (steady[1].at - steady[0].at) * cfg.sessions
+        cpu = cpu_ms_per_session_second(*steady, seconds)
+        services_cpu = services_cpu_ms_per_session_second(*steady, seconds)
     else:
         window = "whole run"
-        cpu = cpu_ms_per_session_second(first, last, sum((r.call_ms or 0) for r in results) / 1000)
+        seconds = sum((r.call_ms or 0) for r in results) / 1000
+        cpu = cpu_ms_per_session_second(first, last, seconds)
+        services_cpu = services_cpu_ms_per_session_second(first, last, seconds)
     clients = {kind: {"sessions": sum(1 for r in results if r.client == kind),
                       "ok": sum(1 for r in ok if r.client == kind),
                       "echo_verified": sum(1 for r in ok if r.client == kind and r.echo_verified)}
@@ -210,6 +260,7 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
         transceiver_udp_sockets=status.get("udp_sockets") if status else None,
         public_udp_ports=ports, transceiver_cpu_ms_per_session_second=cpu[0],
         clients_cpu_ms_per_session_second=cpu[1], cpu_window=window, clients=clients,
+        services_cpu_ms_per_session_second=services_cpu,
         relay=relay, logs=str(workdir))
 
 
@@ -230,7 +281,7 @@ def _clients_log(workdir: Path):
 
 
 async def _watch_transceiver(pid: int, url: str, edge: Edge, cfg: DemoConfig, ended,
-                             first_call_end: float
+                             first_call_end: float, services: dict[str, int]
                              ) -> tuple[dict, tuple[CpuMark, CpuMark] | None, int | None]:
     """Wait until every session is live, then read the socket counts and take CPU marks
     around the middle of the calls, ending before ``first_call_end`` (monotonic; no call ends
@@ -251,9 +302,9 @@ async def _watch_transceiver(pid: int, url: str, edge: Edge, cfg: DemoConfig, en
     window = min(cfg.duration_s - 2.0, first_call_end - 1.0 - time.monotonic())
     if window < 1.0:
         return status, None, ports
-    start = CpuMark.take(pid)
+    start = CpuMark.take(pid, services)
     await asyncio.sleep(window)
-    end = CpuMark.take(pid)
+    end = CpuMark.take(pid, services)
     status = await loop.run_in_executor(None, _get_json, url)
     if status["sessions"] < cfg.sessions or ended():
         return status, None, ports

@@ -32,6 +32,9 @@ def test_two_small_sizes_run_and_report_their_own_cpu_and_lag(tmp_path):
     assert [r["sessions"] for r in rows] == [1, 3] and [r["ok"] for r in rows] == [1, 3]
     for r in rows:
         assert r["transceiver_cpu_ms_per_session_second"] > 0, r
+        # every service measured over the same window, the relay with its worker processes
+        cpu = r["services_cpu_ms_per_session_second"]
+        assert cpu["transceiver"] > 0 and cpu["relay"] > 0 and cpu["agent"] > 0 and "front" in cpu, r
         services = {"transceiver", "relay", "signaling", "agent", "clients"}
         assert set(r["lagged_seconds"]) >= services, r
     assert (tmp_path / "3" / "sessions.jsonl").is_file()
