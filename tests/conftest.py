@@ -36,6 +36,22 @@ def as_nobody() -> list[str]:
     return list(AS_NOBODY)
 
 
+def lab_fixture(prefix: str):
+    """A module-scoped ``lab`` fixture: a one-host lab namespace named after ``prefix``
+    (topology/netns.py), which needs root. Use as ``lab = lab_fixture("vexyz")``."""
+
+    @pytest.fixture(scope="module")
+    def lab():
+        if os.geteuid() != 0:
+            pytest.skip("needs root for a network namespace")
+        from topology.netns import lab_namespace
+
+        with lab_namespace(prefix) as ns:
+            yield ns
+
+    return lab
+
+
 def free_port(kind: int = socket.SOCK_DGRAM) -> int:
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))

@@ -21,15 +21,11 @@ from scenarios.demo_edge import demo_plan
 from scenarios.edge import Edge
 from services.client.config import ClientConfig
 from services.client.session import run_session
-from topology.netns import in_namespace, lab_namespace
+from tests.conftest import lab_fixture
+from topology.netns import in_namespace
 
 
-@pytest.fixture(scope="module")
-def lab():
-    if os.geteuid() != 0:
-        pytest.skip("needs root for a network namespace")
-    with lab_namespace("veedge") as ns:
-        yield ns
+lab = lab_fixture("veedge")
 
 
 def one_cluster(lab, tmp_path, redis: bool = True, mode: str = "shared") -> Edge:

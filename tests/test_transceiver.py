@@ -25,19 +25,14 @@ from scenarios.processes import ServiceProcess, http_ok, voiceedge_cmd
 from services.logs import Event
 from services.transceiver import cli
 from services.transceiver.server import TransceiverConfig, TransceiverServer
-from tests.conftest import free_port
+from tests.conftest import free_port, lab_fixture
 from tests.offers import STATIC_OFFER
-from topology.netns import in_namespace, lab_namespace
+from topology.netns import in_namespace
 
 EDGE = "10.77.0.1"
 
 
-@pytest.fixture(scope="module")
-def lab():
-    if os.geteuid() != 0:
-        pytest.skip("needs root for a network namespace")
-    with lab_namespace("vetest") as ns:
-        yield ns
+lab = lab_fixture("vetest")
 
 
 def run_in(lab, coro):

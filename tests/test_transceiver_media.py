@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import fractions
 import math
-import os
 
 import aiohttp
 import av
@@ -26,7 +25,8 @@ from services.transceiver.opus import APPLICATIONS, OpusSettings
 from services.transceiver.pacing import FrameClock
 from services.transceiver.server import TransceiverConfig, TransceiverServer
 from services.transceiver.session import write_now
-from topology.netns import in_namespace, lab_namespace
+from tests.conftest import lab_fixture
+from topology.netns import in_namespace
 
 EDGE = "10.77.0.1"
 
@@ -264,12 +264,7 @@ class ToneTrack(MediaStreamTrack):
         return frame
 
 
-@pytest.fixture(scope="module")
-def lab():
-    if os.geteuid() != 0:
-        pytest.skip("needs root for a network namespace")
-    with lab_namespace("vemedia") as ns:
-        yield ns
+lab = lab_fixture("vemedia")
 
 
 def test_a_real_peer_hears_its_tone_echoed_through_the_shared_clock_and_encoder(lab):
