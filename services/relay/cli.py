@@ -77,12 +77,15 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from services.relay.lifeline import PortTaken
     from services.relay.server import RelayServer
 
     config = config_from_args(args)
     server = RelayServer(config)
     try:
         server.run()
+    except PortTaken as exc:
+        raise UserError(f"cannot start the relay: {exc}") from None
     except OSError as exc:
         raise UserError(f"cannot open the relay's sockets: {exc}") from None
     return 0

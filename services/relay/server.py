@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from services.logs import log_event
 from services.relay.config import RelayConfig
 from services.relay.counters import COUNTERS, GAUGES, NAMES, shared_block
+from services.relay.lifeline import PortTaken, port_holders
 from services.relay.worker import WorkerSockets, run_worker
 from services.wire.ufrag import DEV_SECRET_WARNING, is_dev_secret
 
@@ -72,7 +73,8 @@ class RelayServer:
         sockets = WorkerSockets(self.config)  # raises OSError here, in the parent, if busy
         ctx = multiprocessing.get_context("fork")
         proc = ctx.Process(target=run_worker, name=f"relay-worker-{index}",
-                           args=(self.config, index, self._shared, self._cpu_for(index), sockets))
+                           args=(self.config, index, self._shared, self._cpu_for(index), sockets,
+                                 os.getpid()))
         try:
             proc.start()
         finally:
@@ -80,6 +82,12 @@ class RelayServer:
         return proc
 
     def start(self) -> None:
+        """Start the workers; ``PortTaken`` if another process already holds a port."""
+        cfg = self.config
+        wanted = [cfg.listen] + ([cfg.internal] if cfg.tier == "cluster" and cfg.internal else [])
+        stale = port_holders(wanted, exclude={os.getpid()})
+        if stale:
+            raise PortTaken(stale)
         try:
             for i in range(self.config.workers):
                 self._procs.append(self._spawn(i))

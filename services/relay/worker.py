@@ -35,6 +35,7 @@ from services.relay import _fastpath, mmsg
 from services.relay.config import RelayConfig
 from services.relay.counters import INDEX, NAMES, Drops
 from services.relay.flowcache import CachedFlow, FlowCache
+from services.relay.lifeline import die_with_parent
 from services.wire import hop as hopwire
 from services.wire.stun import StunError, read_username, server_ufrag
 from services.wire.ufrag import UfragCodec, UfragError
@@ -613,12 +614,14 @@ class RelayWorker:
 
 
 def run_worker(config: RelayConfig, index: int, shared, cpu: int | None,
-               sockets: WorkerSockets) -> None:
+               sockets: WorkerSockets, parent_pid: int) -> None:
     """Entry point of a worker process (forked: it logs through the relay's JSON handler).
 
+    The worker ends when its relay does, however the relay ends (services/relay/lifeline.py).
     A crash is logged as one ``worker_crashed`` line (not multiprocessing's plain traceback)
     and ends the process with status 1; the relay restarts the worker.
     """
+    die_with_parent(parent_pid)
     try:
         if cpu is not None:
             os.sched_setaffinity(0, {cpu})
