@@ -354,5 +354,8 @@ def test_busy_port_is_a_clear_error(tmp_path):
         [sys.executable, "-m", "voiceedge", "relay", "--tier", "ingress", "--routes", str(routes),
          "--listen", "127.0.0.1", "--port", str(holder.getsockname()[1]), "--metrics", "none"],
         capture_output=True, text=True, cwd=REPO, timeout=30)
-    assert proc.returncode == 2
-    assert "cannot open the relay's sockets" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    # found before any bind, with who holds it (services/relay/lifeline.py)
+    port = holder.getsockname()[1]
+    assert (f"cannot start the relay: UDP 127.0.0.1:{port} is already held by pid "
+            f"{os.getpid()}") in proc.stderr, proc.stderr
