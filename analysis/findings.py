@@ -56,7 +56,7 @@ class Finding:
         label = label[0].upper() + label[1:]
         unit = _UNITS.get(m, f" {METRIC_BY_NAME[m].unit}")
         if math.isnan(d.estimate):
-            return f"{label}: no successful sessions to compare."
+            return f"{label}: no successful session measured while the host kept up to compare."
         if not self.significant:
             return (f"{label}: no significant difference from {self.baseline} "
                     f"({_signed(d.estimate, m)}{unit}, 95% CI {_signed(d.lo, m)} to "
@@ -68,10 +68,19 @@ class Finding:
                 f"{_num(far, m)}{unit} {self.direction}).")
 
 
+def _all_saturated(stats: Stats) -> bool:
+    """Every successful session of the run was measured on a saturated host (and there were
+    some)."""
+    rows = stats.success[stats.success.client_region == "all"]
+    ok = int(rows.ok.sum()) if len(rows) else 0
+    return ok > 0 and int(rows.saturated.sum()) >= ok
+
+
 def findings(results: Results, stats: Stats, metrics=HEADLINE) -> list[Finding]:
-    """Every architecture but the baseline, each headline metric, in the run's order."""
+    """Every architecture but the baseline, each headline metric, in the run's order; none
+    when the host saturated for every session (there is nothing of the architectures')."""
     baseline = results.baseline
-    if baseline not in results.architectures:
+    if baseline not in results.architectures or _all_saturated(stats):
         return []
     return [Finding(arch, baseline, m, stats.difference(arch, baseline, m))
             for arch in results.architectures if arch != baseline for m in metrics]
@@ -102,6 +111,11 @@ def lead(results: Results, stats: Stats) -> str:
     others = [a for a in results.architectures if a != baseline]
     if not others:
         return f"This run has only the baseline ({baseline}): nothing to compare it with."
+    if _all_saturated(stats):
+        return ("Host saturated: every successful session of this run was measured while a "
+                "process on its path lagged, so its figures are the testbed's and this report "
+                "compares nothing. Run fewer sessions per region or a lower start rate "
+                "(docs/benchmarks.md: what this machine carries).")
     b = stats.bootstrap
     regions = (" (within each client region, averaged over them)"
                if len(results.client_regions) > 1 else "")
