@@ -22,6 +22,9 @@ SESSION_COLUMNS = (
 SAMPLE_COLUMNS = ("architecture", "client_region", "session", "t_ms", "packets_received",
                   "packets_lost", "jitter_ms", "rtt_ms")
 PORT_COLUMNS = ("architecture", "concurrent_sessions", "public_udp_ports")
+# steering.csv (optional: older runs have none): the fronts' decisions, one row per call
+# (event call_created) or change of a front's preferred cluster (steering_changed).
+STEERING_COLUMNS = ("architecture", "client_region", "event", "cluster", "nearest", "reason")
 # The files a finished run has; config.json and sessions.csv are the ones a report needs.
 FILES = ("config.json", "calibration.json", "sessions.csv", "samples.csv", "ports.csv",
          "relays.json")
@@ -52,6 +55,7 @@ class Results:
     calibration_at_load: dict = field(default_factory=dict)  # architecture -> its probes
     missing_files: list[str] = field(default_factory=list)
     timings: dict = field(default_factory=dict)  # timings.json: run and per-architecture times
+    steering: pd.DataFrame = field(default_factory=lambda: _empty(STEERING_COLUMNS))
 
     @property
     def planned_architectures(self) -> list[str]:
@@ -222,7 +226,9 @@ def load_results(path: str | Path, require_sessions: bool = True) -> Results:
         sessions = _sessions(path / "sessions.csv")
     samples = (_numeric_samples(_empty(SAMPLE_COLUMNS)) if "samples.csv" in missing
                else _samples(path / "samples.csv"))
-    return Results(path=path, sessions=sessions, samples=samples, ports=ports,
+    steering = (_read_csv(path / "steering.csv", STEERING_COLUMNS)
+                if (path / "steering.csv").is_file() else _empty(STEERING_COLUMNS))
+    return Results(path=path, sessions=sessions, samples=samples, ports=ports, steering=steering,
                    relays=optional_json("relays.json"), config=_read_json(path / "config.json"),
                    calibration=optional_json("calibration.json"),
                    summary=optional_json("summary.json"), missing_files=missing,

@@ -150,6 +150,10 @@ def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: E
                 parts += [f"<h3>{e(region)} · {e(arch)}</h3>",
                           tables.to_html(tables.metric_detail(stats, arch, region))]
         parts.append("</details>")
+    steered = tables.steering(results)
+    if steered.rows:
+        parts += ["<h2 id='steering'>Where each client region was steered</h2>",
+                  tables.to_html(steered)]
     parts += ["<h2 id='failures'>Failures</h2>", tables.to_html(tables.failures(results)),
               "<h2 id='ports'>Ports and relays</h2>", tables.to_html(tables.ports(results)),
               tables.to_html(tables.relays(results)),
@@ -185,6 +189,9 @@ def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], mode
               tables.to_markdown(tables.headline(results, stats))]
     if len(results.client_regions) > 1:
         lines += ["## Per client region", "", tables.to_markdown(tables.per_region(results, stats))]
+    steered = tables.steering(results)
+    if steered.rows:
+        lines += ["## Where each client region was steered", "", tables.to_markdown(steered)]
     fails = tables.failures(results)
     if fails.rows:
         lines += ["## Failures", "", tables.to_markdown(fails)]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from analysis.load import Results
+from analysis.load import Results, as_bool
 from analysis.stats import ALL, METRIC_BY_NAME, METRICS, Stats, thin_tail
 
 THIN = "†"  # marks a CI with fewer than 10 observations beyond the percentile
@@ -156,6 +156,27 @@ def relays(results: Results) -> Table:
                                str(c.get("packets_to_client", "-")),
                                str(c.get("flows_created", "-")), str(c.get("flows_recovered", "-")),
                                ", ".join(f"{k} {v}" for k, v in drops.items()) or "none"])
+    return table
+
+
+def steering(results: Results) -> Table:
+    """Where each client region's calls were steered: calls per cluster, how many went to a
+    cluster other than the nearest, and how often the front's preferred cluster changed."""
+    table = Table(["architecture", "client region", "calls per cluster", "not the nearest",
+                   "steering changes"],
+                  note="From steering.csv (the fronts' call_created and steering_changed log "
+                       "lines); nearest: by the RTT the front measured.")
+    frame = results.steering
+    if frame.empty:
+        return table
+    for (arch, region), group in frame.groupby(["architecture", "client_region"], sort=False):
+        calls = group[group.event == "call_created"]
+        per_cluster = calls.cluster.value_counts()
+        table.rows.append([
+            str(arch), str(region),
+            ", ".join(f"{c} {n}" for c, n in per_cluster.items()) or "-",
+            str(int((~as_bool(calls.nearest)).sum())),
+            str(int((group.event == "steering_changed").sum()))])
     return table
 
 

@@ -266,7 +266,8 @@ class Edge:
         path.write_text(json.dumps(clusters, indent=2))
         port = self.plan.ports.signaling
         return self.add(f"front-{front.region}", front.host, voiceedge_cmd(
-            "signaling", "--listen", f"{front.listen}:{port}", "--clusters", str(path)),
+            "signaling", "--listen", f"{front.listen}:{port}", "--clusters", str(path),
+            "--region", front.region),
             "signaling", lambda: http_ok(f"http://{front.listen}:{port}/healthz"))
 
     def restart(self, name: str, kill: bool = True) -> ServiceProcess:

@@ -9,8 +9,9 @@ For each architecture, in the same world and with the same clients:
 - ``global-relay``: the answer advertises the anycast relay VIP, so clients reach the ingress
   relay of their own region, which carries the media over the backbone to the cluster relay.
 
-The regional signaling front (anycast, in every client region) sends each call to the nearest
-cluster with room, over the backbone. Results go to ``results/<scenario>-<region>-<time>/``
+The regional signaling front (anycast, in every client region) sends each call to the cluster
+it measures nearest that is healthy and under its load threshold, over the backbone; its
+decisions go to ``steering.csv``. Results go to ``results/<scenario>-<region>-<time>/``
 (docs/scenarios.md lists the files).
 """
 from __future__ import annotations
@@ -48,6 +49,10 @@ SESSION_FIELDS = (
     "saturated_by")
 SAMPLE_FIELDS = ("architecture", "client_region", "session", "t_ms", "packets_received",
                  "packets_lost", "jitter_ms", "rtt_ms")
+# One row per call a front placed (event call_created) and per change of a front's preferred
+# cluster (steering_changed: cluster is the new one, reason why), from the fronts' logs.
+STEERING_FIELDS = ("architecture", "client_region", "front", "event", "call", "cluster",
+                   "nearest", "reason")
 PORT_FIELDS = ("architecture", "concurrent_sessions", "public_udp_ports", "public_udp_ports_max",
                "bindings")
 
@@ -73,6 +78,7 @@ class ArchitectureRun:
     bindings: list[str]         # "service address:port" at the peak
     seconds: float
     load_calibration: LoadCalibration | None = None  # the calls' paths probed during the calls
+    steering: list[dict] = field(default_factory=list)  # steering.csv rows
 
     @property
     def success_pct(self) -> float:
@@ -272,7 +278,8 @@ class ScenarioRunner:
                                watch.ports_at_peak, watch.ports_max,
                                [f"{b.service}@{b.host} {b.address}:{b.port}"
                                 for b in watch.bindings_at_peak],
-                               round(time.monotonic() - started, 1), load_calibration)
+                               round(time.monotonic() - started, 1), load_calibration,
+                               steering_rows(arch, logs / TIMELINE))
 
     # ------------------------------------------------------------ results
 
@@ -347,6 +354,11 @@ class ScenarioRunner:
             w.writeheader()
             for a in result.architectures:
                 w.writerows(a.samples)
+        with open(d / "steering.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=STEERING_FIELDS, extrasaction="ignore")
+            w.writeheader()
+            for a in result.architectures:
+                w.writerows(a.steering)
         with open(d / "ports.csv", "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(PORT_FIELDS)
@@ -465,6 +477,32 @@ class _PeakWatch:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5)
+
+
+def steering_rows(arch: str, timeline: Path) -> list[dict]:
+    """steering.csv rows of one architecture from its merged timeline (the fronts' logs)."""
+    rows = []
+    if not timeline.exists():
+        return rows
+    for line in timeline.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        source = str(r.get("source", ""))
+        if not source.startswith("front-") or r.get("event") not in ("call_created",
+                                                                      "steering_changed"):
+            continue
+        region = r.get("region") or source.removeprefix("front-")
+        row = {"architecture": arch, "client_region": region, "front": source,
+               "event": r["event"]}
+        if r["event"] == "call_created":
+            row.update(call=r.get("call"), cluster=r.get("cluster"), nearest=r.get("nearest"),
+                       reason=r.get("reason"))
+        else:
+            row.update(cluster=r.get("to"), reason=r.get("why"))
+        rows.append(row)
+    return rows
 
 
 def _count_results(logs: Path) -> tuple[int, int]:

@@ -52,6 +52,16 @@ def lab_fixture(prefix: str):
     return lab
 
 
+async def until(predicate, timeout: float = 10.0) -> None:
+    """Poll ``predicate()`` every 20 ms in the running loop until it holds (else fail)."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
 def free_port(kind: int = socket.SOCK_DGRAM) -> int:
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))

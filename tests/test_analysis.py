@@ -759,3 +759,89 @@ def test_saturated_sessions_are_counted_and_left_out_of_every_statistic(tmp_path
     assert warning.startswith("Host saturated") and f"global-relay: {10 * n_regions} of" in warning
     assert summarise(directory)["architectures"]["global-relay"]["saturated"] == 10 * n_regions
     assert saturation(compute_stats(load_results(write_run(tmp_path / "clean", seed=7)))) == ""
+
+
+def test_a_run_saturated_throughout_compares_nothing(tmp_path):
+    from analysis.findings import lead
+
+    directory = write_run(tmp_path / "run", seed=7)
+    frame = pd.read_csv(directory / "sessions.csv")
+    frame["saturated"], frame["saturated_by"] = True, "client-apac-se 40 ms"
+    frame.to_csv(directory / "sessions.csv", index=False)
+    results = load_results(directory)
+    stats = compute_stats(results, Bootstrap(resamples=200))
+    assert findings(results, stats) == []
+    assert lead(results, stats).startswith("Host saturated: every successful session")
+    # one session measured while the host kept up is enough to compare again
+    frame.loc[0, "saturated"] = False
+    frame.to_csv(directory / "sessions.csv", index=False)
+    results = load_results(directory)
+    assert not lead(results, compute_stats(results, Bootstrap(resamples=200))).startswith(
+        "Host saturated")
+
+
+# ------------------------------------------------------------------ steering
+
+
+def _timeline(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps({"ts": f"2026-11-30T10:00:{i:02d}.000000Z",
+                                        "level": "INFO", "service": "signaling", **r}) + "\n"
+                            for i, r in enumerate(records)))
+    return path
+
+
+def test_steering_rows_come_from_the_fronts_log_lines(tmp_path):
+    from scenarios.runner import steering_rows
+
+    timeline = _timeline(tmp_path / "timeline.jsonl", [
+        {"source": "front-apac-se", "event": "call_created", "region": "apac-se",
+         "call": "eu-west~1~AAAAAAAAAAAAAAAA", "cluster": "eu-west", "nearest": True,
+         "reason": "nearest"},
+        {"source": "front-apac-se", "event": "steering_changed", "region": "apac-se",
+         "from": "eu-west", "to": "na-east", "why": "eu-west down"},
+        {"source": "front-apac-se", "event": "call_refused", "status": 503},
+        {"source": "transceiver-na-east", "event": "call_created", "cluster": "x"},
+        {"source": "front-au", "event": "call_created", "call": "na-east~0~B",
+         "cluster": "na-east", "nearest": False, "reason": "eu-west down"}])
+    rows = steering_rows("global-relay", timeline)
+    assert [(r["client_region"], r["event"], r["cluster"], r.get("nearest"), r["reason"])
+            for r in rows] == [
+        ("apac-se", "call_created", "eu-west", True, "nearest"),
+        ("apac-se", "steering_changed", "na-east", None, "eu-west down"),
+        ("au", "call_created", "na-east", False, "eu-west down")]
+    assert steering_rows("x", tmp_path / "absent.jsonl") == []
+
+
+def test_the_report_says_where_each_client_region_was_steered(tmp_path):
+    from scenarios.runner import STEERING_FIELDS
+
+    directory = write_run(tmp_path / "run", n=10)
+    rows = []
+    for arch in ARCHS:
+        rows += [{"architecture": arch, "client_region": "apac-se", "front": "front-apac-se",
+                  "event": "call_created", "call": f"eu-west~0~{i}", "cluster": "eu-west",
+                  "nearest": True, "reason": "nearest"} for i in range(3)]
+    rows += [{"architecture": "global-relay", "client_region": "au", "front": "front-au",
+              "event": "steering_changed", "cluster": "na-east", "reason": "eu-west down"},
+             {"architecture": "global-relay", "client_region": "au", "front": "front-au",
+              "event": "call_created", "call": "na-east~1~x", "cluster": "na-east",
+              "nearest": False, "reason": "eu-west down"},
+             {"architecture": "global-relay", "client_region": "au", "front": "front-au",
+              "event": "call_created", "call": "eu-west~0~y", "cluster": "eu-west",
+              "nearest": True, "reason": "nearest"}]
+    with open(directory / "steering.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=STEERING_FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    html_path, md_path = write_report(directory, tmp_path / "report")
+    md = md_path.read_text()
+    assert "## Where each client region was steered" in md
+    assert "| port-per-session | apac-se | eu-west 3 | 0 | 0 |" in md
+    assert "| global-relay | au | na-east 1, eu-west 1 | 1 | 1 |" in md
+    assert "Where each client region was steered" in html_path.read_text()
+    # a folder without steering.csv (older runs) is complete and has no such table
+    old = write_run(tmp_path / "old", n=10)
+    results = load_results(old)
+    assert results.steering.empty and "steering.csv" not in results.missing_files
+    _, md_path = write_report(old, tmp_path / "old-report")
+    assert "steered" not in md_path.read_text()

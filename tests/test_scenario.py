@@ -116,7 +116,7 @@ def test_results_folder_has_everything_and_nothing_else(ci_results, kernel_backe
     names = {p.name for p in directory.iterdir()}
     assert {"config.json", "calibration.json", "sessions.csv", "samples.csv", "ports.csv",
             "relays.json", "summary.json", "stats.csv", "stats.json", "logs",
-            "calibration_at_load.json", "impairment.json"} <= names
+            "calibration_at_load.json", "impairment.json", "steering.csv"} <= names
     impairment = json.loads((directory / "impairment.json").read_text())
     assert impairment["backend"] == kernel_backend and impairment["interfaces"]
     assert all("dropped_loss" in c for c in impairment["interfaces"].values())
@@ -128,6 +128,14 @@ def test_results_folder_has_everything_and_nothing_else(ci_results, kernel_backe
     samples = list(csv.DictReader(open(directory / "samples.csv")))
     assert samples and {r["architecture"] for r in samples} == {
         "port-per-session", "cluster-relay", "global-relay"}
+    steering = list(csv.DictReader(open(directory / "steering.csv")))
+    calls = [r for r in steering if r["event"] == "call_created"]
+    assert len(calls) == 3 * N and {r["cluster"] for r in calls} == {"na-east"}
+    assert {(r["client_region"], r["front"], r["nearest"], r["reason"]) for r in calls} == {
+        ("apac-se", "front-apac-se", "True", "nearest")}
+    assert {r["architecture"] for r in calls} == {"port-per-session", "cluster-relay",
+                                                  "global-relay"}
+    assert "Where each client region was steered" in (directory / "report.md").read_text()
     relays = json.loads((directory / "relays.json").read_text())
     assert relays["global-relay"]["ingress-apac-se"]["flows_created"] == N
     # MOS needs a media RTT (RTCP RR): every ok session that measured one has a MOS.

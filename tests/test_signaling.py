@@ -152,7 +152,8 @@ def test_metrics_count_created_and_refused_calls_and_call_ids_are_checked():
 
 def test_a_call_falls_back_to_a_farther_cluster_and_the_metrics_say_so():
     near_port, far_port = free_port(socket.SOCK_STREAM), free_port(socket.SOCK_STREAM)
-    near = ClusterRoute("near", (f"http://127.0.0.1:{near_port}",), rtt_ms=5.0)
+    # near's seed (0 ms) stays below far's measured loopback RTT: near is never measured.
+    near = ClusterRoute("near", (f"http://127.0.0.1:{near_port}",), rtt_ms=0.0)
     far = ClusterRoute("far", (f"http://127.0.0.1:{far_port}",), rtt_ms=80.0)
 
     async def main():

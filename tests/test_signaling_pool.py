@@ -20,7 +20,7 @@ from aiohttp import web
 
 from services.signaling.server import ClusterRoute, SignalingConfig, SignalingServer
 from services.transceiver.server import TransceiverConfig, TransceiverServer
-from tests.conftest import free_port
+from tests.conftest import free_port, until
 from tests.offers import STATIC_OFFER
 
 SDP = {"Content-Type": "application/sdp"}
@@ -95,13 +95,6 @@ async def burst(http: aiohttp.ClientSession, base: str, n: int) -> list[int]:
             await r.read()
             return r.status
     return list(await asyncio.gather(*(one() for _ in range(n))))
-
-
-async def until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 def test_a_burst_of_calls_uses_only_connections_opened_before_it(caplog):

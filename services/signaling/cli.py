@@ -24,6 +24,21 @@ def add_parser(sub) -> None:
     p.add_argument("--warm-connections", type=int, default=None, metavar="N",
                    help="idle keep-alive connections kept open to each transceiver, at least "
                         "(default 8; more after a burst of calls: services/signaling/pool.py)")
+    p.add_argument("--region", default="", metavar="NAME",
+                   help="this front's region, recorded in its steering logs")
+    g = p.add_argument_group("steering (services/signaling/steering.py)")
+    g.add_argument("--steer-load-threshold", type=float, default=0.9, metavar="FRACTION",
+                   help="skip a cluster whose sessions / capacity is at least this "
+                        "(default 0.9)")
+    g.add_argument("--steer-switch-ms", type=float, default=10.0, metavar="MS",
+                   help="a nearer cluster becomes preferred only when nearer by more than "
+                        "max(MS, --steer-switch-pct) (default 10)")
+    g.add_argument("--steer-switch-pct", type=float, default=20.0, metavar="PCT",
+                   help="... or this percentage of the preferred's RTT (default 20)")
+    g.add_argument("--steer-switch-probes", type=int, default=3, metavar="N",
+                   help="... in N probe rounds in a row (default 3)")
+    g.add_argument("--steer-window", type=int, default=5, metavar="N",
+                   help="RTT samples per cluster, smoothed by their median (default 5)")
     p.set_defaults(func=run, service="signaling")  # JSON logs: services/logs.py
 
 
@@ -45,6 +60,23 @@ def _load_clusters(path: str):
         raise ConfigError(f"clusters file {path}: {exc}") from None
 
 
+def _steering(args: argparse.Namespace):
+    from services.signaling.steering import SteeringConfig
+
+    checks = (("--steer-load-threshold", 0.0 < args.steer_load_threshold <= 1.0,
+               "must be more than 0 and at most 1"),
+              ("--steer-switch-ms", args.steer_switch_ms >= 0, "must be 0 or more"),
+              ("--steer-switch-pct", args.steer_switch_pct >= 0, "must be 0 or more"),
+              ("--steer-switch-probes", args.steer_switch_probes >= 1, "must be 1 or more"),
+              ("--steer-window", args.steer_window >= 1, "must be 1 or more"))
+    for flag, ok, what in checks:
+        if not ok:
+            raise ConfigError(f"{flag} {what}")
+    return SteeringConfig(load_threshold=args.steer_load_threshold,
+                          switch_ms=args.steer_switch_ms, switch_pct=args.steer_switch_pct,
+                          switch_probes=args.steer_switch_probes, window=args.steer_window)
+
+
 def run(args: argparse.Namespace) -> int:
     from services.signaling.pool import SPARE
     from services.signaling.server import SignalingConfig, SignalingServer
@@ -54,16 +86,18 @@ def run(args: argparse.Namespace) -> int:
         warm = SPARE if args.warm_connections is None else args.warm_connections
         if warm < 0:
             raise ConfigError("--warm-connections must be 0 or more")
+        steering = _steering(args)
         if args.clusters:
-            config = SignalingConfig(clusters=_load_clusters(args.clusters), listen=listen,
-                                     warm_connections=warm)
+            clusters = _load_clusters(args.clusters)
         elif args.transceiver:
-            config = SignalingConfig.single(
-                tuple(args.transceiver), listen,
-                parse_hostport(args.advertise, "--advertise") if args.advertise else None,
-                warm_connections=warm)
+            clusters = SignalingConfig.single(
+                tuple(args.transceiver),
+                advertise=parse_hostport(args.advertise, "--advertise") if args.advertise
+                else None).clusters
         else:
             raise ConfigError("give --transceiver URL (repeatable) or --clusters FILE")
+        config = SignalingConfig(clusters=clusters, listen=listen, warm_connections=warm,
+                                 region=args.region, steering=steering)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
 

@@ -5,11 +5,14 @@
 - Refusals are one line of text: ``415`` wrong content type, ``413`` oversized body, ``400``
   malformed offer / no audio / no BUNDLE, ``503`` no transceiver has room. Nothing is allocated
   for a refused offer.
-- Geo steering (the regional front): transceivers belong to clusters, each with the RTT from
-  this front's region; a call goes to the nearest cluster that is healthy and has room (from
-  each transceiver's ``/status``, polled in the background), to its transceiver with the most
-  room, and falls back to the next nearest when one is down, full (``503``) or unreachable. A
-  cluster-local signaling is the same with one cluster.
+- Geo steering (the regional front): transceivers belong to clusters. Each transceiver's
+  ``/status`` is polled in the background and the polls are timed; the policy in
+  services/signaling/steering.py ranks clusters by measured RTT (the configured ``rtt_ms``
+  only seeds it), health and load, with hysteresis. A call goes to the first cluster of that
+  ranking that is healthy and under the load threshold, to its transceiver with the most room,
+  and falls back to the next when one is down, over the threshold, full (``503``) or
+  unreachable. ``call_created`` records the decision; ``steering_changed`` a new preferred
+  cluster. A cluster-local signaling is the same with one cluster.
 - The answer's one candidate is the cluster's ``advertise`` address (the relay VIP the client
   should use), passed to the transceiver per call.
 - The call id in ``Location`` is ``{cluster}~{index}~{session}``: the cluster's name, the
@@ -19,8 +22,9 @@
 - ``GET /healthz``: ``200`` with the transceivers as last probed while at least one answered
   its ``/status``; ``503`` with the same body and a ``reason`` when none did.
 - ``GET /metrics``: Prometheus text: calls created, refused (by status), steered (by
-  cluster, and whether that was the nearest), each transceiver's probed health and load, and
-  the front's warm connections to it.
+  cluster, and whether that was the nearest by RTT), clusters passed over (by why), changes
+  of the preferred cluster, each cluster's RTT, each transceiver's probed health and load,
+  and the front's warm connections to it.
 - Connections to transceivers: calls go over keep-alive connections opened ahead of them
   (services/signaling/pool.py), so a call does not pay a TCP handshake across the backbone;
   the ``/status`` probes have a connection of their own. ``call_created`` says how long the
@@ -42,6 +46,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from services.logs import log_event
 from services.signaling.pool import SPARE, ControlPool
+from services.signaling.steering import (FULL, OVER_LOAD, UNREACHABLE, ClusterProbe, Decision,
+                                         Steering, SteeringConfig)
 from services.wire.sdp import MAX_OFFER_BYTES, OfferError, check_offer
 
 log = logging.getLogger("voiceedge.signaling")
@@ -56,7 +62,7 @@ class ClusterRoute:
     name: str
     transceivers: tuple[str, ...]             # control base URLs, e.g. http://10.2.5.2:8900
     advertise: tuple[str, int] | None = None  # candidate for answers; None: the transceiver's
-    rtt_ms: float = 0.0                       # from this front's region: proximity
+    rtt_ms: float = 0.0                       # from this front's region: seeds steering
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,8 @@ class SignalingConfig:
     listen: tuple[str, int] = ("127.0.0.1", 8080)
     poll_interval: float = 1.0
     warm_connections: int = SPARE  # idle connections kept open to each transceiver, at least
+    region: str = ""               # this front's region, for the logs
+    steering: SteeringConfig = field(default_factory=SteeringConfig)
 
     @classmethod
     def single(cls, transceivers: tuple[str, ...], listen=("127.0.0.1", 8080),
@@ -82,6 +90,7 @@ class _Backend:
     sessions: int = 0
     capacity: int = 0
     healthy: bool = False
+    probe_ms: float | None = None  # the last probe's round trip, None if it opened a connection
 
     @property
     def room(self) -> int:
@@ -93,6 +102,8 @@ class SignalingStats:
     created: int = 0
     refused: dict[int, int] = field(default_factory=dict)         # HTTP status -> calls
     steered: dict[tuple[str, bool], int] = field(default_factory=dict)  # (cluster, nearest)
+    passed_over: dict[tuple[str, str], int] = field(default_factory=dict)  # (cluster, outcome)
+    changes: dict[tuple[str, str], int] = field(default_factory=dict)  # (from, to)
 
 
 class SignalingServer:
@@ -108,8 +119,8 @@ class SignalingServer:
                                   ControlPool(url, config.warm_connections))
                          for cluster in config.clusters for url in cluster.transceivers]
         self.stats = SignalingStats()
-        self._nearest = min((c for c in config.clusters if c.transceivers),
-                            key=lambda c: (c.rtt_ms, c.name)).name
+        self.steering = Steering({c.name: c.rtt_ms for c in config.clusters if c.transceivers},
+                                 config.steering)
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(_Collector(self))
         self.port: int | None = None
@@ -126,8 +137,11 @@ class SignalingServer:
 
     async def start(self) -> None:
         # Status probes only: one connection per transceiver, never one a call could use.
+        # A probe that opens its connection is not timed: the handshake would count twice.
+        trace = aiohttp.TraceConfig()
+        trace.on_connection_create_end.append(_connection_opened)
         self._http = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=15),
+            timeout=aiohttp.ClientTimeout(total=15), trace_configs=[trace],
             connector=aiohttp.TCPConnector(limit_per_host=1, keepalive_timeout=60))
         await self._poll_once()
         # Ready only with warm connections: the first calls must not pay a handshake either.
@@ -146,7 +160,8 @@ class SignalingServer:
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
         log_event(log, "signaling_started", listen=f"{self.config.listen[0]}:{self.port}",
-                  clusters=[c.name for c in self.config.clusters],
+                  clusters=[c.name for c in self.config.clusters], region=self.config.region,
+                  preferred=self.steering.preferred,
                   healthy=[b.url for b in self.backends if b.healthy],
                   warm_connections={b.url: b.pool.warm for b in self.backends})
 
@@ -175,14 +190,47 @@ class SignalingServer:
 
     async def _poll_once(self) -> None:
         await asyncio.gather(*(self._probe(b) for b in self.backends))
+        change = self.steering.observe(self._probes())
+        if change is not None:
+            key = (change.from_cluster or "", change.to_cluster)
+            self.stats.changes[key] = self.stats.changes.get(key, 0) + 1
+            log_event(log, "steering_changed", region=self.config.region,
+                      **{"from": change.from_cluster, "to": change.to_cluster},
+                      why=change.why, rtt_ms={c.cluster: round(c.rtt_ms, 3)
+                                              for c in self.steering.rank()})
+
+    def _probes(self) -> dict[str, ClusterProbe]:
+        """This round per cluster: the fastest timed probe, health, load of the healthy."""
+        out = {}
+        for cluster in self.config.clusters:
+            if not cluster.transceivers:
+                continue
+            up = [b for b in self.backends if b.cluster is cluster and b.healthy]
+            timed = [b.probe_ms for b in up if b.probe_ms is not None]
+            out[cluster.name] = ClusterProbe(min(timed) if timed else None, bool(up),
+                                             sum(b.sessions for b in up),
+                                             sum(b.capacity for b in up))
+        return out
+
+    def _load(self) -> dict[str, tuple[int, int]]:
+        """Per cluster now: (sessions, capacity) of its healthy transceivers, counting the
+        calls placed since the last probe."""
+        out: dict[str, tuple[int, int]] = {}
+        for b in self.backends:
+            if b.healthy:
+                s, c = out.get(b.cluster.name, (0, 0))
+                out[b.cluster.name] = (s + b.sessions, c + b.capacity)
+        return out
 
     async def _probe(self, backend: _Backend) -> None:
+        backend.probe_ms = None
         try:
-            status = await self._status(backend)
+            status, backend.probe_ms = await self._status(backend)
             backend.sessions, backend.capacity = int(status["sessions"]), int(status["capacity"])
             healthy = True
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError,
                 TypeError):
+            backend.probe_ms = None
             healthy = False
         self._set_health(backend, healthy)
         backend.pool.maintain()
@@ -198,15 +246,16 @@ class SignalingServer:
                 backend.pool.disable()
         backend.healthy = healthy
 
-    async def _status(self, backend: _Backend) -> dict:
-        async with self._http.get(f"{backend.url}/status",
+    async def _status(self, backend: _Backend) -> tuple[dict, float | None]:
+        """The transceiver's /status and the probe's round trip in ms (None when the probe
+        had to open its connection first)."""
+        ctx = {"opened": False}
+        started = time.monotonic()
+        async with self._http.get(f"{backend.url}/status", trace_request_ctx=ctx,
                                   timeout=aiohttp.ClientTimeout(total=2)) as r:
-            return await r.json()
-
-    def _candidates(self) -> list[_Backend]:
-        """Nearest cluster first; within a cluster, the transceiver with the most room."""
-        return sorted((b for b in self.backends if b.room > 0),
-                      key=lambda b: (b.cluster.rtt_ms, b.cluster.name, -b.room))
+            status = await r.json()
+        ms = (time.monotonic() - started) * 1000.0
+        return status, None if ctx["opened"] else ms
 
     # ------------------------------------------------------------ API
 
@@ -224,7 +273,60 @@ class SignalingServer:
             check_offer(body)
         except OfferError as exc:
             return self._refuse(exc.status, str(exc))
-        for backend in self._candidates():
+        ranking = self.steering.rank(self._load())
+        # Over the load threshold is a preference: when every healthy cluster is, the call
+        # still goes to the first with room.
+        order = ([c for c in ranking if c.skip is None]
+                 + [c for c in ranking if c.skip == OVER_LOAD])
+        failed: dict[str, str] = {}
+        for cand in order:
+            outcome = await self._place(cand.cluster, body)
+            if isinstance(outcome, web.Response):
+                return outcome
+            if isinstance(outcome, str):
+                failed[cand.cluster] = outcome
+                continue
+            backend, reply, session = outcome
+            backend.sessions += 1
+            cluster = backend.cluster.name
+            decision = Decision.of(self.config.region, self.steering.preferred, ranking,
+                                   failed, cluster, backend.url)
+            self._count(decision)
+            self.stats.created += 1
+            call = f"{cluster}~{self.backends.index(backend)}~{session}"
+            log_event(log, "call_created", call=call, cluster=cluster,
+                      nearest=decision.nearest, transceiver=backend.url,
+                      transceiver_ms=reply.ms,
+                      front_ms=round((time.monotonic() - arrived) * 1000.0, 3),
+                      new_connection=reply.new_connection, region=decision.region,
+                      preferred=decision.preferred, reason=decision.reason,
+                      candidates=list(decision.candidates))
+            return web.Response(status=201, text=reply.text, content_type="application/sdp",
+                                headers={"Location": f"/v1/calls/{call}",
+                                         "X-Voiceedge-Cluster": cluster})
+        decision = Decision.of(self.config.region, self.steering.preferred, ranking, failed,
+                               None, None)
+        self._count(decision)
+        return self._refuse(503, "no transceiver has room for a call",
+                            candidates=list(decision.candidates))
+
+    def _count(self, decision: Decision) -> None:
+        if decision.cluster is not None:
+            key = (decision.cluster, decision.nearest)
+            self.stats.steered[key] = self.stats.steered.get(key, 0) + 1
+        for c in decision.candidates:
+            if c["outcome"] not in ("chosen", "not_tried"):
+                key = (c["cluster"], c["outcome"])
+                self.stats.passed_over[key] = self.stats.passed_over.get(key, 0) + 1
+
+    async def _place(self, cluster: str, body: bytes):
+        """Offer the call to the cluster's transceivers, most room first: (backend, reply,
+        session) when one took it, a Response to pass on when one refused it otherwise, or
+        FULL / UNREACHABLE when none could."""
+        outcome = FULL
+        for backend in sorted((b for b in self.backends
+                               if b.cluster.name == cluster and b.room > 0),
+                              key=lambda b: -b.room):
             params = {}
             if backend.cluster.advertise:
                 host, port = backend.cluster.advertise
@@ -233,36 +335,24 @@ class SignalingServer:
                 reply = await backend.pool.request(
                     "POST", "/sessions", _CALL_TIMEOUT_S, data=body, params=params,
                     headers={"Content-Type": "application/sdp"})
-                text = reply.text
                 if reply.status == 503:
                     backend.sessions = backend.capacity  # full until the next poll says
                     continue
                 if reply.status != 201:
                     return self._refuse(reply.status,
-                                        text.strip() or f"transceiver said {reply.status}")
+                                        reply.text.strip() or f"transceiver said {reply.status}")
                 session = reply.headers["Location"].rsplit("/", 1)[1]
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError):
                 self._set_health(backend, False)
+                outcome = UNREACHABLE
                 continue
-            backend.sessions += 1
-            cluster = backend.cluster.name
-            nearest = cluster == self._nearest
-            self.stats.created += 1
-            self.stats.steered[cluster, nearest] = self.stats.steered.get((cluster, nearest), 0) + 1
-            call = f"{cluster}~{self.backends.index(backend)}~{session}"
-            log_event(log, "call_created", call=call, cluster=cluster, nearest=nearest,
-                      transceiver=backend.url, transceiver_ms=reply.ms,
-                      front_ms=round((time.monotonic() - arrived) * 1000.0, 3),
-                      new_connection=reply.new_connection)
-            return web.Response(status=201, text=text, content_type="application/sdp",
-                                headers={"Location": f"/v1/calls/{call}",
-                                         "X-Voiceedge-Cluster": cluster})
-        return self._refuse(503, "no transceiver has room for a call")
+            return backend, reply, session
+        return outcome
 
-    def _refuse(self, status: int, reason: str) -> web.Response:
+    def _refuse(self, status: int, reason: str, **fields) -> web.Response:
         reason = reason.splitlines()[0]
         self.stats.refused[status] = self.stats.refused.get(status, 0) + 1
-        log_event(log, "call_refused", status=status, reason=reason)
+        log_event(log, "call_refused", status=status, reason=reason, **fields)
         return web.Response(status=status, text=reason + "\n")
 
     def _backend_of(self, call: str) -> tuple[_Backend, str] | None:
@@ -331,6 +421,31 @@ class _Collector:
         for (cluster, nearest), n in sorted(s.stats.steered.items()):
             steered.add_metric([cluster, str(nearest).lower()], n)
         yield steered
+        passed = CounterMetricFamily(
+            "voiceedge_signaling_steering_passed_over", "calls that did not go to a cluster "
+            "ranked before or nearer than the chosen one (or refused), by why: down, over_load_threshold, "
+            "full, unreachable, hysteresis", labels=["cluster", "why"])
+        for (cluster, why), n in sorted(s.stats.passed_over.items()):
+            passed.add_metric([cluster, why], n)
+        yield passed
+        changes = CounterMetricFamily(
+            "voiceedge_signaling_steering_changes", "changes of the preferred cluster",
+            labels=["from", "to"])
+        for (src, dst), n in sorted(s.stats.changes.items()):
+            changes.add_metric([src, dst], n)
+        yield changes
+        rtt = GaugeMetricFamily("voiceedge_signaling_cluster_rtt_ms",
+                                "RTT to the cluster as steering sees it (median of the timed "
+                                "probes; the configured RTT until one is timed)",
+                                labels=["cluster", "measured"])
+        preferred = GaugeMetricFamily("voiceedge_signaling_cluster_preferred",
+                                      "1 for the cluster calls are offered to first",
+                                      labels=["cluster"])
+        for c in s.steering.rank():
+            rtt.add_metric([c.cluster, str(c.measured).lower()], c.rtt_ms)
+            preferred.add_metric([c.cluster], int(c.cluster == s.steering.preferred))
+        yield rtt
+        yield preferred
         labels = ["cluster", "transceiver"]
         gauges = {
             "healthy": GaugeMetricFamily("voiceedge_signaling_transceiver_healthy",
@@ -358,6 +473,11 @@ class _Collector:
             opened.add_metric([b.cluster.name, b.url, "on_call"], b.pool.opened_on_call)
         yield from gauges.values()
         yield opened
+
+
+async def _connection_opened(session, ctx, params) -> None:
+    if isinstance(ctx.trace_request_ctx, dict):
+        ctx.trace_request_ctx["opened"] = True
 
 
 @web.middleware
