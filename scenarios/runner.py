@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import subprocess
 import threading
 import time
@@ -258,7 +257,7 @@ class ScenarioRunner:
                          f"{time.monotonic() - started:.0f} s", transient=True)
                 watch.sample()
                 if at_load is not None:
-                    at_load.poll()
+                    at_load.poll(done)
                 time.sleep(0.5)
             if at_load is not None:
                 load_calibration = at_load.finish()
@@ -377,17 +376,12 @@ class ScenarioRunner:
 
 
 class _AtLoad:
-    """Calibration at load for one architecture: started, in a thread, once the calls are
-    near their expected concurrency (or once they have had time to get there)."""
+    """Calibration at load for one architecture, in a thread, started once the first call has
+    ended: the ramp-up is over, and from then on calls end about as fast as they start."""
 
     def __init__(self, runner: "ScenarioRunner", world: World, arch: str,
                  watch: "_PeakWatch") -> None:
         sc = runner.scenario
-        regions = len(runner.client_regions)
-        per_region = min(sc.sessions_per_region, sc.start_rate * sc.call_duration_s)
-        self._target = max(1, math.ceil(0.8 * regions * per_region))
-        self._latest = time.monotonic() + min(sc.sessions_per_region / sc.start_rate,
-                                              sc.call_duration_s) + 2.0
         self._start = lambda: calibrate_under_load(
             world, arch, session_links(world, runner.client_regions, runner.clusters),
             live=lambda: watch.live, count=min(100, sc.calibration_count),
@@ -399,9 +393,8 @@ class _AtLoad:
         self._error: BaseException | None = None
         self._watch = watch
 
-    def poll(self) -> None:
-        if self._thread is None and (self._watch.live >= self._target
-                                     or time.monotonic() >= self._latest):
+    def poll(self, calls_ended: int) -> None:
+        if self._thread is None and calls_ended >= 1:
             self._say(f"[{self._arch}] calibrating again at load "
                       f"({self._watch.live} live sessions)")
             self._thread = threading.Thread(target=self._run, daemon=True)
@@ -416,8 +409,7 @@ class _AtLoad:
     def finish(self) -> LoadCalibration | None:
         """Wait for the probes (started now if the calls ended first) and return them."""
         if self._thread is None:
-            self._latest = 0.0
-            self.poll()
+            self.poll(calls_ended=1)
         self._thread.join(timeout=120)
         if self._error is not None:
             raise self._error
