@@ -32,6 +32,7 @@ from scenarios.timeline import merge_timeline
 from services.client.config import KINDS, ClientConfig
 from services.client.runner import run_sessions
 from services.lag import LoopLagMonitor
+from services.procfs import cpu_seconds, processes, stat_fields
 from services.logs import JsonFormatter
 from services.transceiver.ice import MODES, SHARED
 from topology.netns import in_namespace, lab_namespace
@@ -84,72 +85,49 @@ def _get_json(url: str) -> dict:
 
 def _cpu_seconds(pid: int) -> float:
     """User + sys CPU time of process ``pid``, its ended threads included."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_seconds(stat_fields(pid))
 
 
 def _tree_cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     """User + sys CPU seconds of each named process and its live descendants (a relay's
     workers are its children), from one pass over /proc."""
-    parent: dict[int, int] = {}
-    own: dict[int, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        parent[int(entry)] = int(fields[1])
-        own[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    parent, own = {}, {}
+    for pid, fields in processes():
+        parent[pid], own[pid] = int(fields[1]), cpu_seconds(fields)
     out = {}
     for name, root in pids.items():
         total = 0.0
-        for pid in own:
+        for pid, cpu in own.items():
             p = pid
             while p > 1 and p != root:
                 p = parent.get(p, 0)
-            if p == root:
-                total += own[pid]
+            total += cpu if p == root else 0.0
         out[name] = total
     return out
 
 
 @dataclass(frozen=True)
 class CpuMark:
-    """CPU seconds of the transceiver, of this process (the clients) and of every service
-    (with its child processes) at one moment."""
+    """CPU seconds at one moment: every service by name, with its child processes, and
+    ``clients``, this process alone (the services are its children, counted by name)."""
 
     at: float
-    transceiver: float
-    clients: float
-    services: dict = field(default_factory=dict)
+    seconds: dict[str, float]
 
     @classmethod
-    def take(cls, transceiver_pid: int, services: dict[str, int] | None = None) -> "CpuMark":
-        return cls(time.monotonic(), _cpu_seconds(transceiver_pid), _cpu_seconds(os.getpid()),
-                   _tree_cpu_seconds(services or {}))
+    def take(cls, services: dict[str, int]) -> "CpuMark":
+        seconds = _tree_cpu_seconds(services)
+        seconds["clients"] = _cpu_seconds(os.getpid())
+        return cls(time.monotonic(), seconds)
 
 
-def cpu_ms_per_session_second(start: CpuMark, end: CpuMark, session_seconds: float
-                              ) -> tuple[float | None, float | None]:
-    """(transceiver, clients) CPU ms per session-second of call between two marks."""
-    if session_seconds <= 0:
-        return None, None
-    per = lambda a, b: round((b - a) * 1000 / session_seconds, 2)  # noqa: E731
-    return (per(start.transceiver, end.transceiver), per(start.clients, end.clients))
-
-
-def services_cpu_ms_per_session_second(start: CpuMark, end: CpuMark,
-                                       session_seconds: float) -> dict[str, float]:
-    """Every service's CPU ms per session-second of call between two marks."""
+def cpu_ms_per_session_second(start: CpuMark, end: CpuMark,
+                              session_seconds: float) -> dict[str, float]:
+    """Each process's CPU ms per session-second of call between two marks ({} for none)."""
     if session_seconds <= 0:
         return {}
-    return {name: round((end.services[name] - cpu) * 1000 / session_seconds, 2)
-            for name, cpu in start.services.items() if name in end.services}
+    return {name: round((end.seconds[name] - cpu) * 1000 / session_seconds, 2)
+            for name, cpu in start.seconds.items() if name in end.seconds}
 
 
 def demo_plan(mode: str, netns: str, public: str, internal: str) -> EdgePlan:
@@ -195,12 +173,10 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
         client = ClientConfig(url=edge.signaling_url(front), duration_s=cfg.duration_s,
                               start_rate=cfg.start_rate, concurrency=cfg.concurrency,
                               full_sessions=cfg.full_clients)
-        transceiver = edge.services[f"transceiver-{cluster.name}"].process
         pids = {name.rsplit("-", 1)[0]: s.process.pid for name, s in edge.services.items()}
-        first = CpuMark.take(transceiver.pid, pids)
+        first = CpuMark.take(pids)
         watch = asyncio.create_task(_watch_transceiver(
-            transceiver.pid, control, edge, cfg, lambda: done, first.at + cfg.duration_s,
-            pids))
+            control, edge, cfg, lambda: done, first.at + cfg.duration_s, pids))
         if cfg.concurrency is not None and cfg.concurrency < cfg.sessions:
             watch.cancel()  # sessions never all live at once: no steady window
         with _clients_log(workdir) as log:
@@ -209,7 +185,7 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
                                              results_path=workdir / "sessions.jsonl",
                                              samples_path=workdir / "samples.jsonl",
                                              on_result=ended)
-        last = CpuMark.take(transceiver.pid, pids)
+        last = CpuMark.take(pids)
         try:
             status, steady, ports = await watch
         except asyncio.CancelledError:
@@ -237,12 +213,11 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
         window = "all sessions in call"
         seconds = (steady[1].at - steady[0].at) * cfg.sessions
         cpu = cpu_ms_per_session_second(*steady, seconds)
-        services_cpu = services_cpu_ms_per_session_second(*steady, seconds)
     else:
         window = "whole run"
         seconds = sum((r.call_ms or 0) for r in results) / 1000
         cpu = cpu_ms_per_session_second(first, last, seconds)
-        services_cpu = services_cpu_ms_per_session_second(first, last, seconds)
+    clients_cpu = cpu.pop("clients", None)
     clients = {kind: {"sessions": sum(1 for r in results if r.client == kind),
                       "ok": sum(1 for r in ok if r.client == kind),
                       "echo_verified": sum(1 for r in ok if r.client == kind and r.echo_verified)}
@@ -258,9 +233,9 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
         echo_verified=sum(1 for r in ok if r.echo_verified),
         datachannel_verified=sum(1 for r in ok if r.datachannel_verified),
         transceiver_udp_sockets=status.get("udp_sockets") if status else None,
-        public_udp_ports=ports, transceiver_cpu_ms_per_session_second=cpu[0],
-        clients_cpu_ms_per_session_second=cpu[1], cpu_window=window, clients=clients,
-        services_cpu_ms_per_session_second=services_cpu,
+        public_udp_ports=ports, transceiver_cpu_ms_per_session_second=cpu.get("transceiver"),
+        clients_cpu_ms_per_session_second=clients_cpu, cpu_window=window, clients=clients,
+        services_cpu_ms_per_session_second=cpu,
         relay=relay, logs=str(workdir))
 
 
@@ -280,7 +255,7 @@ def _clients_log(workdir: Path):
         handler.close()
 
 
-async def _watch_transceiver(pid: int, url: str, edge: Edge, cfg: DemoConfig, ended,
+async def _watch_transceiver(url: str, edge: Edge, cfg: DemoConfig, ended,
                              first_call_end: float, services: dict[str, int]
                              ) -> tuple[dict, tuple[CpuMark, CpuMark] | None, int | None]:
     """Wait until every session is live, then read the socket counts and take CPU marks
@@ -302,9 +277,9 @@ async def _watch_transceiver(pid: int, url: str, edge: Edge, cfg: DemoConfig, en
     window = min(cfg.duration_s - 2.0, first_call_end - 1.0 - time.monotonic())
     if window < 1.0:
         return status, None, ports
-    start = CpuMark.take(pid, services)
+    start = CpuMark.take(services)
     await asyncio.sleep(window)
-    end = CpuMark.take(pid, services)
+    end = CpuMark.take(services)
     status = await loop.run_in_executor(None, _get_json, url)
     if status["sessions"] < cfg.sessions or ended():
         return status, None, ports

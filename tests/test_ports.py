@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from scenarios.ports import _decode, udp_bindings
+from scenarios.ports import udp_bindings
+from services.procfs import decode_address
 
 # A child that binds what it is told, forks a worker that binds one more, and waits.
 CHILD = r"""
@@ -48,9 +49,9 @@ def child():
 
 
 def test_decode_reads_the_kernels_little_endian_words():
-    assert _decode("0100007F:0D96") == ("127.0.0.1", 3478)
-    assert _decode("00000000000000000000000001000000:0035") == ("::1", 53)
-    assert _decode("0A0B000A:1F90") == ("10.0.11.10", 8080)
+    assert decode_address("0100007F:0D96") == ("127.0.0.1", 3478)
+    assert decode_address("00000000000000000000000001000000:0035") == ("::1", 53)
+    assert decode_address("0A0B000A:1F90") == ("10.0.11.10", 8080)
 
 
 def test_bindings_of_a_process_tree_are_the_ones_it_bound(child):

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 from topology.calibrate import CalibrationReport, calibrate
 from topology.impairment.backend import ImpairmentError
+from topology.impairment.engine import histogram_percentile
 from topology.world import ImpairedLink, World
 
 
@@ -37,19 +38,9 @@ class EngineWindow:
         window = {us: n - hist0.get(us, 0) for us, n in hist1.items() if n > hist0.get(us, 0)}
         count = sum(window.values())
         return cls(round(seconds, 2), round(100 * (cpu1 - cpu0) / seconds, 1),
-                   round(count / seconds, 1), _hist_percentile(window, 0.50, count),
-                   _hist_percentile(window, 0.99, count))
-
-
-def _hist_percentile(hist: dict[int, int], frac: float, count: int) -> float | None:
-    if not count:
-        return None
-    acc = 0
-    for us in sorted(hist):
-        acc += hist[us]
-        if acc >= frac * count:
-            return float(us)
-    return None
+                   round(count / seconds, 1),
+                   histogram_percentile(sorted(window.items()), 0.50, count),
+                   histogram_percentile(sorted(window.items()), 0.99, count))
 
 
 @dataclass

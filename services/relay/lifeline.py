@@ -15,8 +15,9 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 from dataclasses import dataclass
+
+from services.procfs import processes, socket_inodes, udp_table
 
 _PR_SET_PDEATHSIG = 1
 
@@ -51,25 +52,6 @@ class PortHolder:
     address: str  # "ip:port" as bound (0.0.0.0 / :: for a wildcard)
 
 
-def _udp_sockets() -> dict[int, tuple[str, int]]:
-    """Socket inode -> (ip, port) of every bound UDP socket of this network namespace."""
-    found: dict[int, tuple[str, int]] = {}
-    for table, family in (("/proc/net/udp", socket.AF_INET), ("/proc/net/udp6", socket.AF_INET6)):
-        try:
-            with open(table) as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            addr_hex, port_hex = fields[1].split(":")
-            raw = bytes.fromhex(addr_hex)
-            # /proc prints the address as host-order (little-endian) 32-bit words
-            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-            found[int(fields[9])] = (socket.inet_ntop(family, raw), int(port_hex, 16))
-    return found
-
-
 _WILDCARDS = ("0.0.0.0", "::")
 
 
@@ -82,27 +64,18 @@ def port_holders(addresses: list[tuple[str, int]],
                  exclude: set[int] = frozenset()) -> list[PortHolder]:
     """The processes (other than ``exclude``) of any namespace holding a UDP socket of this
     network namespace bound where one of ``addresses`` (ip, port) would bind, from /proc."""
-    inodes = {inode: bound for inode, bound in _udp_sockets().items()
+    inodes = {inode: bound for inode, bound in udp_table().items()
               if any(_overlaps(bound, wanted) for wanted in addresses)}
-    if not inodes:
-        return []
     holders: list[PortHolder] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in exclude:
+    if not inodes:
+        return holders
+    for pid, _ in processes():
+        if pid in exclude:
             continue
-        try:
-            fds = os.listdir(f"/proc/{entry}/fd")
-        except OSError:  # gone meanwhile
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{entry}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:[") and int(target[8:-1]) in inodes:
-                ip, port = inodes[int(target[8:-1])]
-                where = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
-                holders.append(PortHolder(int(entry), _command(int(entry)), where))
+        for inode in socket_inodes(pid) & inodes.keys():
+            ip, port = inodes[inode]
+            where = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+            holders.append(PortHolder(pid, _command(pid), where))
     return holders
 
 

@@ -59,6 +59,17 @@ _NLHDR = struct.Struct("=IH")
 _VERDICT_BODY = struct.Struct(">II")
 
 
+def histogram_percentile(buckets, frac: float, count: int) -> float | None:
+    """The value at ``frac`` of ``count`` samples in a histogram given as (value, samples)
+    pairs in rising order (the lateness histogram, or a window of it); None when empty."""
+    acc = 0
+    for value, n in buckets:
+        acc += n
+        if count and acc >= frac * count:
+            return float(value)
+    return None
+
+
 @dataclass
 class BoundQueue:
     """One impaired direction: its queue socket, its decisions, its counters."""
@@ -152,8 +163,9 @@ class Engine:
             "pid": os.getpid(),
             "uptime_s": round(time.monotonic() - self.started, 3),
             "cpu_seconds": ru.ru_utime + ru.ru_stime,
-            "lateness_us": {"count": count, "p50": self._percentile(0.50, count),
-                            "p99": self._percentile(0.99, count),
+            "lateness_us": {"count": count,
+                            "p50": histogram_percentile(enumerate(self.lateness), 0.50, count),
+                            "p99": histogram_percentile(enumerate(self.lateness), 0.99, count),
                             "max": round(self.late_max * 1e6, 1),
                             # sparse 1-us histogram: callers diff two snapshots for a window
                             "hist": {str(us): n for us, n in enumerate(self.lateness) if n}},
@@ -166,17 +178,6 @@ class Engine:
                                  "kernel": q.kernel_counters()}
                        for q in self.queues},
         }
-
-    def _percentile(self, frac: float, count: int) -> float | None:
-        if not count:
-            return None
-        target = frac * count
-        acc = 0
-        for us, n in enumerate(self.lateness):
-            acc += n
-            if acc >= target:
-                return float(us)
-        return float(LATENESS_BUCKETS)
 
     def _on_control(self) -> None:
         try:

@@ -1,0 +1,76 @@
+"""Facts about processes and their UDP sockets, read from /proc (no tools, any namespace).
+
+Shared by the relay (who else holds my port?), the edge launcher (which public ports does a
+service hold?) and the demo (CPU of a process and its children).
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Iterator
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def stat_fields(pid: int | str) -> list[str]:
+    """``/proc/PID/stat`` after the command name (which may hold spaces and parentheses):
+    index 0 is the state, 1 the parent pid, 3 the session id, 11/12 user/system ticks."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def processes() -> Iterator[tuple[int, list[str]]]:
+    """(pid, stat fields) of every process that is still there when read."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                yield int(entry), stat_fields(entry)
+            except OSError:  # gone meanwhile
+                continue
+
+
+def cpu_seconds(fields: list[str]) -> float:
+    """User + system CPU seconds of a process (its ended threads included) from its stat."""
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets ``pid`` holds (empty if it is gone or not ours to read)."""
+    inodes = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return inodes
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def decode_address(hex_addr: str) -> tuple[str, int]:
+    """'0100007F:0D96' (/proc/net/udp, little-endian words) -> ('127.0.0.1', 3478)."""
+    host, port = hex_addr.split(":")
+    raw = bytes.fromhex(host)
+    # the kernel prints each 32-bit word in host (little-endian) order
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(raw)), int(port, 16)
+
+
+def udp_table(pid: int | str = "self") -> dict[int, tuple[str, int]]:
+    """Socket inode -> local (address, port) of every UDP socket in ``pid``'s network
+    namespace (``/proc/PID/net`` shows that process's namespace, whatever the reader's)."""
+    out = {}
+    for name in ("udp", "udp6"):
+        try:
+            with open(f"/proc/{pid}/net/{name}") as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            out[int(cols[9])] = decode_address(cols[1])
+    return out
