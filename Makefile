@@ -13,7 +13,7 @@ SCENARIO ?= scenarios/default.yaml
 help:
 	@echo "make scenario REGION=apac   run the scenario for clients in REGION"
 	@echo "make test                   run the tests"
-	@echo "make budgets                run the compact CI scenario and check the latency budgets"
+	@echo "make budgets                run the compact CI scenarios; check the latency and fault budgets"
 	@echo "make bench-relay            benchmark the relay's forwarding cost and added latency"
 
 deps:

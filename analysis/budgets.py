@@ -13,6 +13,12 @@ beyond the limit whose interval still reaches back inside is "over, not signific
 
 Every verdict also carries the smallest regression the budget detects with 80% power at the
 run's sample size, from the run's own spread (analysis/power.py says how).
+
+Fault budgets (the budgets file's ``faults`` section, checked on a run of its own scenario)
+bound one column of a fault's row in faults.csv (analysis/faults.py): a fault happens once per
+run, so the value is judged as measured, without an interval. A budget whose fault row is
+missing, not applicable, or lacks the value fails: a fault that did not hit anything proves
+nothing.
 """
 from __future__ import annotations
 
@@ -25,7 +31,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from analysis.load import DEFAULT_BASELINE, as_bool
+from analysis.faults import FAULT_METRICS, fault_rows, read_faults_csv
+from analysis.load import DEFAULT_BASELINE, ResultsError, as_bool, load_results
 from analysis.power import Power, detectable, detectable_failure_rate, simulated_run
 from analysis.stats import OVER_FLOOR, Bootstrap, bootstrap_ci, bootstrap_diff_ci, percentile
 from voiceedge.errors import ConfigError
@@ -83,9 +90,55 @@ class Budget:
         return f"{self.metric}{p} " + (f"<= {self.value:g}" if self.upper else f">= {self.value:g}")
 
 
+@dataclass(frozen=True)
+class FaultBudget:
+    """A bound on one faults.csv column of a fault (its ``fault`` id, or every fault of that
+    ``kind``) in an architecture (``*``: each one the fault applies to); ``redis`` picks relay
+    kills with or without Redis."""
+
+    fault: str
+    metric: str
+    architecture: str = "*"
+    max: float | None = None
+    min: float | None = None
+    redis: bool | None = None
+
+    percentile = None  # one value per fault, no percentile
+
+    @property
+    def bound(self) -> str:
+        return "max" if self.max is not None else "min"
+
+    @property
+    def value(self) -> float:
+        return getattr(self, self.bound)
+
+    @property
+    def upper(self) -> bool:
+        return self.bound == "max"
+
+    def describe(self) -> str:
+        which = self.fault + {True: " (Redis)", False: " (no Redis)", None: ""}[self.redis]
+        return f"{which}: {self.metric} " + (
+            f"<= {self.value:g}" if self.upper else f">= {self.value:g}")
+
+
+@dataclass(frozen=True)
+class FaultBudgets:
+    """The budgets file's ``faults`` section: the fault scenario, its region, its budgets."""
+
+    scenario: str
+    region: str
+    budgets: tuple[FaultBudget, ...]
+
+    def scenario_path(self) -> Path:
+        path = Path(self.scenario)
+        return path if path.is_absolute() else PACKAGE_ROOT / path
+
+
 @dataclass
 class Verdict:
-    budget: Budget
+    budget: Budget | FaultBudget
     architecture: str
     measured: float | None
     ci: tuple[float, float] | None
@@ -98,6 +151,12 @@ class Verdict:
     # per-session failure rate, %), and the share of clean re-runs that fail.
     detectable: float | None = None
     false_alarm: float | None = None
+    fault: str = ""  # fault budgets: the fault row's id
+
+    @property
+    def set(self) -> str:
+        """'latency' or 'fault': which budgets the verdict belongs to."""
+        return "fault" if isinstance(self.budget, FaultBudget) else "latency"
 
 
 @dataclass(frozen=True)
@@ -105,6 +164,7 @@ class BudgetFile:
     scenario: str
     region: str
     budgets: tuple[Budget, ...]
+    faults: FaultBudgets | None = None
 
     @classmethod
     def load(cls, path: str | Path = BUDGETS_FILE) -> "BudgetFile":
@@ -121,7 +181,7 @@ class BudgetFile:
         if not budgets:
             raise BudgetError(f"{path}: no budgets")
         return cls(str(doc.get("scenario", "scenarios/ci.yaml")), str(doc.get("region", "")),
-                   tuple(budgets))
+                   tuple(budgets), _fault_budgets(path, doc.get("faults")))
 
     def scenario_path(self) -> Path:
         """The scenario file: absolute, or relative to the installed packages' folder."""
@@ -146,6 +206,25 @@ def _budget(path: Path, n: int, raw) -> Budget:
     if b.metric == "success_pct" and b.bound not in ("max", "min"):
         raise BudgetError(f"{path}: budget {n + 1} ({raw}): success_pct takes max or min")
     return b
+
+
+def _fault_budgets(path: Path, doc) -> FaultBudgets | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or not doc.get("scenario") or not doc.get("budgets"):
+        raise BudgetError(f"{path}: faults: needs a scenario and budgets")
+    budgets = []
+    for n, raw in enumerate(doc["budgets"]):
+        try:
+            b = FaultBudget(**raw)
+        except TypeError as exc:
+            raise BudgetError(f"{path}: fault budget {n + 1}: {exc}") from None
+        if b.metric not in FAULT_METRICS or (b.max is None) == (b.min is None) or not b.fault:
+            raise BudgetError(f"{path}: fault budget {n + 1} ({raw}): needs a fault (id or "
+                              f"kind), one bound (max or min) and a faults.csv column: "
+                              f"{', '.join(FAULT_METRICS)}")
+        budgets.append(b)
+    return FaultBudgets(str(doc["scenario"]), str(doc.get("region", "")), tuple(budgets))
 
 
 def _sessions(results: Path) -> pd.DataFrame:
@@ -301,6 +380,64 @@ def check(results: Path, budgets: BudgetFile, boot: Bootstrap = Bootstrap(),
     return out
 
 
+def fault_table(results: Path) -> list[dict]:
+    """The rows of a fault run: its faults.csv, or computed from faults.json when the run did
+    not write one."""
+    results = Path(results)
+    if (results / "faults.csv").is_file():
+        return read_faults_csv(results / "faults.csv")
+    if (results / "faults.json").is_file():
+        try:
+            return fault_rows(load_results(results))
+        except ResultsError as exc:
+            raise BudgetError(str(exc)) from None
+    raise BudgetError(f"{results} has no faults.csv or faults.json: not a run with faults")
+
+
+def _fault_verdict(b: FaultBudget, row: dict) -> Verdict:
+    arch, fault = str(row.get("architecture")), str(row.get("fault"))
+    affected = row.get("sessions_affected")
+    n = 0 if affected is None else int(affected)
+    if not row.get("applicable"):
+        return Verdict(b, arch, None, None, b.value, None, False,
+                       f"not applicable: {row.get('note') or '-'}", n, fault=fault)
+    value = row.get(b.metric)
+    if value is None:
+        return Verdict(b, arch, None, None, b.value, None, False,
+                       f"not measured: {row.get('note') or 'no value'}", n, fault=fault)
+    margin = (b.value - value) if b.upper else (value - b.value)
+    return Verdict(b, arch, round(float(value), 3), None, b.value, round(margin, 3),
+                   margin >= 0, "", n, fault=fault)
+
+
+def check_faults_rows(rows: list[dict], budgets: tuple[FaultBudget, ...]) -> list[Verdict]:
+    """Every fault budget against the rows of faults.csv (see ``check_faults``)."""
+    out = []
+    for b in budgets:
+        named = [r for r in rows if r.get("fault") == b.fault]
+        mine = named or [r for r in rows if r.get("kind") == b.fault]
+        if b.redis is not None:
+            mine = [r for r in mine if r.get("redis") is b.redis]
+        if b.architecture != "*":
+            mine = [r for r in mine if r.get("architecture") == b.architecture]
+        elif any(r.get("applicable") for r in mine):
+            mine = [r for r in mine if r.get("applicable")]  # "*": where the fault applies
+        if not mine:
+            out.append(Verdict(b, b.architecture, None, None, b.value, None, False,
+                               "no such fault in this run", fault=b.fault))
+        out += [_fault_verdict(b, r) for r in mine]
+    return out
+
+
+def check_faults(results: Path, budgets: FaultBudgets | tuple[FaultBudget, ...]
+                 ) -> list[Verdict]:
+    """Every fault budget against a fault run's faults.csv: one verdict per matching row; a
+    budget without a row, on a row that does not apply, or without a value fails."""
+    if isinstance(budgets, FaultBudgets):
+        budgets = budgets.budgets
+    return check_faults_rows(fault_table(results), budgets)
+
+
 def _detects(v: Verdict) -> str:
     if v.detectable is None or (not v.ok and v.margin is not None):
         return "-"  # nothing to detect from a run that already fails
@@ -310,6 +447,31 @@ def _detects(v: Verdict) -> str:
     if v.false_alarm is not None and v.false_alarm >= 0.05:
         text += f" (fails {v.false_alarm:.0%} of re-runs)"
     return text
+
+
+def _verdict_text(v: Verdict) -> str:
+    return (f"ok ({v.note})" if v.note else "ok") if v.ok else f"[red]OVER[/red] {v.note}"
+
+
+def print_fault_table(verdicts: list[Verdict], title: str) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=title, caption="one value per fault and architecture, as measured "
+                  "(faults.csv, docs/faults.md); a fault that is missing, not applicable or "
+                  "not measured fails its budgets")
+    for col in ("fault", "architecture", "budget", "affected", "measured", "limit", "margin",
+                ""):
+        table.add_column(col, justify="left" if col in ("fault", "architecture", "budget")
+                         else "right")
+    for v in verdicts:
+        table.add_row(escape(v.fault), escape(v.architecture), escape(v.budget.describe()),
+                      str(v.sessions), "-" if v.measured is None else f"{v.measured:g}",
+                      "-" if v.limit is None else f"{v.limit:g}",
+                      "-" if v.margin is None else f"{v.margin:+g}",
+                      _verdict_text(v) if v.ok else f"[red]OVER[/red] {escape(v.note)}")
+    Console(width=max(Console().width, 150)).print(table)
 
 
 def print_table(verdicts: list[Verdict], title: str) -> None:
@@ -329,17 +491,17 @@ def print_table(verdicts: list[Verdict], title: str) -> None:
                       "-" if v.measured is None else f"{v.measured:g}", ci,
                       "-" if v.limit is None else f"{v.limit:g}",
                       "-" if v.margin is None else f"{v.margin:+g}", _detects(v),
-                      (f"ok ({v.note})" if v.note else "ok") if v.ok
-                      else f"[red]OVER[/red] {v.note}")
+                      _verdict_text(v))
     Console(width=max(Console().width, 150)).print(table)
 
 
 def to_json(verdicts: list[Verdict]) -> str:
     from analysis.jsonout import dumps
 
-    return dumps([{"architecture": v.architecture, "budget": v.budget.describe(),
+    return dumps([{"set": v.set, "architecture": v.architecture, "budget": v.budget.describe(),
                    "metric": v.budget.metric, "percentile": v.budget.percentile,
                    "bound": v.budget.bound, "sessions": v.sessions, "measured": v.measured,
                    "ci": v.ci, "limit": v.limit, "margin": v.margin, "ok": v.ok, "note": v.note,
                    "detectable_regression": v.detectable, "false_alarm": v.false_alarm}
+                  | ({"fault": v.fault} if v.set == "fault" else {})
                   for v in verdicts])

@@ -1,4 +1,5 @@
-"""``voiceedge budgets``: run the compact CI scenario (or take a results folder) and gate it."""
+"""``voiceedge budgets``: run the compact CI scenario and the fault scenario (or take results
+folders) and gate them: the latency budgets on the first, the fault budgets on the second."""
 from __future__ import annotations
 
 import argparse
@@ -11,24 +12,66 @@ from voiceedge.errors import UserError
 
 # analysis.budgets's BUDGETS_FILE, without importing numpy and pandas for every command.
 BUDGETS_FILE = Path(__file__).with_name("budgets.yaml")
+SETS = ("latency", "faults")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("budgets", help="check latency budgets (CI gate)",
-                       description="Check a results folder against the latency budgets; "
-                                   "without one, run the budgets file's scenario first. Exit "
-                                   "status 1 when a budget is exceeded.")
-    p.add_argument("results", nargs="?", type=Path, help="results folder (default: run one)")
+    p = sub.add_parser("budgets", help="check latency and fault budgets (CI gate)",
+                       description="Check results folders against the latency budgets and the "
+                                   "fault budgets; without a folder, run the budgets file's "
+                                   "scenarios first (the compact CI scenario, then the fault "
+                                   "scenario). A folder with faults.json or faults.csv is "
+                                   "checked against the fault budgets, any other against the "
+                                   "latency budgets. Exit status 1 when a budget is exceeded.")
+    p.add_argument("results", nargs="*", type=Path,
+                   help="results folder(s) (default: run the scenarios)")
+    p.add_argument("--only", choices=SETS,
+                   help="only this set of budgets (and only its scenario); with folders, "
+                        "check them all against this set")
     p.add_argument("--budgets", type=Path, default=BUDGETS_FILE, help="budgets file")
     p.add_argument("--json", action="store_true", help="print only JSON")
     p.add_argument("--sessions", type=int, metavar="N",
-                   help="estimate the detectable regressions for runs of N sessions per client "
-                        "region (drawn from this run's sessions) instead of the run's own size")
+                   help="estimate the detectable regressions of the latency budgets for runs "
+                        "of N sessions per client region (drawn from this run's sessions) "
+                        "instead of the run's own size")
     p.set_defaults(func=run)
 
 
+def folder_set(folder: Path) -> str:
+    """Which budgets a results folder is checked against: 'faults' for a run with faults."""
+    return "faults" if any((folder / f).is_file() for f in ("faults.json", "faults.csv")) \
+        else "latency"
+
+
+def run_scenario(scenario: Path, region: str, quiet: bool) -> tuple[Path, int]:
+    """``voiceedge scenario`` into a fresh folder: (the results folder, its exit status). A run
+    that measured but missed its success target (exit 1) is still gated; a run that measured
+    nothing is an error."""
+    root = Path(tempfile.mkdtemp(prefix="voiceedge-budgets-"))
+    cmd = [sys.executable, "-m", "voiceedge", "scenario", str(scenario), "--region", region,
+           "--results", str(root)]
+    if quiet:
+        cmd.append("--json")
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else None)
+    folders = [p for p in root.iterdir() if (p / "sessions.csv").is_file()]
+    if proc.returncode not in (0, 1) or len(folders) != 1:
+        raise UserError(f"the budget scenario {scenario.name} did not run (exit "
+                        f"{proc.returncode})")
+    if proc.returncode:
+        print(f"{scenario.name}: an architecture missed the scenario's success target (exit "
+              f"1); gating what it measured", file=sys.stderr)
+    return folders[0], proc.returncode
+
+
+def _scenario(name: str, path: Path, budgets_file: Path) -> Path:
+    if not path.is_file():
+        raise UserError(f"{budgets_file}: {name} scenario not found (looked for {path})")
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
-    from analysis.budgets import BudgetError, BudgetFile, check, print_table, to_json
+    from analysis.budgets import BudgetError, BudgetFile, check, check_faults, \
+        print_fault_table, print_table, to_json
 
     try:
         budgets = BudgetFile.load(args.budgets)
@@ -36,27 +79,39 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     if args.sessions is not None and args.sessions < 2:
         raise UserError(f"--sessions {args.sessions}: use at least 2")
-    results = args.results
-    if results is None:
-        scenario = budgets.scenario_path()
-        if not scenario.is_file():
-            raise UserError(f"{args.budgets}: scenario {budgets.scenario} not found (looked "
-                            f"for {scenario})")
-        root = Path(tempfile.mkdtemp(prefix="voiceedge-budgets-"))
-        cmd = [sys.executable, "-m", "voiceedge", "scenario", str(scenario), "--region",
-               budgets.region, "--results", str(root)]
-        if args.json:
-            cmd.append("--json")
-        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL if args.json else None)
-        if proc.returncode != 0:
-            raise UserError(f"the budget scenario did not run (exit {proc.returncode})")
-        [results] = list(root.iterdir())
+    if args.only == "faults" and budgets.faults is None:
+        raise UserError(f"{args.budgets} has no fault budgets (a 'faults' section)")
+    failed_runs = 0
+    if args.results:
+        jobs = [(args.only or folder_set(folder), folder) for folder in args.results]
+        if any(s == "faults" for s, _ in jobs) and budgets.faults is None:
+            raise UserError(f"{args.budgets} has no fault budgets (a 'faults' section)")
+    else:
+        plan = [("latency", budgets.scenario_path(), budgets.region)]
+        if budgets.faults is not None:
+            plan.append(("faults", budgets.faults.scenario_path(), budgets.faults.region))
+        plan = [p for p in plan if args.only in (None, p[0])]
+        for which, path, _ in plan:
+            _scenario(which, path, args.budgets)
+        jobs = []
+        for which, path, region in plan:
+            folder, status = run_scenario(path, region, args.json)
+            failed_runs += status != 0
+            jobs.append((which, folder))
+    verdicts = []
     try:
-        verdicts = check(results, budgets, sessions=args.sessions)
+        for which, folder in jobs:
+            if which == "faults":
+                found = check_faults(folder, budgets.faults)
+                if not args.json:
+                    print_fault_table(found, f"fault budgets ({args.budgets.name}) on {folder}")
+            else:
+                found = check(folder, budgets, sessions=args.sessions)
+                if not args.json:
+                    print_table(found, f"latency budgets ({args.budgets.name}) on {folder}")
+            verdicts += found
     except BudgetError as exc:
         raise UserError(str(exc)) from None
     if args.json:
         print(to_json(verdicts))
-    else:
-        print_table(verdicts, f"latency budgets ({args.budgets.name}) on {results}")
-    return 0 if all(v.ok for v in verdicts) else 1
+    return 0 if all(v.ok for v in verdicts) and not failed_runs else 1

@@ -25,6 +25,14 @@ PORT_COLUMNS = ("architecture", "concurrent_sessions", "public_udp_ports")
 # steering.csv (optional: older runs have none): the fronts' decisions, one row per call
 # (event call_created) or change of a front's preferred cluster (steering_changed).
 STEERING_COLUMNS = ("architecture", "client_region", "event", "cluster", "nearest", "reason")
+# Runs with faults (faults.json, docs/faults.md) also write every call attempt of a session and
+# every gap of 60 ms or more in its RTP; sessions.csv then carries the wall-clock columns below.
+ATTEMPT_COLUMNS = ("architecture", "client_region", "session", "attempt", "reason",
+                   "started_unix", "connected_unix", "cluster_region", "transceiver", "error")
+GAP_COLUMNS = ("architecture", "client_region", "session", "direction", "start_unix", "ms",
+               "attempt")
+SESSION_TIMES = ("started_unix", "ended_unix", "connected_unix", "first_rx_unix", "last_rx_unix",
+                 "reconnections")
 # The files a finished run has; config.json and sessions.csv are the ones a report needs.
 FILES = ("config.json", "calibration.json", "sessions.csv", "samples.csv", "ports.csv",
          "relays.json")
@@ -56,6 +64,9 @@ class Results:
     missing_files: list[str] = field(default_factory=list)
     timings: dict = field(default_factory=dict)  # timings.json: run and per-architecture times
     steering: pd.DataFrame = field(default_factory=lambda: _empty(STEERING_COLUMNS))
+    faults: list[dict] = field(default_factory=list)  # faults.json's records (empty: no faults)
+    attempts: pd.DataFrame = field(default_factory=lambda: _empty(ATTEMPT_COLUMNS))
+    gaps: pd.DataFrame = field(default_factory=lambda: _empty(GAP_COLUMNS))
 
     @property
     def planned_architectures(self) -> list[str]:
@@ -163,6 +174,9 @@ def _sessions_frame(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     for col in _TEXT:
         frame[col] = frame[col].astype("string")
     frame["ok"] = as_bool(frame["ok"]).astype(bool)
+    for col in SESSION_TIMES:  # runs with faults; older runs lack them
+        if col in frame:
+            frame[col] = pd.to_numeric(frame[col], errors="coerce")
     # Measured while a process on the session's path lagged (older runs: never flagged).
     frame["saturated"] = (as_bool(frame["saturated"]).fillna(False).astype(bool)
                           if "saturated" in frame else False)
@@ -188,6 +202,23 @@ def _numeric_samples(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _empty(columns: tuple[str, ...]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+
+
+def _optional_csv(path: Path, columns: tuple[str, ...], numeric: tuple[str, ...]) -> pd.DataFrame:
+    frame = _read_csv(path, columns) if path.is_file() else _empty(columns)
+    for col in numeric:
+        if col in frame:
+            frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    return frame
+
+
+def _faults(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    records = _read_json(path).get("faults")
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise ResultsError(f"{path}: 'faults' is not a list of objects")
+    return records
 
 
 def load_results(path: str | Path, require_sessions: bool = True) -> Results:
@@ -226,9 +257,16 @@ def load_results(path: str | Path, require_sessions: bool = True) -> Results:
         sessions = _sessions(path / "sessions.csv")
     samples = (_numeric_samples(_empty(SAMPLE_COLUMNS)) if "samples.csv" in missing
                else _samples(path / "samples.csv"))
-    steering = (_read_csv(path / "steering.csv", STEERING_COLUMNS)
-                if (path / "steering.csv").is_file() else _empty(STEERING_COLUMNS))
+    steering = _optional_csv(path / "steering.csv", STEERING_COLUMNS, ("unix",))
+    faults = _faults(path / "faults.json")
+    if faults:  # a run with faults is measured by its attempts and gaps
+        missing += [f for f in ("attempts.csv", "gaps.csv") if not (path / f).is_file()]
+    attempts = _optional_csv(path / "attempts.csv", ATTEMPT_COLUMNS,
+                             ("session", "attempt", "started_unix", "connected_unix"))
+    gaps = _optional_csv(path / "gaps.csv", GAP_COLUMNS,
+                         ("session", "start_unix", "ms", "attempt"))
     return Results(path=path, sessions=sessions, samples=samples, ports=ports, steering=steering,
+                   faults=faults, attempts=attempts, gaps=gaps,
                    relays=optional_json("relays.json"), config=_read_json(path / "config.json"),
                    calibration=optional_json("calibration.json"),
                    summary=optional_json("summary.json"), missing_files=missing,

@@ -2,6 +2,7 @@
 into ``out_dir`` and returns its path; docs/analysis.md says what each shows."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from analysis.faults import FaultEffect, fault_effects, gaps_by_session, with_keys
 from analysis.load import Results
 from analysis.stats import METRIC_BY_NAME, Stats, compute_stats
 
@@ -424,8 +426,133 @@ def plot_region_matrix(results: Results, out_dir: Path, stats: Stats | None = No
     return _save(fig, out_dir, "region_matrix", results)
 
 
+# ------------------------------------------------------------------ faults
+
+FAULT_PANEL_SESSIONS = 30  # affected sessions drawn per architecture (the rest are counted)
+_UP_GAP = "#D55E00"
+_LOST = "#cc0000"
+
+
+def fault_plot_name(fault: str) -> str:
+    """The figure's name (and PNG stem) of a fault: ``fault-<id>``, safe as a file name."""
+    return "fault-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", fault)
+
+
+def _present(first: float | None, last: float | None,
+             gaps: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Intervals (start, width) of [first, last] outside the gaps."""
+    if first is None or last is None or last <= first:
+        return []
+    out, t = [], first
+    for start, ms in sorted(gaps):
+        stop = start + ms / 1000.0
+        if stop <= t or start >= last:
+            continue
+        if start > t:
+            out.append((t, start - t))
+        t = max(t, stop)
+    if last > t:
+        out.append((t, last - t))
+    return out
+
+
+def _fault_panel(ax, results: Results, effect: FaultEffect, gaps: dict, attempts: pd.DataFrame
+                 ) -> None:
+    w = effect.window
+    colour = arch_colour(effect.fault.architecture, results.architectures)
+    shown = sorted(effect.affected, key=lambda s: (s.key[1], s.key[2]))[:FAULT_PANEL_SESSIONS]
+    # to the end of the window, or sooner when every session drawn has ended
+    marks = [s.ended - w.at for s in shown] + [w.rel(t) for t in (w.end, w.ready) if t]
+    left, right = -3.0, min(w.horizon - w.at, max(marks + [1.0]) + 0.5)
+    for i, s in enumerate(shown):
+        down = gaps.get((s.key, "down"), [])
+        bars = [(a - w.at, b) for a, b in _present(s.first_rx, s.last_rx, down)]
+        ax.broken_barh(bars, (i - 0.3, 0.6), color=colour, alpha=0.85)
+        up = [(a - w.at, ms / 1000.0) for a, ms in gaps.get((s.key, "up"), [])]
+        ax.broken_barh(up, (i + 0.32, 0.14), color=_UP_GAP)
+        if s.gap_down_ms:  # its longest gap in the window, named above the hole
+            middle = s.gap_down_end - w.at - s.gap_down_ms / 2000.0
+            ax.text(middle, i - 0.32, f"{s.gap_down_ms:.0f} ms", ha="center", va="bottom",
+                    fontsize=6.5, color="0.2")
+        mine = attempts[attempts.key == s.key] if not attempts.empty else attempts
+        for r in mine[mine.attempt > 0].itertuples() if not mine.empty else ():
+            ax.plot(r.started_unix - w.at, i, marker="v", color="k", ms=5, ls="none")
+            if not pd.isna(r.connected_unix):
+                ax.plot(r.connected_unix - w.at, i, marker="o", color="k", ms=3.5, ls="none")
+        if s.lost:
+            ax.plot(s.ended - w.at, i, marker="x", color=_LOST, ms=7, mew=2, ls="none")
+    ax.axvline(0, color=_LOST, lw=1.5)
+    if w.end is not None:
+        ax.axvline(w.end - w.at, color="0.2", lw=1.2, ls="--")
+    if w.ready is not None:
+        ax.axvline(w.ready - w.at, color="k", lw=1.4, ls=":")
+    labels = [f"{s.key[1]} #{s.key[2]}" + (" (lost)" if s.lost else "") for s in shown]
+    ax.set_yticks(range(len(shown)), labels, fontsize=7)
+    for tick, s in zip(ax.get_yticklabels(), shown):
+        if s.lost:
+            tick.set_color(_LOST)
+    ax.set_ylim(len(shown) - 0.4, -0.6)
+    ax.set_xlim(left, right)
+    ax.grid(axis="x", alpha=0.3)
+    row = effect.row
+    more = len(effect.affected) - len(shown)
+    ax.set_title(f"{effect.fault.architecture}: {row['sessions_affected']} of "
+                 f"{row['sessions_live']} live sessions on {effect.fault.target}, "
+                 f"{row['sessions_lost']} lost" + (f" ({more} more not drawn)" if more else ""),
+                 fontsize=9, loc="left")
+    if not shown:
+        ax.text(0.5, 0.5, "no live session on the target", ha="center", va="center",
+                transform=ax.transAxes, fontsize=9, color="0.4")
+
+
+def plot_fault_timeline(results: Results, fault: str, out_dir: Path,
+                        effects: list[FaultEffect] | None = None) -> Path | None:
+    """One panel per architecture where the fault happened: a bar per affected session while
+    downstream audio arrived (first to last packet, minus its gaps), its upstream gaps as thin
+    orange bars, reconnections (triangle: called again; dot: connected), a cross where a lost
+    session ended; x in seconds from the fault. None when the fault happened nowhere."""
+    effects = [e for e in (effects if effects is not None else fault_effects(results))
+               if e.fault.fault == fault and e.window is not None]
+    if not effects:
+        return None
+    gaps = gaps_by_session(results.gaps)
+    attempts = with_keys(results.attempts)
+    heights = [max(len(e.affected[:FAULT_PANEL_SESSIONS]), 1) for e in effects]
+    fig = _figure(10, 1.6 + sum(0.9 + 0.24 * h for h in heights))
+    axes = fig.subplots(len(effects), 1, height_ratios=[2.5 + h for h in heights], squeeze=False)
+    for ax, effect in zip(axes[:, 0], effects):
+        _fault_panel(ax, results, effect, gaps, attempts)
+    axes[-1, 0].set_xlabel("seconds from the fault")
+    first = effects[0].fault
+    handles = [Patch(color="0.45", label="downstream audio arriving at the client (colour: "
+                                         "architecture)"),
+               Patch(color=_UP_GAP, label="upstream gap (at the transceiver)"),
+               Line2D([], [], color=_LOST, lw=1.5, label="fault"),
+               Line2D([], [], color="0.2", lw=1.2, ls="--", label="fault ended"),
+               Line2D([], [], color="k", lw=1.4, ls=":", label="service ready"),
+               Line2D([], [], color="k", marker="v", ls="none", label="called again"),
+               Line2D([], [], color="k", marker="o", ms=3.5, ls="none", label="reconnected"),
+               Line2D([], [], color=_LOST, marker="x", mew=2, ls="none", label="lost: ended")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=7.5, frameon=False)
+    fig.suptitle(f"Fault {first.fault}: {first.kind} of {first.target}, the sessions it hit\n"
+                 f"{_subtitle(results)}", fontsize=10)
+    return _save(fig, out_dir, fault_plot_name(fault), results)
+
+
+def write_fault_plots(results: Results, out_dir: Path) -> dict[str, Path]:
+    """A timeline per fault that happened in some architecture, named ``fault-<id>``."""
+    effects = fault_effects(results)
+    out = {}
+    for fault in dict.fromkeys(e.fault.fault for e in effects):
+        path = plot_fault_timeline(results, fault, out_dir, effects)
+        if path is not None:
+            out[fault_plot_name(fault)] = path
+    return out
+
+
 def write_plots(results: Results, out_dir: Path, stats: Stats | None = None) -> dict[str, Path]:
-    """Every figure of the report; the region matrix only when the run had several regions."""
+    """Every figure of the report; the region matrix only when the run had several regions;
+    a timeline per fault (``fault-<id>``) in a run with faults."""
     stats = stats or compute_stats(results)
     out = {"cdf_setup_ms": plot_cdf(results, "setup_ms", out_dir, stats),
            "cdf_first_ice_rtt_ms": plot_cdf(results, "first_ice_rtt_ms", out_dir, stats),
@@ -435,4 +562,6 @@ def write_plots(results: Results, out_dir: Path, stats: Stats | None = None) -> 
            "ports": plot_ports(results, out_dir)}
     if len(results.client_regions) > 1:
         out["region_matrix"] = plot_region_matrix(results, out_dir, stats)
+    if results.faults:
+        out.update(write_fault_plots(results, out_dir))
     return out

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from analysis import tables
 from analysis.compare import compare  # noqa: F401  (part of this module's API)
+from analysis.faults import FaultEffect, fault_effects
 from analysis.findings import findings, lead, saturation
 from analysis.load import Results, load_results
 from analysis.mos import EModel
-from analysis.plots import write_plots
+from analysis.plots import fault_plot_name, write_plots
 from analysis.stats import ALL, Bootstrap, Stats, compute_stats
 from analysis.summary import summary_of
 
@@ -41,6 +42,15 @@ CAPTIONS = {
     "region_matrix": "Median setup and first ICE RTT per client region and architecture, with "
                      "95% bootstrap CIs and the number of successful sessions.",
 }
+FAULT_CAPTION = ("The sessions the fault hit, per architecture: a bar while downstream audio "
+                 "arrived at the client (first to last packet, minus its gaps of 60 ms or more), "
+                 "upstream gaps at the transceiver as thin orange bars, calls placed again "
+                 "(triangle) and reconnected (dot), a cross where a lost session ended. Red "
+                 "line: the fault; dashed: it ended; dotted black: the restarted service was "
+                 "ready. x: seconds from the fault.")
+FAULTS_INTRO = ("What each injected fault did to the calls, per architecture (faults.csv; "
+                "docs/faults.md defines every column). A session is affected when it was live "
+                "at the fault and the fault's target was on its path then.")
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
@@ -84,6 +94,9 @@ def _img(path: Path) -> str:
 def _warnings(results: Results, stats: Stats) -> list[str]:
     """Things a reader must know before trusting the numbers."""
     out = [text] if (text := saturation(stats)) else []
+    if results.faults:
+        out.append("This run injected faults (see Faults): its latency statistics include the "
+                   "calls the faults hit and the calls placed again after them.")
     if results.missing_text():
         out.append(f"Incomplete run: {results.missing_text()}. The rest of the report covers "
                    f"what was measured.")
@@ -112,6 +125,50 @@ def _warnings(results: Results, stats: Stats) -> list[str]:
     return out
 
 
+def _fault_plots(effects: list[FaultEffect], plots: dict[str, Path]) -> list[tuple[str, Path]]:
+    names = [fault_plot_name(f) for f in dict.fromkeys(e.fault.fault for e in effects)]
+    return [(n, plots[n]) for n in names if n in plots]
+
+
+_NO_STEERING = ("No steering times: steering.csv has no `unix` column (the run's fronts did not "
+                "record when they placed each call).")
+
+
+def _faults_html(results: Results, effects: list[FaultEffect], plots: dict[str, Path]
+                 ) -> list[str]:
+    e = html.escape
+    rows = [x.row for x in effects]
+    parts = ["<h2 id='faults'>Faults</h2>", f"<p>{e(FAULTS_INTRO)}</p>",
+             "<h3>What each fault hit</h3>", tables.to_html(tables.faults_hit(rows)),
+             "<h3>Audio around each fault</h3>", tables.to_html(tables.faults_media(rows))]
+    for name, path in _fault_plots(effects, plots):
+        parts.append(f"<figure id='{e(name)}'>{_img(path)}<figcaption>{e(FAULT_CAPTION)}"
+                     f"</figcaption></figure>")
+    if any(x.fault.kind == "cluster_outage" and x.window is not None for x in effects):
+        steered = tables.steering_around_outages(results, effects)
+        parts += ["<h3 id='outage-steering'>Steering around the outage</h3>",
+                  tables.to_html(steered) if steered.rows else f"<p class='note'>"
+                  f"{e(_NO_STEERING if 'unix' not in results.steering else 'none')}</p>"]
+    return parts
+
+
+def _faults_markdown(results: Results, effects: list[FaultEffect], plots: dict[str, Path],
+                     base: Path) -> list[str]:
+    rows = [x.row for x in effects]
+    lines = ["## Faults", "", FAULTS_INTRO, "", "### What each fault hit", "",
+             tables.to_markdown(tables.faults_hit(rows)), "### Audio around each fault", "",
+             tables.to_markdown(tables.faults_media(rows))]
+    for name, path in _fault_plots(effects, plots):
+        rel = path.relative_to(base) if path.is_relative_to(base) else path
+        lines += [f"![{name}]({rel.as_posix()})", "", f"_{FAULT_CAPTION}_", ""]
+    if any(x.fault.kind == "cluster_outage" and x.window is not None for x in effects):
+        steered = tables.steering_around_outages(results, effects)
+        lines += ["### Steering around the outage", "",
+                  tables.to_markdown(steered) if steered.rows else
+                  (_NO_STEERING if "unix" not in results.steering else "none") + "\n"]
+    return lines
+
+
 def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: EModel) -> str:
     e = html.escape
     c = results.config
@@ -134,8 +191,12 @@ def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: E
         parts.append(f"<h3>{e(arch)}</h3><ul class='findings'>{items}</ul>")
     parts += ["<h2 id='summary'>Summary per architecture</h2>",
               tables.to_html(tables.headline(results, stats))]
+    if results.faults:
+        parts += _faults_html(results, fault_effects(results), plots)
     parts.append("<h2 id='plots'>Plots</h2>")
     for name, path in plots.items():
+        if name.startswith("fault-"):
+            continue
         parts.append(f"<figure id='{e(name)}'>{_img(path)}<figcaption>"
                      f"{e(CAPTIONS.get(name, ''))}</figcaption></figure>")
     parts.append("<h2 id='stats'>Statistics per architecture</h2>")
@@ -187,6 +248,8 @@ def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], mode
         lines += [f"- {f.sentence()}" for f in found if f.architecture == arch] + [""]
     lines += ["", "## Summary per architecture", "",
               tables.to_markdown(tables.headline(results, stats))]
+    if results.faults:
+        lines += _faults_markdown(results, fault_effects(results), plots, base)
     if len(results.client_regions) > 1:
         lines += ["## Per client region", "", tables.to_markdown(tables.per_region(results, stats))]
     steered = tables.steering(results)
@@ -197,6 +260,8 @@ def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], mode
         lines += ["## Failures", "", tables.to_markdown(fails)]
     lines += ["## Plots", ""]
     for name, path in plots.items():
+        if name.startswith("fault-"):
+            continue
         rel = path.relative_to(base) if path.is_relative_to(base) else path
         lines += [f"![{name}]({rel.as_posix()})", "", f"_{CAPTIONS.get(name, '')}_", ""]
     lines += ["## Calibration", "", tables.to_markdown(tables.calibration_at_load(results))]

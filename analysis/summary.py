@@ -3,9 +3,10 @@
 ``finalize(dir)`` is what the runner calls after each architecture and at the end: it writes
 ``stats.csv`` and ``stats.json`` (every percentile with its CI, per architecture and client
 region, the pooled ``all`` rows, success with its Wilson interval, the differences from the
-baseline), ``summary.json``, and a per-session ``mos`` column in ``sessions.csv``; it returns the
-summary. ``summarise(dir)`` only computes the summary. Both work on a partial folder (an
-interrupted or failed run): the summary's ``missing`` says what is absent.
+baseline), ``summary.json``, a per-session ``mos`` column in ``sessions.csv``, and, for a run
+with faults, ``faults.csv`` (analysis/faults.py); it returns the summary. ``summarise(dir)``
+only computes the summary. Both work on a partial folder (an interrupted or failed run): the
+summary's ``missing`` says what is absent.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.faults import fault_rows, write_faults_csv
 from analysis.jsonout import dumps, plain
 from analysis.load import Results, load_results
 from analysis.mos import EModel
@@ -118,6 +120,8 @@ def summary_of(results: Results, stats: Stats) -> dict:
             entry["vs_baseline_p50"], entry["vs_baseline_p50_ci"] = _vs_baseline(
                 stats, arch, baseline)
         out["architectures"][arch] = entry
+    if results.faults:
+        out["faults"] = fault_rows(results)
     return out
 
 
@@ -202,8 +206,9 @@ def _add_mos_column(path: Path, stats: Stats) -> None:
 
 def finalize(directory: str | Path, boot: Bootstrap = Bootstrap(),
              model: EModel = EModel()) -> dict:
-    """Write stats.csv, stats.json, summary.json and sessions.csv's ``mos`` column; return the
-    summary. Safe to call again as the run goes on (each call rewrites the derived files)."""
+    """Write stats.csv, stats.json, summary.json, sessions.csv's ``mos`` column and (when
+    faults.json exists) faults.csv; return the summary. Safe to call again as the run goes on
+    (each call rewrites the derived files)."""
     directory = Path(directory)
     results = load_results(directory, require_sessions=False)
     stats = compute_stats(results, boot, model)
@@ -212,4 +217,6 @@ def finalize(directory: str | Path, boot: Bootstrap = Bootstrap(),
     _write_atomic(directory / "summary.json", dumps(summary))
     if (directory / "sessions.csv").is_file():
         _add_mos_column(directory / "sessions.csv", stats)
+    if (directory / "faults.json").is_file():
+        write_faults_csv(directory, summary.get("faults", []))
     return summary

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from analysis.faults import FaultEffect
 from analysis.load import Results, as_bool
 from analysis.stats import ALL, METRIC_BY_NAME, METRICS, Stats, thin_tail
 
@@ -182,6 +183,116 @@ def steering(results: Results) -> Table:
 
 def _ms(value) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def _n(value, digits: int = 0, signed: bool = False) -> str:
+    """A faults.csv value; '-' when not measured."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:{'+' if signed else ''}.{digits}f}"
+
+
+def _three(row: dict, prefix: str) -> str:
+    values = [row.get(f"{prefix}_{q}_ms") for q in ("p50", "p95", "max")]
+    return "-" if all(v is None for v in values) else " / ".join(_n(v) for v in values)
+
+
+def faults_hit(rows: list[dict]) -> Table:
+    """Per fault and architecture: when, whom it hit, what was lost, how calls went on."""
+    table = Table(["fault", "kind", "target", "architecture", "at (s)", "ended after (s)",
+                   "ready after (s)", "live sessions", "affected", "lost",
+                   "new calls (failed)", "reconnections", "first call elsewhere (s)", "note"],
+                  note="From faults.csv (docs/faults.md). at: seconds after the architecture's "
+                       "clients were launched (as the scenario's at_s); the other times: "
+                       "seconds after the fault. "
+                       "Affected: live at the fault with its target on their path; lost: "
+                       "affected sessions that ended failed. New calls: first calls and "
+                       "reconnections started in the fault's window. First call elsewhere: "
+                       "the first call after the fault connected off the failed cluster "
+                       "(outage) or transceiver (crash).")
+    for r in rows:
+        head = [str(r.get("fault")), str(r.get("kind")), str(r.get("target")),
+                str(r.get("architecture"))]
+        if not r.get("applicable"):
+            table.rows.append(head + ["-"] * 3 + ["not applicable"] + ["-"] * 5
+                              + [r.get("note") or ""])
+            continue
+        new = ("-" if r.get("new_calls") is None
+               else f"{_n(r['new_calls'])} ({_n(r.get('new_call_failures'))})")
+        table.rows.append(head + [
+            _n(r.get("at_s"), 1), "run end" if r.get("end_s") is None and r.get("at_s")
+            is not None else _n(r.get("end_s"), 2), _n(r.get("restart_s"), 2),
+            _n(r.get("sessions_live")), _n(r.get("sessions_affected")),
+            _n(r.get("sessions_lost")), new, _n(r.get("reconnections")),
+            _n(r.get("first_new_session_s"), 2), r.get("note") or ""])
+    return table
+
+
+def faults_media(rows: list[dict]) -> Table:
+    """Per fault and architecture that measured something: the audio gaps of the affected
+    sessions and how soon it came back."""
+    table = Table(["fault", "architecture", "down gap p50 / p95 / max (ms)",
+                   "up gap p50 / p95 / max (ms)", "recovery (s)", "gap over restart (ms)",
+                   "audio after ready (ms)", "extra media RTT (ms)", "window (s)"],
+                  note="Per affected session its longest gap in each direction within the "
+                       "fault's window (0 without one): down = server to client at the client, "
+                       "up = client to server at the transceiver. Recovery: until every "
+                       "affected session that was not lost had downstream audio again. Gap "
+                       "over restart: the longest down gap minus the time from the kill to "
+                       "the relay's ready. Audio after ready: when the last of them had audio "
+                       "again, after the restarted service was ready (negative: before). "
+                       "Extra media RTT: after the outage minus before, median over sessions.")
+    for r in rows:
+        if not r.get("applicable") or r.get("sessions_affected") is None:
+            continue
+        table.rows.append([str(r.get("fault")), str(r.get("architecture")),
+                           _three(r, "gap_down"), _three(r, "gap_up"),
+                           _n(r.get("recovery_s"), 2), _n(r.get("gap_over_restart_ms"), 0, True),
+                           _n(r.get("audio_after_ready_ms"), 0, True),
+                           _n(r.get("extra_rtt_ms"), 1, True), _n(r.get("window_s"), 1)])
+    return table
+
+
+def _calls_per_cluster(calls: pd.DataFrame) -> str:
+    return ", ".join(f"{c} {n}" for c, n in calls.cluster.value_counts().items()) or "-"
+
+
+def steering_around_outages(results: Results, effects: list[FaultEffect]) -> Table:
+    """For each cluster outage and architecture, per client region: where its calls went
+    before, during and after the outage, and the fronts' steering changes in its window."""
+    table = Table(["fault", "architecture", "client region", "before", "during", "after",
+                   "steering changes (s after the fault: new preferred cluster, why)"],
+                  note="Calls per cluster from steering.csv (call_created, by the front's clock):"
+                       " before = since the architecture's previous cluster outage ended (or "
+                       "the start); during = the outage to its end (or the end of the run); "
+                       "after = its end to the next outage. Changes: steering_changed lines "
+                       "from the outage to the end of its window (its end + 10 s).")
+    frame = results.steering
+    if frame.empty or "unix" not in frame:
+        return table
+    frame = frame.assign(unix=pd.to_numeric(frame.unix, errors="coerce"))
+    outages = [e for e in effects if e.window is not None and e.fault.kind == "cluster_outage"]
+    for e in outages:
+        arch, w = e.fault.architecture, e.window
+        mine = [x.window for x in outages if x.fault.architecture == arch]
+        since = max([x.end if x.end is not None else x.at for x in mine if x.at < w.at],
+                    default=-math.inf)
+        until = min([x.at for x in mine if x.at > w.at], default=math.inf)
+        end = w.end if w.end is not None else math.inf
+        rows = frame[frame.architecture == arch]
+        for region, group in rows.groupby("client_region", sort=False):
+            calls = group[group.event == "call_created"]
+            changes = group[(group.event == "steering_changed") & (group.unix >= w.at)
+                            & (group.unix <= w.horizon)]
+            table.rows.append([
+                e.fault.fault, arch, str(region),
+                _calls_per_cluster(calls[(calls.unix >= since) & (calls.unix < w.at)]),
+                _calls_per_cluster(calls[(calls.unix >= w.at) & (calls.unix < end)]),
+                "-" if w.end is None else _calls_per_cluster(
+                    calls[(calls.unix >= end) & (calls.unix < until)]),
+                "; ".join(f"{c.unix - w.at:+.1f}: {c.cluster} ({c.reason})"
+                          for c in changes.sort_values("unix").itertuples()) or "none"])
+    return table
 
 
 def calibration(results: Results) -> Table:

@@ -9,8 +9,10 @@ edge through it; faults and new client types plug in here.
 Per cluster, on its host: the agent, Redis and the metrics endpoints on the host's loopback;
 the transceiver's control API and media socket on the cluster's internal address; the cluster
 relay (relayed architectures) on its public address (on its internal one under the global
-relay, where clients reach only the ingress points). Per client region (global relay): the
-ingress relay on the anycast VIP. Per front: signaling, steering to the plan's clusters.
+relay, where clients reach only the ingress points); a cluster may run several transceivers.
+Per client region (global relay): the ingress relay on the anycast VIP with its own Redis.
+Per front: signaling, steering to the plan's clusters. ``kill`` and ``start_service`` break
+and mend one service by name (scenarios/faults.py).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 from scenarios.ports import UdpBinding, udp_bindings
 from scenarios.processes import ServiceError, ServiceProcess, http_ok, redis_cmd, tcp_open, voiceedge_cmd
 from scenarios.spec import ARCHITECTURES, CLUSTER_RELAY, GLOBAL_RELAY, PORT_PER_SESSION
+from services.procfs import descendants
 from services.relay.counters import scrape
 from topology.netns import in_namespace
 
@@ -57,7 +60,19 @@ class ClusterPlan:
     host: Host
     public: str              # clients reach this address (relay port, or per-session ports)
     internal: str            # towards fronts and ingress relays (control API, media, hop port)
-    transceiver_id: int = 1
+    transceivers: int = 1    # transceiver ids 1..n on the host, behind one relay
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.transceivers <= 10:
+            raise ValueError("a cluster runs 1 to 10 transceivers")
+
+    @property
+    def transceiver_ids(self) -> range:
+        return range(1, self.transceivers + 1)
+
+    def transceiver_name(self, tid: int) -> str:
+        """The service name of transceiver ``tid`` (id 1 keeps the cluster's plain name)."""
+        return f"transceiver-{self.name}" if tid == 1 else f"transceiver-{self.name}-{tid}"
 
 
 @dataclass(frozen=True)
@@ -159,8 +174,11 @@ class Edge:
 
     # ------------------------------------------------------------ names and addresses
 
-    def control_url(self, cluster: ClusterPlan) -> str:
-        return f"http://{cluster.internal}:{self.plan.ports.control}"
+    def control_url(self, cluster: ClusterPlan, tid: int = 1) -> str:
+        return f"http://{cluster.internal}:{self.plan.ports.control + tid - 1}"
+
+    def media_port(self, tid: int = 1) -> int:
+        return self.plan.ports.media + tid - 1
 
     def signaling_url(self, front: FrontPlan) -> str:
         return f"http://{front.listen}:{self.plan.ports.signaling}/v1/calls"
@@ -179,8 +197,11 @@ class Edge:
                 if self.plan.redis:
                     self.start_redis(cluster)
                 self.start_relay(cluster)
-            self.start_transceiver(cluster)
+            for tid in cluster.transceiver_ids:
+                self.start_transceiver(cluster, tid)
         for ingress in self.plan.ingresses:
+            if self.plan.redis:
+                self.start_ingress_redis(ingress)
             self.start_ingress(ingress)
         for front in self.plan.fronts:
             self.start_front(front)
@@ -212,6 +233,13 @@ class Edge:
                         redis_cmd("127.0.0.1", port, self.logs), "redis",
                         lambda: tcp_open("127.0.0.1", port))
 
+    def start_ingress_redis(self, ingress: IngressPlan) -> ServiceProcess:
+        """The ingress relay's own flow cache, on its host's loopback."""
+        port = self.plan.ports.redis
+        return self.add(f"redis-ingress-{ingress.region}", ingress.host,
+                        redis_cmd("127.0.0.1", port, self.logs), "redis",
+                        lambda: tcp_open("127.0.0.1", port))
+
     def start_relay(self, cluster: ClusterPlan) -> ServiceProcess:
         """The cluster relay: public port -> the transceiver's shared socket. Under the global
         relay, clients reach only their region's ingress, so the cluster relay's client port
@@ -219,8 +247,9 @@ class Edge:
         p = self.plan.ports
         listen = cluster.internal if self.plan.architecture == GLOBAL_RELAY else cluster.public
         routes = self.logs / f"routes-{cluster.name}.toml"
-        routes.write_text(f"cluster_id = {cluster.cluster_id}\n[routes]\n"
-                          f'{cluster.transceiver_id} = "{cluster.internal}:{p.media}"\n')
+        routes.write_text(f"cluster_id = {cluster.cluster_id}\n[routes]\n" + "".join(
+            f'{tid} = "{cluster.internal}:{self.media_port(tid)}"\n'
+            for tid in cluster.transceiver_ids))
         cmd = ["relay", "--tier", "cluster", "--routes", str(routes), "--listen", listen,
                "--port", str(p.relay), "--internal", f"{cluster.internal}:{p.internal}",
                "--hop-bind", cluster.internal, "--relay-id", f"cluster-{cluster.name}",
@@ -230,18 +259,19 @@ class Edge:
         return self.add(f"relay-{cluster.name}", cluster.host, voiceedge_cmd(*cmd), "relay",
                         lambda: http_ok(self.metrics_url()))
 
-    def start_transceiver(self, cluster: ClusterPlan) -> ServiceProcess:
+    def start_transceiver(self, cluster: ClusterPlan, tid: int = 1) -> ServiceProcess:
         p = self.plan.ports
-        cmd = ["transceiver", "--cluster", str(cluster.cluster_id), "--id",
-               str(cluster.transceiver_id), "--control", f"{cluster.internal}:{p.control}",
+        control = self.control_url(cluster, tid)
+        cmd = ["transceiver", "--cluster", str(cluster.cluster_id), "--id", str(tid),
+               "--control", f"{cluster.internal}:{p.control + tid - 1}",
                "--agent", f"ws://127.0.0.1:{p.agent}", "--max-sessions",
                str(self.plan.max_sessions)]
         if self.plan.relayed:
-            cmd += ["--media", f"{cluster.internal}:{p.media}"]
+            cmd += ["--media", f"{cluster.internal}:{self.media_port(tid)}"]
         else:
             cmd += ["--mode", "port-per-session", "--media", f"{cluster.public}:0"]
-        return self.add(f"transceiver-{cluster.name}", cluster.host, voiceedge_cmd(*cmd),
-                        "transceiver", lambda: http_ok(f"{self.control_url(cluster)}/status"))
+        return self.add(cluster.transceiver_name(tid), cluster.host, voiceedge_cmd(*cmd),
+                        "transceiver", lambda: http_ok(f"{control}/status"))
 
     def start_ingress(self, ingress: IngressPlan) -> ServiceProcess:
         """A global relay ingress: the VIP -> the cluster relays' hop ports over the backbone."""
@@ -249,11 +279,17 @@ class Edge:
         routes = self.logs / f"routes-ingress-{ingress.region}.toml"
         routes.write_text("[routes]\n" + "".join(
             f'{c.cluster_id} = "{c.internal}:{p.internal}"\n' for c in self.plan.clusters))
-        return self.add(f"ingress-{ingress.region}", ingress.host, voiceedge_cmd(
-            "relay", "--tier", "ingress", "--routes", str(routes), "--listen", ingress.listen,
-            "--port", str(p.relay), "--hop-bind", ingress.hop_bind, "--relay-id",
-            f"ingress-{ingress.region}", "--metrics", f"127.0.0.1:{p.metrics}", "--cpus",
-            "none"), "ingress", lambda: http_ok(self.metrics_url()))
+        # A fixed hop port: the cluster relays' flows name this address as their previous
+        # hop, so a restarted ingress must come back on it (docs/relay.md, "Restarts").
+        cmd = ["relay", "--tier", "ingress", "--routes", str(routes), "--listen",
+               ingress.listen, "--port", str(p.relay), "--hop-bind", ingress.hop_bind,
+               "--hop-port", str(p.internal),
+               "--relay-id", f"ingress-{ingress.region}", "--metrics",
+               f"127.0.0.1:{p.metrics}", "--cpus", "none"]
+        if self.plan.redis:
+            cmd += ["--redis", f"redis://127.0.0.1:{p.redis}/0"]
+        return self.add(f"ingress-{ingress.region}", ingress.host, voiceedge_cmd(*cmd),
+                        "ingress", lambda: http_ok(self.metrics_url()))
 
     def start_front(self, front: FrontPlan) -> ServiceProcess:
         clusters = []
@@ -261,7 +297,8 @@ class Edge:
             cluster = self.plan.cluster(route.cluster)
             clusters.append({"name": cluster.name, "advertise": self.plan.advertise(cluster),
                              "rtt_ms": route.rtt_ms,
-                             "transceivers": [self.control_url(cluster)]})
+                             "transceivers": [self.control_url(cluster, tid)
+                                              for tid in cluster.transceiver_ids]})
         path = self.logs / f"front-{front.region}.json"
         path.write_text(json.dumps(clusters, indent=2))
         port = self.plan.ports.signaling
@@ -272,19 +309,50 @@ class Edge:
 
     def restart(self, name: str, kill: bool = True) -> ServiceProcess:
         """Stop service ``name`` (SIGKILL by default: a crash) and start it again."""
-        service = self.services[name]
         if kill:
-            service.process.kill()
+            self.kill(name)
         else:
-            service.process.stop()
-        starter = {"agent": self.start_agent, "redis": self.start_redis,
-                   "relay": self.start_relay, "transceiver": self.start_transceiver}
-        if service.role in starter:
-            return starter[service.role](self.plan.cluster(name.split("-", 1)[1]))
-        if service.role == "ingress":
+            self.services[name].process.stop()
+        return self.start_service(name)
+
+    def kill(self, name: str) -> list[int]:
+        """SIGKILL service ``name``'s main process only, as a crash or the OOM killer would
+        (its children are left to fend for themselves); returns the pids it had, main first."""
+        service = self.services[name]
+        pids = self.processes(name)
+        service.process.kill_main()
+        return pids
+
+    def start_service(self, name: str) -> ServiceProcess:
+        """Start service ``name`` again as the plan describes it (after ``kill`` or a stop)."""
+        service = self.services[name]
+        role = service.role
+        if role == "ingress":
             return self.start_ingress(next(i for i in self.plan.ingresses
                                            if f"ingress-{i.region}" == name))
-        return self.start_front(next(f for f in self.plan.fronts if f"front-{f.region}" == name))
+        if name.startswith("redis-ingress-"):
+            return self.start_ingress_redis(next(i for i in self.plan.ingresses
+                                                 if name == f"redis-ingress-{i.region}"))
+        if role == "signaling":
+            return self.start_front(next(f for f in self.plan.fronts
+                                         if f"front-{f.region}" == name))
+        for cluster in self.plan.clusters:
+            if role == "transceiver":
+                for tid in cluster.transceiver_ids:
+                    if cluster.transceiver_name(tid) == name:
+                        return self.start_transceiver(cluster, tid)
+            elif name == f"{role}-{cluster.name}":
+                starter = {"agent": self.start_agent, "redis": self.start_redis,
+                           "relay": self.start_relay}[role]
+                return starter(cluster)
+        raise KeyError(name)
+
+    def processes(self, name: str) -> list[int]:
+        """The pids of service ``name`` now: its main process, then its descendants."""
+        service = self.services.get(name)
+        if service is None or service.process.pid is None:
+            return []
+        return descendants(service.process.main_pid())
 
     # ------------------------------------------------------------ what the edge holds
 

@@ -51,6 +51,7 @@ class ServiceProcess:
         self.cmd = prefix + cmd
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
+        self._dead_groups: list[int] = []  # groups of killed main processes (stop reaps them)
 
     def start(self) -> "ServiceProcess":
         with open(self.log_path, "ab") as log, open(self.log_path.with_suffix(".out"), "ab") as out:
@@ -94,12 +95,34 @@ class ServiceProcess:
             self.proc = None
             self._drop_empty_out()
 
+    def kill_main(self) -> None:
+        """SIGKILL the main process alone, as a crash or the OOM killer would: its children
+        are not signalled (they must notice on their own). Waits for the main process."""
+        if self.proc is not None:
+            try:
+                self.proc.kill()
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+            self._dead_groups.append(self.proc.pid)
+            self.proc = None
+            self._drop_empty_out()
+
+    def main_pid(self) -> int | None:
+        return self.pid
+
     def _drop_empty_out(self) -> None:
         out = self.log_path.with_suffix(".out")
         if out.exists() and out.stat().st_size == 0:
             out.unlink()
 
     def stop(self, timeout: float = 5.0) -> None:
+        for pgid in self._dead_groups:  # anything a killed main process left behind
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._dead_groups.clear()
         if self.proc is None:
             return
         _signal_group(self.proc, signal.SIGTERM)

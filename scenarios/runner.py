@@ -22,13 +22,15 @@ import subprocess
 import threading
 import time
 import urllib.request
+from datetime import datetime
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from scenarios.edge import (ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, Host,
                             IngressPlan, count_ports)
+from scenarios.faults import FaultInjector, FaultRecord
 from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
-from scenarios.spec import BASELINE, GLOBAL_RELAY, Scenario
+from scenarios.spec import BASELINE, GLOBAL_RELAY, Scenario, ScenarioError
 from scenarios.saturation import LagWindows, flag
 from scenarios.timeline import TIMELINE, merge_timeline
 from topology.calibrate import CalibrationReport, calibrate, session_links
@@ -45,13 +47,20 @@ SESSION_FIELDS = (
     "first_audio_ms", "rtt_ms", "consent_rtt_ms", "jitter_ms", "loss_pct", "packets_received",
     "packets_lost", "loss_bursts", "echo_verified", "datachannel_verified",
     "floor_signaling_rtt_ms", "floor_media_rtt_ms", "floor_setup_ms", "saturated",
-    "saturated_by")
+    "saturated_by", "started_unix", "ended_unix", "connected_unix", "reconnections",
+    "transceiver", "first_rx_unix", "last_rx_unix")
+# Every call a client made for a session: the first (attempt 0) and each reconnection.
+ATTEMPT_FIELDS = ("architecture", "client_region", "session", "attempt", "reason",
+                  "started_unix", "connected_unix", "cluster_region", "transceiver", "error")
+# RTP arrival gaps of 60 ms or more: "down" at the client, "up" at the transceiver.
+GAP_FIELDS = ("architecture", "client_region", "session", "direction", "start_unix", "ms",
+              "attempt")
 SAMPLE_FIELDS = ("architecture", "client_region", "session", "t_ms", "packets_received",
                  "packets_lost", "jitter_ms", "rtt_ms")
 # One row per call a front placed (event call_created) and per change of a front's preferred
 # cluster (steering_changed: cluster is the new one, reason why), from the fronts' logs.
-STEERING_FIELDS = ("architecture", "client_region", "front", "event", "call", "cluster",
-                   "nearest", "reason")
+STEERING_FIELDS = ("architecture", "client_region", "front", "event", "unix", "call",
+                   "cluster", "nearest", "reason")
 PORT_FIELDS = ("architecture", "concurrent_sessions", "public_udp_ports", "public_udp_ports_max",
                "bindings")
 
@@ -78,6 +87,9 @@ class ArchitectureRun:
     seconds: float
     load_calibration: LoadCalibration | None = None  # the calls' paths probed during the calls
     steering: list[dict] = field(default_factory=list)  # steering.csv rows
+    attempts: list[dict] = field(default_factory=list)  # attempts.csv rows
+    gaps: list[dict] = field(default_factory=list)      # gaps.csv rows
+    faults: list[FaultRecord] = field(default_factory=list)
 
     @property
     def success_pct(self) -> float:
@@ -127,6 +139,15 @@ class ScenarioRunner:
         self.client_regions = [r.name for r in catalog.resolve(region)]
         self.clusters = [r.name for r in catalog.resolve(",".join(scenario.clusters))]
         regions = list(dict.fromkeys(self.client_regions + self.clusters))
+        for f in scenario.faults:
+            stray = [r for r in f.target.regions if r not in regions]
+            if stray or (f.target.tier == "ingress"
+                         and f.target.region not in self.client_regions):
+                raise ScenarioError(
+                    f"{scenario.source or scenario.name}: fault {f.name}: {f.target}: "
+                    f"{(stray or [f.target.region])[0]} is not a "
+                    f"{'client ' if f.target.tier == 'ingress' else ''}region of this run "
+                    f"({', '.join(self.client_regions if f.target.tier == 'ingress' else regions)})")
         self.spec = world_spec(catalog, regions, self.clusters, scenario.last_mile)
         self.backend_name = backend
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -205,7 +226,8 @@ class ScenarioRunner:
             h = f"cluster{world.index[name]}"
             clusters.append(ClusterPlan(name, world.index[name], host(h),
                                         public=world.addresses[h]["public"],
-                                        internal=world.addresses[h]["backbone"]))
+                                        internal=world.addresses[h]["backbone"],
+                                        transceivers=self.scenario.transceivers_per_cluster))
         fronts, ingresses, vip = [], [], None
         for region in self.client_regions:
             h = f"edge{world.index[region]}"
@@ -229,6 +251,8 @@ class ScenarioRunner:
         plan = self.edge_plan(world, arch)
         clients: list[ServiceProcess] = []
         load_calibration = None
+        injector: FaultInjector | None = None
+        faults: list[FaultRecord] = []
         edge = Edge(plan, logs)
         try:
             edge.start()
@@ -238,16 +262,24 @@ class ScenarioRunner:
                     "client", "--url", edge.signaling_url(front),
                     "-n", str(sc.sessions_per_region), "--rate", str(sc.start_rate),
                     "--full-clients", str(sc.full_clients_per_region),
-                    "--duration", str(sc.call_duration_s), "--results",
+                    "--duration", str(sc.call_duration_s),
+                    "--media-timeout", str(sc.media_timeout_s),
+                    "--reconnect-attempts", str(sc.reconnect_attempts), "--results",
                     str(logs / f"sessions-{front.region}.jsonl"), "--samples",
                     str(logs / f"samples-{front.region}.jsonl")),
                     logs / f"client-{front.region}.log", netns=world.node(host).ns_path).start())
+            if sc.faults:
+                injector = FaultInjector(sc.faults, edge, world, self.client_regions, self.say)
+                injector.start()
             watch = _PeakWatch(edge)
             watch.start()
-            at_load = _AtLoad(self, world, arch, watch) if sc.calibration_at_load else None
+            # No calibration at load while faults break paths on purpose (docs/faults.md).
+            at_load = (_AtLoad(self, world, arch, watch)
+                       if sc.calibration_at_load and not sc.faults else None)
             # the plan (progress bar, deadline); what ran is counted from the clients' results
             planned = sc.sessions_per_region * len(self.client_regions)
-            deadline = time.monotonic() + planned / sc.start_rate + sc.call_duration_s + 90
+            deadline = (time.monotonic() + planned / sc.start_rate + sc.call_duration_s + 90
+                        + 15 * sc.reconnect_attempts * bool(sc.faults))
             while any(c.alive() for c in clients):
                 if time.monotonic() > deadline:
                     raise ServiceError(f"[{arch}] clients did not finish in time")
@@ -261,15 +293,20 @@ class ScenarioRunner:
                 time.sleep(0.5)
             if at_load is not None:
                 load_calibration = at_load.finish()
+            if injector is not None:
+                faults = injector.stop()
+                injector = None
             watch.stop()
             time.sleep(0.6)  # relays publish their counters twice a second
             relays = edge.relay_counters()
         finally:
             for proc in clients:  # stopped with the services, also on Ctrl-C
                 proc.stop()
+            if injector is not None:  # an error or Ctrl-C: mend links before the next run
+                faults = injector.stop()
             edge.stop()
             merge_timeline(logs)
-        sessions, samples = self._collect(world, arch, logs)
+        sessions, samples, attempts, gaps = self._collect(world, arch, logs)
         ok = sum(1 for s in sessions if s["ok"])
         self.progress(arch, len(sessions), len(sessions))
         self.say(f"[{arch}] {ok}/{len(sessions)} sessions ok in {time.monotonic() - started:.0f} s")
@@ -278,7 +315,7 @@ class ScenarioRunner:
                                [f"{b.service}@{b.host} {b.address}:{b.port}"
                                 for b in watch.bindings_at_peak],
                                round(time.monotonic() - started, 1), load_calibration,
-                               steering_rows(arch, logs / TIMELINE))
+                               steering_rows(arch, logs / TIMELINE), attempts, gaps, faults)
 
     # ------------------------------------------------------------ results
 
@@ -310,25 +347,40 @@ class ScenarioRunner:
                 "floor_media_rtt_ms": round(media, 2),
                 "floor_setup_ms": round(signaling + 2 * media, 2)}
 
-    def _collect(self, world: World, arch: str, logs: Path) -> tuple[list[dict], list[dict]]:
-        sessions, samples = [], []
+    def _collect(self, world: World, arch: str, logs: Path):
+        """(sessions, samples, attempts, gaps) rows of one architecture from its logs."""
+        sessions, samples, attempts, gaps = [], [], [], []
         engine = world.backend.stats().get("lagged_seconds")  # userspace engine only
         lag = LagWindows.from_run(logs / TIMELINE, engine)
+        upstream = _upstream_gaps(logs / TIMELINE)
         for region in self.client_regions:
             path = logs / f"sessions-{region}.jsonl"
             rows = [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
             for r in rows:
-                url = r.get("session_url") or ""
-                cluster = url.rsplit("/", 1)[-1].split("~")[0] if "~" in url else None
+                first = (r.get("attempts") or [{}])[0]  # the session's figures are its first call's
+                cluster = _cluster_of(first.get("location") or r.get("session_url"))
                 row = {k: r.get(k) for k in SESSION_FIELDS if k in r}
                 row.update(architecture=arch, client_region=region, cluster_region=cluster,
-                           session=r.get("index"), loss_bursts=json.dumps(r.get("loss_bursts") or []))
+                           session=r.get("index"), loss_bursts=json.dumps(r.get("loss_bursts") or []),
+                           connected_unix=first.get("connected_unix"),
+                           reconnections=r.get("reconnections", 0))
                 if cluster:
                     row.update(self.floors(region, cluster, arch))
                 setup = r.get("setup_ms")
                 flag(row, lag, r.get("started_unix"), r.get("ended_unix"),
                      None if setup is None else setup / 1000.0)
                 sessions.append(row)
+                key = {"architecture": arch, "client_region": region, "session": r.get("index")}
+                for a in r.get("attempts") or []:
+                    attempts.append({**key, **{k: a.get(k) for k in ATTEMPT_FIELDS[3:]},
+                                     "cluster_region": a.get("cluster") or _cluster_of(
+                                         a.get("location"))})
+                    for start, ms in upstream.get(_session_id(a.get("location")), ()):
+                        gaps.append({**key, "direction": "up", "start_unix": start, "ms": ms,
+                                     "attempt": a.get("attempt")})
+                for start, ms, attempt in r.get("rx_gaps") or []:
+                    gaps.append({**key, "direction": "down", "start_unix": start, "ms": ms,
+                                 "attempt": attempt})
             spath = logs / f"samples-{region}.jsonl"
             if spath.exists():
                 for line in spath.read_text().splitlines():
@@ -336,7 +388,7 @@ class ScenarioRunner:
                     samples.append({"architecture": arch, "client_region": region,
                                     "session": s.get("session"), **{
                                         k: s.get(k) for k in SAMPLE_FIELDS[3:]}})
-        return sessions, samples
+        return sessions, samples, attempts, gaps
 
     def _write_results(self, result: RunResult) -> None:
         """Every file of the finished architectures, then the derived statistics."""
@@ -353,11 +405,17 @@ class ScenarioRunner:
             w.writeheader()
             for a in result.architectures:
                 w.writerows(a.samples)
-        with open(d / "steering.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=STEERING_FIELDS, extrasaction="ignore")
-            w.writeheader()
-            for a in result.architectures:
-                w.writerows(a.steering)
+        for name, fields, rows in (("steering.csv", STEERING_FIELDS, "steering"),
+                                   ("attempts.csv", ATTEMPT_FIELDS, "attempts"),
+                                   ("gaps.csv", GAP_FIELDS, "gaps")):
+            with open(d / name, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+                w.writeheader()
+                for a in result.architectures:
+                    w.writerows(getattr(a, rows))
+        if result.scenario.faults:
+            (d / "faults.json").write_text(json.dumps({"faults": [
+                asdict(r) for a in result.architectures for r in a.faults]}, indent=2))
         with open(d / "ports.csv", "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(PORT_FIELDS)
@@ -487,7 +545,7 @@ def steering_rows(arch: str, timeline: Path) -> list[dict]:
             continue
         region = r.get("region") or source.removeprefix("front-")
         row = {"architecture": arch, "client_region": region, "front": source,
-               "event": r["event"]}
+               "event": r["event"], "unix": _unix(r.get("ts"))}
         if r["event"] == "call_created":
             row.update(call=r.get("call"), cluster=r.get("cluster"), nearest=r.get("nearest"),
                        reason=r.get("reason"))
@@ -495,6 +553,46 @@ def steering_rows(arch: str, timeline: Path) -> list[dict]:
             row.update(cluster=r.get("to"), reason=r.get("why"))
         rows.append(row)
     return rows
+
+
+def _unix(ts: str | None) -> float | None:
+    """A log line's ``ts`` (ISO-8601 UTC) as Unix seconds."""
+    if not ts:
+        return None
+    try:
+        return round(datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp(), 6)
+    except ValueError:
+        return None
+
+
+def _cluster_of(url: str | None) -> str | None:
+    """The cluster a call id names (/v1/calls/CLUSTER~BACKEND~SESSION)."""
+    url = url or ""
+    return url.rsplit("/", 1)[-1].split("~")[0] if "~" in url else None
+
+
+def _session_id(url: str | None) -> str | None:
+    """The transceiver's session id in a call URL."""
+    url = url or ""
+    return url.rsplit("~", 1)[-1] if "~" in url else None
+
+
+def _upstream_gaps(timeline: Path) -> dict[str, list]:
+    """Transceiver session id -> its client->server RTP arrival gaps, from the transceivers'
+    ``rx_gap`` lines (logged as each gap ends, so a crashed transceiver's gaps are there too)."""
+    out: dict[str, list] = {}
+    if not timeline.exists():
+        return out
+    for line in timeline.read_text().splitlines():
+        if '"rx_gap"' not in line:
+            continue
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if str(r.get("source", "")).startswith("transceiver-") and r.get("session"):
+            out.setdefault(str(r["session"]), []).append((r.get("start_unix"), r.get("ms")))
+    return out
 
 
 def _count_results(logs: Path) -> tuple[int, int]:

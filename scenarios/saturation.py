@@ -92,6 +92,9 @@ def flag(session: dict, lag: LagWindows, started: float | None, ended: float | N
     setup_end = min(end, started + setup_s) if setup_s is not None else end
     path = session_path(session["client_region"], session.get("cluster_region"),
                         session["architecture"])
+    cluster = session.get("cluster_region")
+    if cluster:  # a cluster's other transceivers (transceiver-CLUSTER-2, ...)
+        path += [s for s in lag.windows if s.startswith(f"transceiver-{cluster}-")]
     hits = lag.lagging(path, started, setup_end)
     if end > setup_end:
         covered = lag.covered(path, setup_end, end)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from scenarios.faultspec import FaultSpec
 from voiceedge.errors import ConfigError
 
 PORT_PER_SESSION, CLUSTER_RELAY, GLOBAL_RELAY = "port-per-session", "cluster-relay", "global-relay"
@@ -33,6 +34,10 @@ class Scenario:
     calibration_rate: float = 100.0
     calibration_at_load: bool = True  # probe the calls' paths again while the calls run
     min_success_pct: float = 100.0  # below this for any architecture, the run exits 1
+    transceivers_per_cluster: int = 1
+    faults: tuple[FaultSpec, ...] = ()
+    media_timeout_s: float = 1.5      # the clients' media watchdog (docs/client.md)
+    reconnect_attempts: int = 3       # the clients' bounded retry after a failed connection
     description: str = ""
     source: str = ""
 
@@ -49,7 +54,8 @@ class Scenario:
             raise ScenarioError(f"{path}: must be a mapping of fields")
         known = {"name", "description", "clusters", "sessions_per_region", "call_duration_s",
                  "start_rate", "architectures", "last_mile", "profiles", "calibration",
-                 "min_success_pct", "full_clients_per_region"}
+                 "min_success_pct", "full_clients_per_region", "transceivers_per_cluster",
+                 "faults", "client"}
         unknown = set(doc) - known
         if unknown:
             raise ScenarioError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -77,6 +83,28 @@ class Scenario:
         full = (need("full_clients_per_region", int, lambda v: 0 <= v <= sessions,
                      f"0..sessions_per_region ({sessions})")
                 if "full_clients_per_region" in doc else min(2, sessions))
+        client = doc.get("client", {}) or {}
+        if not isinstance(client, dict) or set(client) - {"media_timeout_s",
+                                                          "reconnect_attempts"}:
+            raise ScenarioError(f"{path}: client: only media_timeout_s and reconnect_attempts")
+        media_timeout = client.get("media_timeout_s", 1.5)
+        attempts = client.get("reconnect_attempts", 3)
+        if (not isinstance(media_timeout, (int, float)) or isinstance(media_timeout, bool)
+                or not 0.2 <= media_timeout <= 30):
+            raise ScenarioError(f"{path}: client: media_timeout_s: 0.2..30 s ({media_timeout!r})")
+        if not isinstance(attempts, int) or isinstance(attempts, bool) or not 0 <= attempts <= 10:
+            raise ScenarioError(f"{path}: client: reconnect_attempts: 0..10 ({attempts!r})")
+        per_cluster = (need("transceivers_per_cluster", int, lambda v: 1 <= v <= 10, "1..10")
+                       if "transceivers_per_cluster" in doc else 1)
+        raw_faults = doc.get("faults", []) or []
+        if not isinstance(raw_faults, list):
+            raise ScenarioError(f"{path}: faults: a list of faults (docs/faults.md)")
+        try:
+            faults = tuple(FaultSpec.parse(f, i) for i, f in enumerate(raw_faults))
+        except ValueError as exc:
+            raise ScenarioError(f"{path}: faults: {exc}") from None
+        if len({f.name for f in faults}) != len(faults):
+            raise ScenarioError(f"{path}: faults: names repeat")
         scenario = cls(
             name=need("name", str, lambda v: v.replace("-", "").replace("_", "").isalnum(),
                       "letters, digits, - and _ only"),
@@ -93,7 +121,14 @@ class Scenario:
             calibration_at_load=calibration.get("at_load", True),
             min_success_pct=float(need("min_success_pct", (int, float), lambda v: 0 <= v <= 100,
                                        "0..100")) if "min_success_pct" in doc else 100.0,
+            transceivers_per_cluster=per_cluster, faults=faults,
+            media_timeout_s=float(media_timeout), reconnect_attempts=attempts,
             description=str(doc.get("description", "")).strip(), source=str(path))
         if scenario.calibration_count < 20 or scenario.calibration_rate <= 0:
             raise ScenarioError(f"{path}: calibration: count >= 20 and a positive rate")
+        for f in faults:
+            try:
+                f.check_world(scenario.clusters, per_cluster)
+            except ValueError as exc:
+                raise ScenarioError(f"{path}: faults: {f.name}: {exc}") from None
         return scenario

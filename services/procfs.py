@@ -29,6 +29,36 @@ def processes() -> Iterator[tuple[int, list[str]]]:
                 continue
 
 
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a dead child its parent has not reaped)."""
+    try:
+        return stat_fields(pid)[0] != "Z"
+    except OSError:
+        return False
+
+
+def descendants(pid: int | None) -> list[int]:
+    """``pid`` (if it is still there) and every process below it, parents first."""
+    if pid is None:
+        return []
+    children: dict[int, list[int]] = {}
+    alive = set()
+    for p, fields in processes():
+        alive.add(p)
+        children.setdefault(int(fields[1]), []).append(p)
+    out, todo = [], [pid] if pid in alive else []
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(sorted(children.get(p, ())))
+    return out
+
+
+def process_group(pgid: int) -> list[int]:
+    """Every process whose process group is ``pgid`` (index 2 of the stat fields)."""
+    return sorted(p for p, fields in processes() if int(fields[2]) == pgid)
+
+
 def cpu_seconds(fields: list[str]) -> float:
     """User + system CPU seconds of a process (its ended threads included) from its stat."""
     return (int(fields[11]) + int(fields[12])) / _TICK
@@ -60,9 +90,10 @@ def decode_address(hex_addr: str) -> tuple[str, int]:
     return str(ipaddress.ip_address(raw)), int(port, 16)
 
 
-def udp_table(pid: int | str = "self") -> dict[int, tuple[str, int]]:
+def udp_table(pid: int | str = "thread-self") -> dict[int, tuple[str, int]]:
     """Socket inode -> local (address, port) of every UDP socket in ``pid``'s network
-    namespace (``/proc/PID/net`` shows that process's namespace, whatever the reader's)."""
+    namespace (``/proc/PID/net`` shows that process's namespace, whatever the reader's; the
+    default, the calling thread's, follows a thread that entered another namespace)."""
     out = {}
     for name in ("udp", "udp6"):
         try:

@@ -217,10 +217,15 @@ def run_scenario(path: Path, region: str, out: Path, env: dict | None = None,
     return json.loads(proc.stdout), directory
 
 
+def shipped_scenario(tmp_path_factory, name: str, region: str) -> tuple[dict, Path]:
+    """One run of ``scenarios/<name>.yaml`` for clients in ``region`` (root: Mininet)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (Mininet)")
+    return run_scenario(REPO / "scenarios" / f"{name}.yaml", region,
+                        tmp_path_factory.mktemp(f"{name}-results"))
+
+
 @pytest.fixture(scope="session")
 def ci_results(tmp_path_factory):
     """One run of the compact CI scenario (scenarios/ci.yaml), shared by the tests that read it."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (Mininet)")
-    return run_scenario(REPO / "scenarios" / "ci.yaml", "apac-se",
-                        tmp_path_factory.mktemp("ci-results"))
+    return shipped_scenario(tmp_path_factory, "ci", "apac-se")

@@ -35,6 +35,7 @@ def test_the_ci_run_is_inside_every_budget(ci_results, tmp_path):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert len(doc) == len(verdicts)
+    assert {v["set"] for v in doc} == {"latency"}  # a run without faults: no fault budgets
     assert all(v["detectable_regression"] is not None for v in doc), doc
 
 
@@ -263,3 +264,8 @@ def test_the_shipped_budgets_are_medians_and_load():
     budgets = BudgetFile.load()
     assert {b.percentile for b in budgets.budgets if b.metric != "success_pct"} == {50}
     assert any(b.bound == "min_share_of_implied" for b in budgets.budgets)
+    # the fault budgets ride along, on their own scenario (tests/test_analysis_faults.py)
+    faults = budgets.faults
+    assert faults is not None and faults.region == budgets.region
+    assert faults.scenario_path() == PACKAGE_ROOT / "scenarios" / "ci-faults.yaml"
+    assert {b.architecture for b in faults.budgets} == {"global-relay"}

@@ -26,6 +26,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
 from services.client.config import ClientConfig
+from services.client.gaps import GAP_MIN_MS, GapTracker
 from services.client.runner import run_sessions
 from services.client.seqstats import SeqTracker, extend_seq, loss_stats, unwrap
 from services.client.session import ping_event, run_session
@@ -35,20 +36,30 @@ from tests.logcheck import service_records
 from voiceedge.errors import UserError
 
 CALL_S = 2.0
+FAULT_AFTER_S = 1.0   # the echo peer's faults (EchoPeerServer)
 
 
 # -- the answering peer --------------------------------------------------------------------------
 
 class EchoTrack(MediaStreamTrack):
-    """Sends back whatever audio frames the remote track delivers."""
+    """Sends back whatever audio frames the remote track delivers; with ``stall_after_s``,
+    nothing more from that long after its first frame on (the connection stays up)."""
 
     kind = "audio"
 
-    def __init__(self, source: MediaStreamTrack) -> None:
+    def __init__(self, source: MediaStreamTrack, stall_after_s: float | None = None) -> None:
         super().__init__()
         self._source = source
+        self._stall_at: float | None = None
+        self._stall_after_s = stall_after_s
 
     async def recv(self):
+        if self._stall_after_s is not None:
+            now = time.monotonic()
+            if self._stall_at is None:
+                self._stall_at = now + self._stall_after_s
+            elif now >= self._stall_at:
+                await asyncio.Future()  # until the peer connection closes (cancelled)
         return await self._source.recv()
 
 
@@ -86,10 +97,14 @@ def keep_one_socket(pc: RTCPeerConnection, host: str) -> None:
 
 
 class EchoPeerServer:
-    """Routes: POST /v1/calls (echo), /reject/v1/calls (400), /deaf/v1/calls (a dead candidate).
+    """Routes: POST /v1/calls (echo), /reject/v1/calls (400), /deaf/v1/calls (a dead candidate),
+    /{stall,close}/{n}/{token}/v1/calls (faults).
 
     /deaf answers like /v1/calls, then closes its peer connection and rewrites the candidate's port
     to a closed one: the client can reach nothing, and no server check can reach the client.
+    The fault routes echo like /v1/calls, but the first ``n`` calls to the same URL fail after
+    ``FAULT_AFTER_S``: /stall stops sending audio (ICE, DTLS and the data channel stay up),
+    /close closes the peer connection (the client gets a DTLS close_notify).
     """
 
     def __init__(self, media_host: str, closed_port: int) -> None:
@@ -99,6 +114,7 @@ class EchoPeerServer:
         self.deleted: list[str] = []
         self.advertised: dict[str, str] = {}   # session id -> "host:port" of its one candidate
         self.offers: dict[str, str] = {}
+        self.fault_calls: dict[str, int] = {}  # fault URL -> calls so far
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="echo-peer", daemon=True)
         self._runner: web.AppRunner | None = None
@@ -123,6 +139,7 @@ class EchoPeerServer:
         app.router.add_post("/v1/calls", self._post)
         app.router.add_post("/deaf/v1/calls", self._post)
         app.router.add_post("/reject/v1/calls", self._reject)
+        app.router.add_post("/{fault:stall|close}/{n:[0-9]+}/{token}/v1/calls", self._post)
         app.router.add_delete("/v1/calls/{sid}", self._delete)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
@@ -147,11 +164,18 @@ class EchoPeerServer:
         sid = uuid.uuid4().hex
         self.sessions[sid] = pc
         self.offers[sid] = offer.sdp
+        fault = request.match_info.get("fault")
+        if fault is not None:
+            self.fault_calls[request.path] = calls = self.fault_calls.get(request.path, 0) + 1
+            if calls > int(request.match_info["n"]):
+                fault = None
+        if fault == "close":
+            self.loop.call_later(FAULT_AFTER_S, lambda: asyncio.ensure_future(pc.close()))
 
         @pc.on("track")
         def on_track(track: MediaStreamTrack) -> None:
             if track.kind == "audio":
-                pc.addTrack(EchoTrack(track))
+                pc.addTrack(EchoTrack(track, FAULT_AFTER_S if fault == "stall" else None))
 
         @pc.on("datachannel")
         def on_datachannel(channel) -> None:
@@ -282,6 +306,138 @@ def test_no_task_or_thread_outlives_its_session(echo_peer, kind):
     assert not [t.name for t in set(threading.enumerate()) - threads if t.name.endswith("decoder")]
 
 
+# -- reconnection --------------------------------------------------------------------------------
+
+def fault_url(peer: EchoPeerServer, fault: str, n: int) -> str:
+    """A URL whose first ``n`` calls fail ``fault`` (stall, close) after FAULT_AFTER_S."""
+    return peer.url(f"/{fault}/{n}/{uuid.uuid4().hex[:8]}")
+
+
+def test_a_plain_call_makes_one_attempt_and_records_its_arrivals(echo_peer):
+    r = asyncio.run(run_session(config(echo_peer.url())))
+    assert r.ok, r.error
+    assert r.reconnections == 0 and len(r.attempts) == 1
+    a = r.attempts[0]
+    assert (a["attempt"], a["reason"], a["error"]) == (0, "first", None)
+    assert a["location"] == r.session_url
+    assert r.started_unix <= a["started_unix"] < a["connected_unix"] < r.ended_unix
+    assert r.cluster is None and r.transceiver is None  # the echo peer names none
+    assert r.started_unix < r.first_rx_unix < r.last_rx_unix <= r.ended_unix
+    assert r.last_rx_unix - r.first_rx_unix > 0.8 * CALL_S
+    assert all(g[2] == 0 and g[1] >= GAP_MIN_MS for g in r.rx_gaps)  # gaps allowed: slow host
+    d = json.loads(r.to_json(with_samples=False))
+    assert d["attempts"] == r.attempts and d["rx_gaps"] == r.rx_gaps
+
+
+def test_a_stalled_stream_is_a_lost_connection_and_the_call_goes_on(echo_peer):
+    """The server stops sending audio (ICE and DTLS stay up): the watchdog calls again."""
+    cfg = config(fault_url(echo_peer, "stall", 1), duration_s=5.0)
+    r = asyncio.run(run_session(cfg, index=4))
+    assert r.ok, r.error
+    assert r.reconnections == 1 and [a["attempt"] for a in r.attempts] == [0, 1]
+    first, second = r.attempts
+    assert first["error"] == "media timeout" and second["reason"] == "media timeout"
+    assert second["error"] is None and second["connected_unix"] is not None
+    assert first["location"] != second["location"]
+    assert second["location"].rsplit("/", 1)[1] in echo_peer.deleted  # the old one DELETEd too
+    assert first["location"].rsplit("/", 1)[1] in echo_peer.deleted
+    # The gap across the reconnection: the old connection's last packet -> the new one's first.
+    across = [g for g in r.rx_gaps if g[2] == 1]
+    assert len(across) == 1 and across[0][1] >= cfg.media_timeout_s * 1000, r.rx_gaps
+    assert r.first_rx_unix < across[0][0] < second["connected_unix"] < r.last_rx_unix
+    # The call keeps its end: first connected + duration_s.
+    assert r.call_ms == pytest.approx(cfg.duration_s * 1000, abs=300)
+    assert r.echo_verified and r.datachannel_verified
+    assert r.packets_lost == 0 and r.packets_expected == r.packets_received
+    assert r.samples[-1].packets_received == r.packets_received
+    assert r.setup_ms < r.first_audio_ms < FAULT_AFTER_S * 1000 + r.setup_ms
+
+
+def test_a_closed_connection_calls_again_at_once(echo_peer):
+    t0 = time.monotonic()
+    r = asyncio.run(run_session(config(fault_url(echo_peer, "close", 1), duration_s=3.0)))
+    assert r.ok, r.error
+    assert r.reconnections == 1
+    assert r.attempts[0]["error"] == r.attempts[1]["reason"] == "connection closed"
+    # no media timeout to wait for: the next call starts as soon as DTLS says so
+    assert r.attempts[1]["started_unix"] - r.attempts[0]["connected_unix"] < FAULT_AFTER_S + 0.5
+    assert time.monotonic() - t0 < 3.0 + 3.0
+
+
+def test_reconnection_is_bounded_and_a_lost_call_fails(echo_peer):
+    """Every call to the URL stalls: the first failure and two more, then the call is lost."""
+    cfg = config(fault_url(echo_peer, "stall", 99), duration_s=20.0, media_timeout_s=0.5,
+                 reconnect_attempts=2, reconnect_backoff_s=(0.0, 0.2))
+    t0 = time.monotonic()
+    r = asyncio.run(run_session(cfg))
+    elapsed = time.monotonic() - t0
+    assert not r.ok and r.stage == "call"
+    assert r.error == "lost after 2 reconnection attempts: media timeout"
+    assert r.reconnections == 2 and len(r.attempts) == 3
+    assert [a["reason"] for a in r.attempts] == ["first", "media timeout", "media timeout"]
+    assert all(a["error"] == "media timeout" and a["connected_unix"] for a in r.attempts)
+    starts = [a["started_unix"] for a in r.attempts]
+    assert starts == sorted(starts)
+    assert elapsed < 10, "lost long before the call's end, not at it"
+    assert {g[2] for g in r.rx_gaps if g[1] >= 500} == {1, 2}
+    assert r.delete_status == 204  # the last attempt's session, DELETEd in the background
+
+
+def test_no_reconnection_when_disabled(echo_peer):
+    r = asyncio.run(run_session(config(fault_url(echo_peer, "close", 1), duration_s=3.0,
+                                       reconnect_attempts=0)))
+    assert not r.ok and r.error == "lost after 0 reconnection attempts: connection closed"
+    assert r.reconnections == 0 and len(r.attempts) == 1
+    assert r.attempts[0]["error"] == "connection closed"
+
+
+def test_a_failed_first_setup_is_not_retried(echo_peer):
+    r = asyncio.run(run_session(config(echo_peer.url("/deaf"), setup_timeout_s=1.0)))
+    assert not r.ok and r.error == "setup timeout" and r.stage == "connect"
+    assert r.reconnections == 0
+    assert [(a["attempt"], a["error"], a["connected_unix"]) for a in r.attempts] == [
+        (0, "setup timeout", None)]
+
+
+def test_a_stalled_client_loop_is_not_a_lost_connection(echo_peer):
+    """The client's own event loop stalls for longer than the media timeout (a saturated
+    host): when it wakes, the watchdog's timer is overdue, but it looks a second time, after
+    what the loop has queued, before it calls the connection dead. (Without the second look
+    this session reconnects.)"""
+    async def main():
+        call = asyncio.create_task(run_session(config(echo_peer.url(), duration_s=4.0)))
+        await asyncio.sleep(2.0)
+        time.sleep(2.0)   # blocks the loop: no packet is handled, no timer fires
+        return await call
+
+    r = asyncio.run(main())
+    assert r.ok, r.error
+    assert r.reconnections == 0, r.attempts
+    assert max(g[1] for g in r.rx_gaps) >= 2000  # the stall is a gap all the same
+
+
+@pytest.mark.parametrize("kind", ["full", "light"])
+def test_nothing_outlives_a_reconnecting_session_also_when_cancelled(echo_peer, kind):
+    async def main():
+        before = asyncio.all_tasks()
+        reconnected = await run_session(config(fault_url(echo_peer, "close", 1)), kind=kind)
+        # cancelled while it is between attempts or calling again
+        task = asyncio.create_task(run_session(config(
+            fault_url(echo_peer, "close", 99), duration_s=20.0, reconnect_attempts=10,
+            reconnect_backoff_s=(0.3,)), kind=kind))
+        await asyncio.sleep(FAULT_AFTER_S + 1.0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return reconnected, asyncio.all_tasks() - before
+
+    threads = set(threading.enumerate())
+    reconnected, left = asyncio.run(main())
+    assert reconnected.ok and reconnected.reconnections == 1, reconnected.error
+    assert left == set(), [t.get_coro() for t in left]
+    assert not [t.name for t in set(threading.enumerate()) - threads if t.name.endswith("decoder")]
+
+
 # -- many sessions -------------------------------------------------------------------------------
 
 def test_three_concurrent_sessions_with_a_start_rate(echo_peer, tmp_path):
@@ -394,9 +550,45 @@ def test_config_rejects_nonsense():
         ClientConfig(url="ftp://x/")
     with pytest.raises(ValueError):
         ClientConfig(url="http://x/", start_rate=0)
+    for bad in ({"media_timeout_s": 0}, {"reconnect_attempts": -1},
+                {"reconnect_attempts": 1.5}, {"reconnect_backoff_s": ()},
+                {"reconnect_backoff_s": (0.0, -1.0)}):
+        with pytest.raises(ValueError):
+            ClientConfig(url="http://x/", **bad)
+    cfg = ClientConfig(url="http://x/", reconnect_backoff_s=(0.0, 0.5))
+    assert [cfg.backoff_s(k) for k in range(4)] == [0.0, 0.5, 0.5, 0.5]
+    assert (cfg.media_timeout_s, cfg.reconnect_attempts) == (1.5, 3)
 
 
 # -- pure parts ----------------------------------------------------------------------------------
+
+def test_gap_tracker_records_long_gaps_on_the_wall_clock():
+    g = GapTracker(unix_offset=1000.0)
+    assert (g.first, g.last, g.gaps, g.count) == (None, None, [], 0)
+    for t in (10.0, 10.02, 10.04, 10.0999, 10.16):   # 59.9 ms: not a gap; 60.1 ms: a gap
+        g.add(t)
+    assert g.gaps == [[1010.0999, 60.1, 0]]
+    g.attempt = 2                                      # a new connection's packets
+    g.add(12.0)
+    g.add(12.02)
+    assert g.gaps[-1] == [1010.16, 1840.0, 2]          # starts at the last packet before it
+    assert (g.first, g.last) == (10.0, 12.02)
+    assert (g.unix(g.first), g.unix(None)) == (1010.0, None)
+
+
+def test_gap_tracker_threshold_is_inclusive_and_the_list_capped():
+    g = GapTracker(min_ms=GAP_MIN_MS, max_gaps=2, unix_offset=0.0)
+    for i in range(5):
+        g.add(i * GAP_MIN_MS / 1000.0 * 2)             # every gap is 2 x GAP_MIN_MS
+    assert len(g.gaps) == 2 and g.unlisted == 2 and g.count == 4
+    g = GapTracker(min_ms=100.0, unix_offset=0.0)
+    g.add(1.0)
+    g.add(1.1)
+    assert [x[1] for x in g.gaps] == [pytest.approx(100.0)]
+    assert GapTracker().unix_offset == pytest.approx(time.time() - time.monotonic(), abs=0.1)
+    with pytest.raises(ValueError):
+        GapTracker(min_ms=0)
+
 
 @pytest.mark.parametrize("seqs, expected, received, bursts", [
     ([], 0, 0, ()),
@@ -513,7 +705,13 @@ def test_cli_failures_and_user_errors(echo_peer, capsys, caplog):
     assert "failed x1: HTTP 400: offer has no audio m-line" in capsys.readouterr().out
     assert logged(caplog, "session_finished") == []  # -q: no line per session
     assert logged(caplog, "client_finished") == [{"sessions": 1, "ok": 0}]
+    args = parse_cli("--url", "http://x/", "--media-timeout", "0.5", "--reconnect-attempts", "0")
+    from services.client.cli import config_from_args
+    cfg = config_from_args(args)
+    assert (cfg.media_timeout_s, cfg.reconnect_attempts) == (0.5, 0)
     for bad in (["--url", "ftp://x"], ["--url", "http://x/", "--rate", "0"],
+                ["--url", "http://x/", "--media-timeout", "0"],
+                ["--url", "http://x/", "--reconnect-attempts", "-1"],
                 ["--url", "http://x/", "--header", "nocolon"], ["--url", "http://x/", "-n", "0"]):
         args = parse_cli(*bad)
         with pytest.raises(UserError):

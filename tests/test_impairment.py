@@ -28,9 +28,10 @@ from topology.impairment.backend import (BackendUnavailable, Detection, Impairme
 from topology.impairment.direction import Direction
 from topology.impairment.lab import pair_lab
 from topology.impairment.model import (BernoulliLoss, GilbertElliottLoss, Impairment, NetNode,
-                                       impairment_from_dict, impairment_to_dict)
-from topology.impairment.netem import (NetemBackend, netem_args, netem_commands,
-                                       parse_qdisc_stats, teardown_commands)
+                                       impairment_from_dict, impairment_to_dict, link_down,
+                                       with_extra_loss)
+from topology.impairment.netem import (NetemBackend, change_command, change_problem, netem_args,
+                                       netem_commands, parse_qdisc_stats, teardown_commands)
 from topology.netns import entered
 from topology.probe import udp_probe
 from topology.impairment.userspace import UserspaceBackend
@@ -125,6 +126,96 @@ def test_direction_delays_fifo_and_rate():
     # clipped at zero
     d = Direction(Impairment(delay_ms=1, jitter_ms=10), random.Random(6))
     assert min(d.decide(0.0) for _ in range(1000)) == 0.0
+
+
+def test_link_down_and_extra_loss_keep_the_configured_delay():
+    imp = Impairment(delay_ms=20, jitter_ms=2, reorder=False, loss=BernoulliLoss(1))
+    down = link_down(imp)
+    assert down.loss == BernoulliLoss(100) and (down.delay_ms, down.jitter_ms) == (20, 2)
+    assert not down.reorder
+    burst = with_extra_loss(imp, 50)
+    assert burst.delay_ms == 20 and burst.expected_loss_pct == pytest.approx(50.5)  # 1-.99*.5
+    assert with_extra_loss(Impairment(), 30).loss == BernoulliLoss(30)
+    ge = with_extra_loss(Impairment(loss=GilbertElliottLoss(p=1, r=25)), 50).loss
+    assert (ge.p, ge.r, ge.bad_loss, ge.good_loss) == (1, 25, 100, 50)  # still bursty
+    assert ge.expected_pct == pytest.approx(100 - (100 - 100 / 26) * 0.5)
+    for bad in (0, -5, 101):
+        with pytest.raises(ValueError, match="extra loss"):
+            with_extra_loss(imp, bad)
+
+
+def test_a_changed_direction_keeps_its_random_stream_loss_state_and_order():
+    d = Direction(Impairment(delay_ms=100, reorder=False), random.Random(7))
+    assert d.decide(0.0) == pytest.approx(0.1)
+    faster = d.changed(Impairment(delay_ms=10, reorder=False))
+    assert faster.decide(0.01) == pytest.approx(0.1)  # FIFO: not before the held packet
+    assert faster.decide(0.2) == pytest.approx(0.21)
+    down = faster.changed(link_down(faster.impairment))
+    assert all(down.decide(1.0 + i) is None for i in range(1000))
+    ge = Direction(Impairment(loss=GilbertElliottLoss(p=50, r=1)), random.Random(8))
+    while not ge._bad:
+        ge.decide(0.0)
+    assert ge.changed(with_extra_loss(ge.impairment, 10))._bad  # the burst goes on
+
+
+def test_netem_change_command_and_what_netem_would_keep():
+    imp = Impairment(delay_ms=20, jitter_ms=5)
+    assert change_command("vifb0", link_down(imp)) == [
+        "tc", "qdisc", "change", "dev", "vifb0", "root", "handle", "1:", "netem", "limit",
+        "20000", "delay", "20000us", "5000us", "distribution", "normal", "loss", "random",
+        "100%"]
+    # the fault helpers keep what netem would keep anyway
+    assert change_problem(imp, link_down(imp)) is None
+    assert change_problem(link_down(imp), imp) is None
+    assert change_problem(imp, with_extra_loss(imp, 30)) is None
+    rated = Impairment(delay_ms=5, rate_mbit=10)
+    assert change_problem(rated, link_down(rated)) is None
+    assert "rate" in change_problem(rated, Impairment(delay_ms=5))
+    assert "distribution" in change_problem(imp, Impairment(delay_ms=20, jitter_ms=5,
+                                                             distribution="uniform"))
+    assert change_problem(imp, Impairment(delay_ms=20)) is None  # no jitter: no table used
+
+
+class _FakeNetemNode:
+    """Records commands; ``tc -s qdisc show`` reports ``self.dropped`` drops."""
+
+    def __init__(self) -> None:
+        self.name, self.ns_path, self.commands, self.dropped = "h1", "/nonexistent", [], 0
+
+    def run(self, *cmd: str, check: bool = True) -> str:
+        self.commands.append(list(cmd))
+        if cmd[:3] == ("tc", "-s", "qdisc"):
+            return (f"qdisc netem 1: root refcnt 2 limit 20000\n Sent 1000 bytes 10 pkt "
+                    f"(dropped {self.dropped}, overlimits 0 requeues 0)\n backlog 0b 0p\n")
+        return ""
+
+
+def test_netem_change_counts_fault_drops_between_the_changes():
+    node, imp = _FakeNetemNode(), Impairment(delay_ms=20, loss=BernoulliLoss(1))
+    be = NetemBackend()
+    be.apply(node, "eth0", imp)
+    with pytest.raises(ImpairmentError, match="h1:eth1 was never applied"):
+        be.change(node, "eth1", imp)
+    be.start()
+    node.dropped = 5
+    be.change(node, "eth0", link_down(imp))
+    assert node.commands[-1] == change_command("vifb0", link_down(imp))
+    node.dropped = 105
+    s = be.stats()["interfaces"]["h1:eth0"]
+    assert (s["dropped_loss"], s["dropped_fault"], s["fault"]) == (5, 100, True)
+    be.change(node, "eth0", imp)
+    node.dropped = 107
+    s = be.stats()["interfaces"]["h1:eth0"]
+    assert (s["dropped_loss"], s["dropped_fault"], s["fault"]) == (7, 100, False)
+    with pytest.raises(ImpairmentError, match="keep the old rate"):
+        rated = NetemBackend()
+        rated.apply(node, "eth0", Impairment(rate_mbit=1))
+        rated.change(node, "eth0", Impairment())
+
+
+def test_userspace_change_of_an_interface_never_applied_is_refused():
+    with pytest.raises(ImpairmentError, match="ghost:x0 was never applied"):
+        UserspaceBackend().change(NetNode("ghost", "/nonexistent"), "x0", Impairment())
 
 
 # -- backend choice -------------------------------------------------------------------------------
@@ -355,14 +446,20 @@ def test_stop_removes_everything_and_is_idempotent(lab, backends):
     assert probe(lab, count=20, rate=200, drain_s=0.1).mean_ms < 1
 
 
-def test_stop_releases_what_the_engine_holds(lab, backends):
-    be = backends()
-    be.apply(lab.b, lab.if_b, Impairment(delay_ms=2000))
-    be.start()
+def _lab_sockets(lab) -> tuple[socket.socket, socket.socket]:
+    """(a UDP socket in b's namespace, one in a's): what b receives crosses the impairment."""
     with entered(lab.b.ns_path):
         rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     with entered(lab.a.ns_path):
         tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    return rx, tx
+
+
+def test_stop_releases_what_the_engine_holds(lab, backends):
+    be = backends()
+    be.apply(lab.b, lab.if_b, Impairment(delay_ms=2000))
+    be.start()
+    rx, tx = _lab_sockets(lab)
     with rx, tx:
         rx.bind((lab.addr_b, 0))
         rx.settimeout(1.0)
@@ -375,6 +472,54 @@ def test_stop_releases_what_the_engine_holds(lab, backends):
         got = [rx.recv(64) for _ in range(10)]
     assert sorted(got) == sorted(b"held %d" % i for i in range(10))
     assert time.monotonic() - t0 < 1.5  # released at stop, not after their 2 s
+
+
+def test_change_at_runtime_keeps_held_packets_and_counts_fault_drops(lab, backends):
+    configured = Impairment(delay_ms=400)
+    be = backends(ipv6=False)
+    be.apply(lab.b, lab.if_b, configured)
+    be.start()
+    key = f"{lab.b.name}:vb"
+    rx, tx = _lab_sockets(lab)
+    with rx, tx:
+        rx.bind((lab.addr_b, 0))
+        rx.settimeout(0.2)
+        t0 = time.monotonic()
+        for i in range(10):
+            tx.sendto(b"before %d" % i, rx.getsockname())
+        time.sleep(0.1)
+        be.change(lab.b, lab.if_b, link_down(configured))
+        for i in range(10):
+            tx.sendto(b"during %d" % i, rx.getsockname())
+        got = []
+        while time.monotonic() - t0 < 1.0:
+            try:
+                got.append((rx.recv(64), time.monotonic() - t0))
+            except TimeoutError:
+                pass
+    # the held ones arrive at their time; the ones sent during the cut are lost
+    assert sorted(m for m, _ in got) == sorted(b"before %d" % i for i in range(10))
+    assert all(0.39 < t < 0.6 for _, t in got), got
+    s = be.stats()["interfaces"][key]
+    assert (s["seen"], s["delayed"], s["held"]) == (20, 10, 0)
+    assert (s["dropped_loss"], s["dropped_fault"], s["fault"], s["changes"]) == (0, 10, True, 1)
+    be.change(lab.b, lab.if_b, configured)
+    r = probe(lab, count=20, rate=200, drain_s=0.6)
+    assert r.received == 20 and abs(r.mean_ms - 400) <= _tolerance_ms(400), r.summary()
+    s = be.stats()["interfaces"][key]
+    assert (s["dropped_fault"], s["fault"], s["changes"]) == (10, False, 2)
+    with pytest.raises(ImpairmentError, match="never applied"):
+        be.change(lab.a, lab.if_a, configured)
+
+
+def test_a_change_before_start_is_in_force_from_start(lab, backends):
+    be = backends(ipv6=False)
+    be.apply(lab.b, lab.if_b, Impairment(delay_ms=2))
+    be.change(lab.b, lab.if_b, link_down(Impairment(delay_ms=2)))
+    be.start()
+    assert probe(lab, count=20, rate=200, drain_s=0.1).received == 0
+    s = be.stats()["interfaces"][f"{lab.b.name}:vb"]
+    assert s["dropped_fault"] == 20 and s["fault"]
 
 
 def test_a_failed_apply_after_start_leaves_the_rest_working(lab, backends):

@@ -285,6 +285,45 @@ def test_two_tier_chain_ingress_cluster_transceiver(tmp_path, relay_factory):
     assert i["packets_to_server"] == 2 and i["packets_to_client"] == 1
 
 
+@pytest.mark.parametrize("fixed_hop_port", [True, False])
+def test_a_restarted_ingress_resumes_the_chain_only_on_a_fixed_hop_port(
+        tmp_path, relay_factory, redis_server, fixed_hop_port):
+    """An ingress killed mid-flow and restarted recovers the flow from Redis. The cluster relay
+    accepts the recovered flow's media only from the address it learned the flow from: with
+    --hop-port the new ingress has it; without, its datagrams are dropped as wrong_prev_hop."""
+    transceiver = udp()
+    cluster_port, cluster_internal, ingress_port = free_port(), free_port(), free_port()
+    (tmp_path / "cluster.toml").write_text(
+        f'cluster_id = 4\n[routes]\n7 = "127.0.0.1:{transceiver.getsockname()[1]}"\n')
+    (tmp_path / "ingress.toml").write_text(f'[routes]\n4 = "127.0.0.1:{cluster_internal}"\n')
+    cluster = relay_factory(["--tier", "cluster", "--routes", str(tmp_path / "cluster.toml"),
+                             "--listen", "127.0.0.1", "--port", str(cluster_port), "--internal",
+                             f"127.0.0.1:{cluster_internal}", "--hop-bind", "127.0.0.1"])
+    args = ["--tier", "ingress", "--routes", str(tmp_path / "ingress.toml"), "--listen",
+            "127.0.0.1", "--port", str(ingress_port), "--hop-bind", "127.0.0.1", "--redis",
+            redis_server.url, "--relay-id", "ingress-x"]
+    if fixed_hop_port:
+        args += ["--hop-port", str(free_port())]
+    ingress = relay_factory(args)
+    client = udp()
+    client.sendto(stun_for(4, 7), ("127.0.0.1", ingress_port))
+    recv_hop(transceiver)
+    ingress.wait_for(lambda m: m["redis_writes"] == 1)
+    ingress.kill()
+    ingress = relay_factory(args)
+    client.sendto(RTP, ("127.0.0.1", ingress_port))  # media only, no STUN after the restart
+    ingress.wait_for(lambda m: m["flows_recovered"] == 1 and m["packets_to_server"] == 1)
+    if fixed_hop_port:
+        header, payload, cluster_hop = recv_hop(transceiver)
+        assert payload == RTP and header.client == client.getsockname()
+        transceiver.sendto(hop.encode(client.getsockname(), hop.TO_CLIENT) + b"back",
+                           cluster_hop)
+        assert client.recvfrom(100)[0] == b"back"
+    else:
+        assert nothing_arrives(transceiver)
+        cluster.wait_for(lambda m: m["drops_wrong_prev_hop"] == 1)
+
+
 def test_two_workers_share_the_port_and_forward_every_flow(world):
     relay = world["start"]("--workers", "2")
     clients = [udp() for _ in range(40)]

@@ -9,15 +9,8 @@ import sys
 import time
 
 from services.relay.lifeline import port_holders
+from services.procfs import alive
 from tests.conftest import REPO, free_port
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _relay_args(tmp_path, port: int) -> list[str]:
@@ -40,15 +33,15 @@ def test_workers_die_when_their_relay_is_killed_and_a_new_relay_gets_the_port(tm
     port = free_port()
     relay = relay_factory(_relay_args(tmp_path, port))
     workers = _worker_pids(relay)
-    assert len(workers) == 2 and all(_alive(pid) for pid in workers)
+    assert len(workers) == 2 and all(alive(pid) for pid in workers)
     assert {h.pid for h in port_holders([("127.0.0.1", port)])} == set(workers)
     relay.proc.kill()  # SIGKILL to the relay alone, as a crash or the OOM killer would
     relay.proc.wait()
     relay.proc = None
     deadline = time.monotonic() + 5
-    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(_alive(pid) for pid in workers), "a worker outlived its relay"
+    assert not any(alive(pid) for pid in workers), "a worker outlived its relay"
     assert port_holders([("127.0.0.1", port)]) == []
     again = relay_factory(_relay_args(tmp_path, port))
     assert {h.pid for h in port_holders([("127.0.0.1", port)])} == set(_worker_pids(again))

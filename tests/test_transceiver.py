@@ -17,7 +17,7 @@ import urllib.request
 
 import aiohttp
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection
 from aiortc.mediastreams import AudioStreamTrack
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -26,7 +26,7 @@ from services.logs import Event
 from services.transceiver import cli
 from services.transceiver.server import TransceiverConfig, TransceiverServer
 from tests.conftest import free_port, lab_fixture
-from tests.offers import STATIC_OFFER
+from tests.offers import STATIC_OFFER, offer_answer
 from topology.netns import in_namespace
 
 EDGE = "10.77.0.1"
@@ -52,13 +52,7 @@ async def call(http: aiohttp.ClientSession, url: str, timeout: float = 10.0, aud
         if pc.connectionState == "connected":
             connected.set()
 
-    await pc.setLocalDescription(await pc.createOffer())
-    async with http.post(url, data=pc.localDescription.sdp,
-                         headers={"Content-Type": "application/sdp"}) as r:
-        answer = await r.text()
-        assert r.status == 201, answer
-        location = r.headers["Location"]
-    await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+    location, answer = await offer_answer(http, url, pc)
     await asyncio.wait_for(connected.wait(), timeout)
     return pc, location, answer
 

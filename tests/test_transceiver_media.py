@@ -11,7 +11,7 @@ import av
 import numpy as np
 import pytest
 from aiohttp import web
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamTrack
 
 from services.agent.config import AgentConfig
@@ -26,6 +26,7 @@ from services.transceiver.pacing import FrameClock
 from services.transceiver.server import TransceiverConfig, TransceiverServer
 from services.transceiver.session import write_now
 from tests.conftest import lab_fixture
+from tests.offers import offer_answer
 from topology.netns import in_namespace
 
 EDGE = "10.77.0.1"
@@ -288,12 +289,7 @@ def test_a_real_peer_hears_its_tone_echoed_through_the_shared_clock_and_encoder(
                 done.set()
             asyncio.ensure_future(read())
 
-        await pc.setLocalDescription(await pc.createOffer())
-        async with http.post(url, data=pc.localDescription.sdp,
-                             headers={"Content-Type": "application/sdp"}) as r:
-            assert r.status == 201
-            answer, location = await r.text(), r.headers["Location"]
-        await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+        location, _ = await offer_answer(http, url, pc)
         await asyncio.wait_for(done.wait(), 15)
         session = server.sessions[location.rsplit("/", 1)[1]]
         shortcut = session._srtp_shortcut

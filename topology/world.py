@@ -19,13 +19,18 @@ to its own region's edge.
 Impairment is applied where each direction is received (ingress): last mile on the client and
 on its public router; public internet and backbone on both routers of every mesh link. The
 links inside a region (edge, cluster to their routers) are not impaired (same data centre).
+
+Faults change a link while traffic runs: ``set_link(kind, a, b, impairment)`` changes both
+directions of a link, ``restore_link(kind, a, b)`` puts the configured impairment back; build
+the fault's impairment from the configured one with ``link_down`` or ``with_extra_loss``.
 """
 from __future__ import annotations
 
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from topology.impairment.model import Impairment, NetNode
 
@@ -33,6 +38,7 @@ log = logging.getLogger("voiceedge.topology")
 
 RELAY_VIP = "203.0.113.10"
 SIGNALING_VIP = "203.0.113.20"
+LINK_KINDS = ("last_mile", "public", "backbone")  # what set_link / restore_link change
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,11 @@ class ImpairedLink:
     interface: str
     impairment: Impairment
 
+    @property
+    def key(self) -> str:
+        """Its key in the impairment backend's ``stats()["interfaces"]``."""
+        return f"{self.receiver}:{self.interface}"
+
 
 def _reap(shells) -> None:
     """Wait for the hosts' shells to exit (Mininet only sends SIGHUP); kill stragglers."""
@@ -92,10 +103,13 @@ class World:
         self.backend = backend
         self.net = None
         self.index = {name: i + 1 for i, name in enumerate(spec.regions)}
-        self.links: list[ImpairedLink] = []
+        self.links: list[ImpairedLink] = []  # the directions with an impairment applied
+        # every direction of every impairable link, by (kind, src, dst), null ones included
+        self.directions: dict[tuple[str, str, str], ImpairedLink] = {}
         self.addresses: dict[str, dict[str, str]] = {}  # host -> role -> address
         self.build_seconds: float | None = None
         self.teardown_seconds: float | None = None
+        self._applied_later: set[str] = set()  # keys of null directions a fault applied
 
     # ------------------------------------------------------------ names and addresses
 
@@ -175,10 +189,68 @@ class World:
 
     def _impair(self, kind: str, src: str, dst: str, sender: str, receiver: str,
                 receiver_ip: str, interface: str) -> None:
-        impairment = self.spec.impairments.get((kind, src, dst))
-        if impairment is not None and not impairment.is_null:
-            self.links.append(ImpairedLink(kind, src, dst, sender, receiver, receiver_ip,
-                                           interface, impairment))
+        impairment = self.spec.impairments.get((kind, src, dst)) or Impairment()
+        link = ImpairedLink(kind, src, dst, sender, receiver, receiver_ip, interface,
+                            impairment)
+        self.directions[(kind, src, dst)] = link
+        if not impairment.is_null:
+            self.links.append(link)
+
+    # ------------------------------------------------------------ faults: links at runtime
+
+    def link_directions(self, kind: str, a: str, b: str | None = None) -> list[ImpairedLink]:
+        """Both directions, as configured, of the ``kind`` link between regions ``a`` and
+        ``b`` ("public", "backbone"), or of region ``a``'s last mile ("last_mile": up, then
+        down; ``b`` is None or ``a``)."""
+        if kind not in LINK_KINDS:
+            raise ValueError(f"unknown link kind {kind!r} (choose from {', '.join(LINK_KINDS)})")
+        where = f"{kind}/{a}" if kind == "last_mile" else f"{kind}/{a}/{b}"
+        missing = [r for r in (a, b) if r is not None and r not in self.index]
+        if missing:
+            raise ValueError(f"no link {where}: {', '.join(map(repr, missing))} is not a region "
+                             f"of this world ({', '.join(self.spec.regions)})")
+        if kind == "last_mile":
+            if b not in (None, a):
+                raise ValueError(f"no link {where}: a last mile is one region's "
+                                 f"(last_mile/{a})")
+            keys = [("last_mile_up", a, a), ("last_mile_down", a, a)]
+        elif b is None or b == a:
+            raise ValueError(f"no link {where}: a {kind} link joins two different regions")
+        else:
+            keys = [(kind, a, b), (kind, b, a)]
+        if self.net is None:
+            raise RuntimeError(f"{where}: the world is not built (use it inside `with World`)")
+        return [self.directions[key] for key in keys]
+
+    def set_link(self, kind: str, a: str, b: str | None,
+                 impairment: Impairment | Callable[[Impairment], Impairment]
+                 ) -> list[ImpairedLink]:
+        """Change both directions of a link (``link_directions``) from now on: to
+        ``impairment``, or to ``impairment(configured)`` per direction when it is a function
+        (``link_down``, ``lambda imp: with_extra_loss(imp, 30)``). Packets already delayed
+        keep their release times. Returns the directions with what is now in force."""
+        changed = []
+        for link in self.link_directions(kind, a, b):
+            new = impairment(link.impairment) if callable(impairment) else impairment
+            node = self.node(link.receiver)
+            if link not in self.links and link.key not in self._applied_later:
+                # no impairment was configured, so none was applied: apply one now (null)
+                self.backend.apply(node, link.interface, link.impairment)
+                self._applied_later.add(link.key)
+            self.backend.change(node, link.interface, new)
+            changed.append(replace(link, impairment=new))
+        log.info("link %s %s%s changed: %s", kind, a, "" if b in (None, a) else f"/{b}",
+                 "; ".join(f"{c.src}->{c.dst} {c.impairment}" for c in changed))
+        return changed
+
+    def restore_link(self, kind: str, a: str, b: str | None = None) -> list[ImpairedLink]:
+        """Put back the configured impairment of both directions of a link; returns them."""
+        links = self.link_directions(kind, a, b)
+        for link in links:
+            if link in self.links or link.key in self._applied_later:
+                self.backend.change(self.node(link.receiver), link.interface, link.impairment)
+        log.info("link %s %s%s restored", kind, a, "" if b in (None, a) else f"/{b}")
+        return links
 
     def _build_region(self, region: str) -> None:
         i = self.index[region]

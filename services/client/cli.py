@@ -36,6 +36,13 @@ def add_parser(sub) -> None:
                         "sizes only (default: all full)")
     p.add_argument("--signaling-timeout", type=float, default=5.0,
                    help="seconds for the offer POST (default 5)")
+    p.add_argument("--media-timeout", type=float, default=1.5, metavar="S",
+                   help="no RTP received for S seconds during the call is a failed connection, "
+                        "as are ICE or DTLS failing: the session calls again (default 1.5)")
+    p.add_argument("--reconnect-attempts", type=int, default=3, metavar="N",
+                   help="calls again at most N times in all during a call, after 0, 0.5, then "
+                        "1 s; a session whose connection is not back is failed, 'lost after N "
+                        "reconnection attempts' (0: never call again; default 3)")
     p.add_argument("--ice-server", action="append", default=[], metavar="URL",
                    help="STUN/TURN server, e.g. turn:10.0.0.1:3478 (repeatable; default none)")
     p.add_argument("--ice-username", help="username for the TURN servers")
@@ -69,7 +76,9 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
                             concurrency=args.concurrency, ice_servers=servers,
                             setup_timeout_s=args.setup_timeout,
                             signaling_timeout_s=args.signaling_timeout, headers=headers,
-                            full_sessions=args.full_clients)
+                            full_sessions=args.full_clients,
+                            media_timeout_s=args.media_timeout,
+                            reconnect_attempts=args.reconnect_attempts)
     except ValueError as exc:
         raise UserError(str(exc)) from None
 
@@ -81,7 +90,8 @@ def log_result(r: SessionResult) -> None:
               session=r.index, client=r.client, ok=r.ok, stage=r.stage, error=r.error,
               session_url=r.session_url, setup_ms=r.setup_ms, first_audio_ms=r.first_audio_ms,
               first_ice_rtt_ms=r.first_ice_rtt_ms, loss_pct=r.loss_pct,
-              echo_verified=r.echo_verified, datachannel_verified=r.datachannel_verified)
+              echo_verified=r.echo_verified, datachannel_verified=r.datachannel_verified,
+              reconnections=r.reconnections, rx_gaps=len(r.rx_gaps) + r.rx_gaps_unlisted)
 
 
 SUMMARY_METRICS = ("signaling_ms", "first_ice_rtt_ms", "ice_connected_ms", "setup_ms",
@@ -107,6 +117,8 @@ def summary_of(results: list[SessionResult]) -> dict:
     clients = {kind: sum(1 for r in results if r.client == kind) for kind in KINDS}
     return {"sessions": len(results), "ok": len(ok), "clients": clients, "failures": failures,
             "unverified": sum(1 for r in ok if not (r.echo_verified and r.datachannel_verified)),
+            "reconnected": sum(1 for r in results if r.reconnections),
+            "reconnections": sum(r.reconnections for r in results),
             "metrics": metrics}
 
 
@@ -117,6 +129,8 @@ def summary(results: list[SessionResult]) -> str:
     for name, m in s["metrics"].items():
         lines.append(f"  {name:<17} p50 {m['p50']:9.2f}  p95 {m['p95']:9.2f}  "
                      f"max {m['max']:9.2f}  (n={m['n']})")
+    if s["reconnections"]:
+        lines.append(f"  {s['reconnections']} reconnection attempts in {s['reconnected']} sessions")
     if s["unverified"]:
         lines.append(f"  {s['unverified']} ok sessions without a verified audio echo or event echo")
     lines += [f"  failed x{n}: {reason}"

@@ -35,17 +35,33 @@ class ClientConfig:
     full_sessions: int | None = None      # run_sessions: this many full, the rest light; None: all
     tone_hz: float = 440.0
     headers: dict[str, str] = field(default_factory=dict)  # extra HTTP headers, e.g. Authorization
+    # Reconnection (docs/client.md): no RTP for media_timeout_s during the call is a failed
+    # connection, as are ICE failed and connection failed/closed; the session then calls again,
+    # at most reconnect_attempts times in all (0: never), attempt k after reconnect_backoff_s[k]
+    # (the last value for the ones beyond it).
+    media_timeout_s: float = 1.5
+    reconnect_attempts: int = 3
+    reconnect_backoff_s: tuple[float, ...] = (0.0, 0.5, 1.0)
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url {self.url!r} is not an http(s) URL")
         for name in ("duration_s", "start_rate", "setup_timeout_s", "signaling_timeout_s",
-                     "teardown_timeout_s", "sample_interval_s"):
+                     "teardown_timeout_s", "sample_interval_s", "media_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if self.full_sessions is not None and self.full_sessions < 0:
             raise ValueError("full_sessions must be at least 0")
+        if (not isinstance(self.reconnect_attempts, int) or isinstance(self.reconnect_attempts, bool)
+                or self.reconnect_attempts < 0):
+            raise ValueError("reconnect_attempts must be an integer, at least 0")
+        if not self.reconnect_backoff_s or any(not b >= 0 for b in self.reconnect_backoff_s):
+            raise ValueError("reconnect_backoff_s must be one or more waits of 0 s or more")
         if not 0 < self.echo_min_voiced_pct <= 100:
             raise ValueError("echo_min_voiced_pct must be in (0, 100]")
+
+    def backoff_s(self, k: int) -> float:
+        """The wait before reconnection attempt ``k`` (0-based)."""
+        return self.reconnect_backoff_s[min(k, len(self.reconnect_backoff_s) - 1)]

@@ -5,8 +5,8 @@ so other sessions and other code in the process are untouched. Pinned to aiortc 
 
 - ``RTCRtpReceiver._handle_rtp_packet(packet, arrival_time_ms)``: called by the DTLS transport
   for every SRTP-decrypted RTP packet routed to the receiver (before the jitter buffer and the
-  decoder). ``RtpProbe`` timestamps the first one, records every sequence number and counts
-  voiced payloads (``voiced.py``).
+  decoder). ``RtpProbe`` timestamps the first one, records every sequence number, counts
+  voiced payloads (``voiced.py``) and feeds the arrival gaps (``gaps.py``).
 - ``aioice.ice.StunProtocol.request(request, addr, ...)``: every connectivity check and consent
   check goes through it (``Connection.check_start``, ``Connection.query_consent``); it sends the
   first transmission synchronously before awaiting. ``StunProtocol.datagram_received`` is called by
@@ -24,6 +24,7 @@ from typing import Any
 
 from aioice import stun
 
+from services.client.gaps import GapTracker
 from services.client.seqstats import SeqTracker
 from services.client.voiced import VoicedCount
 
@@ -32,21 +33,25 @@ _BINDING_SUCCESS = b"\x01\x01"  # STUN message type: Binding success response
 
 class RtpProbe:
     """First-packet time, sequence numbers and voiced payloads of the RTP packets one
-    receiver gets."""
+    receiver (one connection of a session) gets; every arrival also goes to the session's
+    ``GapTracker``, which spans its connections."""
 
-    def __init__(self, voiced: VoicedCount) -> None:
+    def __init__(self, voiced: VoicedCount, gaps: GapTracker) -> None:
         self.first_packet_at: float | None = None
         self.seq = SeqTracker()
         self.voiced = voiced
+        self.gaps = gaps
         self._receiver: Any = None
 
     def attach(self, receiver: Any) -> None:
         original = receiver._handle_rtp_packet
+        gaps = self.gaps
 
         async def handle_rtp_packet(packet: Any, arrival_time_ms: int) -> None:
-            now = time.monotonic()
+            now = time.monotonic()  # the one clock read per packet (the CPU per session-second)
             if self.first_packet_at is None:
                 self.first_packet_at = now
+            gaps.add(now)
             self.seq.add(packet.sequence_number)
             self.voiced.add(len(packet.payload), now)
             await original(packet, arrival_time_ms=arrival_time_ms)

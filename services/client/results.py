@@ -3,6 +3,12 @@
 Times ending in ``_ms`` that name a moment (``*_connected_ms``, ``setup_ms``, ``first_audio_ms``,
 ``offer_ms``) are milliseconds on time.monotonic() since the session started building its peer
 connection; ``signaling_ms`` and ``*_rtt_ms`` are durations. None means not reached or not measured.
+
+A session is one logical call that may reconnect (docs/client.md, Reconnection and media gaps):
+the setup timeline, ``ice_pair``, ``first_ice_rtt_ms``, ``consent_rtt_ms``, ``session_url``,
+``cluster`` and ``transceiver`` are the first attempt's; packet counts and loss are summed over
+the attempts' connections; ``jitter_ms`` and ``rtt_ms`` are the last connected one's; the
+``rx_*`` fields and the samples span the whole call. ``*_unix`` fields are wall-clock seconds.
 """
 from __future__ import annotations
 
@@ -68,6 +74,20 @@ class SessionResult:
     delete_status: int | None = None
     teardown_error: str | None = None
     ice_pair: str | None = None           # selected pair "local -> remote"
+    cluster: str | None = None            # the answer's X-Voiceedge-Cluster
+    transceiver: str | None = None        # the answer's X-Voiceedge-Transceiver (control URL)
+
+    # reconnection and media gaps (first attempt: 0)
+    reconnections: int = 0                # times the client called again, failed calls included
+    # per attempt: attempt, reason ("first" or why it called again), started_unix,
+    # connected_unix (None: never), location, cluster, transceiver, error (None: ended with the call)
+    attempts: list[dict] = field(default_factory=list)
+    # [start_unix (last packet before), ms, attempt (whose packet ended it)] per gap >= 60 ms
+    # between consecutive received RTP packets, across reconnections (services/client/gaps.py)
+    rx_gaps: list[list] = field(default_factory=list)
+    rx_gaps_unlisted: int = 0             # gaps beyond the first 500, counted only
+    first_rx_unix: float | None = None    # first and last received RTP packet of the call
+    last_rx_unix: float | None = None
 
     samples: list[MediaSample] = field(default_factory=list)
 

@@ -3,9 +3,17 @@
 A full session decodes what it receives and checks the echo's level; a light one decodes
 nothing (``light.py``) and checks the echo from payload sizes (``voiced.py``).
 
-Lifecycle (``CallSession.run``): everything the session starts (its peer connection, the audio
-consumer, the sampler, its HTTP client) is stopped and awaited before ``run`` returns, whatever
-happened; expected failures become ``SessionResult.error`` (one line), never an exception.
+A session is one logical call. When its connection fails during the call (ICE failed,
+connection failed or closed, or no RTP for ``media_timeout_s``), it calls again as a real
+client would: a new peer connection and offer to the same URL, at most ``reconnect_attempts``
+times in all, while the old connection is DELETEd and closed in the background. The call
+keeps its end (first DTLS-connected moment + ``duration_s``). A failed first setup is not
+retried. Each connection is an attempt (``_Connection``); docs/client.md has the rules.
+
+Lifecycle (``CallSession.run``): everything the session starts (its peer connections, the audio
+consumers, the sampler, the background teardowns, its HTTP client) is stopped and awaited
+before ``run`` returns, whatever happened, also when it is cancelled; expected failures become
+``SessionResult.error`` (one line), never an exception.
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcconfiguration import RTCBundlePolicy
 
 from services.client.config import FULL, KINDS, LIGHT, ClientConfig
+from services.client.gaps import GapTracker
 from services.client.light import receive_without_decoding
 from services.client.probes import RtpProbe, StunProbe
 from services.client.results import MediaSample, SessionResult
@@ -34,6 +43,12 @@ log = logging.getLogger(__name__)
 DATA_CHANNEL = "oai-events"
 RTP_UNITS_PER_MS = 48.0   # Opus RTP clock (48 kHz): aiortc reports jitter in RTP timestamp units
 MAX_EVENTS = 100          # event types kept per session
+MEDIA_TIMEOUT = "media timeout"
+# The watchdog looks twice before it calls a connection dead, this far apart or as long as the
+# event loop was late to wake it: packets a lagging loop has received but not yet handed to
+# the probe get their turn first.
+WATCHDOG_GRACE_S = 0.05
+RETIRED_DELETE_TIMEOUT_S = 1.0  # DELETE of a failed connection's session: best effort
 
 
 class SessionError(Exception):
@@ -44,6 +59,39 @@ def ping_event(index: int) -> dict:
     return {"type": "conversation.item.create",
             "item": {"type": "message", "role": "user",
                      "content": [{"type": "input_text", "text": f"ping {index}"}]}}
+
+
+class _Connection:
+    """One attempt of a session: its peer connection, the signaling of its offer, its probes."""
+
+    def __init__(self, number: int, reason: str, voiced: VoicedCount, gaps: GapTracker) -> None:
+        self.number = number                 # 0: the first call
+        self.pc: RTCPeerConnection | None = None
+        self.location: str | None = None
+        self.http_status: int | None = None
+        self.rtp = RtpProbe(voiced, gaps)
+        self.stun = StunProbe()
+        self.ice_connected_at: float | None = None
+        self.connected_at: float | None = None   # DTLS connected (monotonic)
+        self.failure: str | None = None
+        self.closing = False
+        self.setup_done = asyncio.Event()
+        self.failed = asyncio.Event()
+        self.sent_event: dict | None = None
+        self.consumer: asyncio.Task | None = None
+        self.stats: tuple[float | None, float | None] | None = None  # (jitter, rtt) at its end
+        self.delete_status: int | None = None
+        self.teardown_error: str | None = None
+        self.record = {"attempt": number, "reason": reason,
+                       "started_unix": round(time.time(), 6), "connected_unix": None,
+                       "location": None, "cluster": None, "transceiver": None, "error": None}
+
+    def fail(self, reason: str) -> None:
+        if self.closing or self.failure:
+            return
+        self.failure = reason
+        self.failed.set()
+        self.setup_done.set()
 
 
 class CallSession:
@@ -59,17 +107,11 @@ class CallSession:
         self.result = SessionResult(index=index, started_unix=0.0, client=kind)
         self._http = http
         self._t0 = 0.0
-        self._pc: RTCPeerConnection | None = None
-        self._location: str | None = None
-        self._rtp = RtpProbe(VoicedCount(config.echo_skip_ms / 1000.0))
-        self._stun = StunProbe()
-        self._ice_connected_at: float | None = None
-        self._failure: str | None = None
-        self._closing = False
-        self._setup_done = asyncio.Event()
-        self._failed = asyncio.Event()
-        self._sent_event: dict | None = None
-        self._consumer: asyncio.Task | None = None
+        self._voiced = VoicedCount(config.echo_skip_ms / 1000.0)
+        self._gaps = GapTracker()
+        self._conns: list[_Connection] = []
+        self._conn: _Connection | None = None      # the current attempt
+        self._retiring: set[asyncio.Task] = set()  # teardowns of failed attempts
         self._sampler: asyncio.Task | None = None
         self._audio_seen = 0       # samples per channel received
         self._audio_sumsq = 0.0    # over samples after echo_skip_ms
@@ -88,11 +130,11 @@ class CallSession:
         try:
             try:
                 async with asyncio.timeout(self.config.setup_timeout_s):
-                    await self._setup(http)
+                    await self._connect(self._new_connection("first"), http)
             except TimeoutError:
                 raise SessionError("setup timeout") from None
             r.stage = "call"
-            await self._call()
+            await self._call(http)
             r.stage, r.ok = "done", True
         except (SessionError, SignalingError) as exc:
             r.error = str(exc)
@@ -100,6 +142,8 @@ class CallSession:
             log.debug("session %d failed", self.index, exc_info=True)
             r.error = f"internal error: {type(exc).__name__}: {exc}"
         finally:
+            if r.error and self._conn is not None and self._conn.record["error"] is None:
+                self._conn.record["error"] = r.error
             try:
                 await self._teardown(http)
             finally:
@@ -108,88 +152,100 @@ class CallSession:
                 r.ended_unix = time.time()
         return r
 
-    # -- setup ---------------------------------------------------------------------------------
+    # -- setup (of every attempt) --------------------------------------------------------------
 
-    async def _setup(self, http: aiohttp.ClientSession) -> None:
+    def _new_connection(self, reason: str) -> _Connection:
+        conn = _Connection(len(self._conns), reason, self._voiced, self._gaps)
+        self._gaps.attempt = conn.number  # the gaps its packets end are its own
+        self._conns.append(conn)
+        self._conn = conn
+        self.result.attempts.append(conn.record)
+        return conn
+
+    async def _connect(self, conn: _Connection, http: aiohttp.ClientSession) -> None:
+        """Build ``conn``'s peer connection, offer, answer, until DTLS is connected. The first
+        attempt's timeline is the session's."""
         cfg, r = self.config, self.result
+        first = conn.number == 0
         servers = [RTCIceServer(urls=s.urls, username=s.username, credential=s.credential)
                    for s in cfg.ice_servers]
         # MAX_BUNDLE: audio and data channel share one ICE transport from the start (one socket
         # per host address, one set of candidates in the offer).
-        pc = self._pc = RTCPeerConnection(RTCConfiguration(
+        pc = conn.pc = RTCPeerConnection(RTCConfiguration(
             iceServers=servers, bundlePolicy=RTCBundlePolicy.MAX_BUNDLE))
-        pc.on("iceconnectionstatechange", self._on_ice_state)
-        pc.on("connectionstatechange", self._on_connection_state)
-        pc.on("track", self._on_track)
+        pc.on("iceconnectionstatechange", lambda: self._on_ice_state(conn))
+        pc.on("connectionstatechange", lambda: self._on_connection_state(conn))
+        pc.on("track", lambda track: self._on_track(conn, track))
 
         transceiver = pc.addTransceiver(PreEncodedOpusTrack(opus_tone(cfg.tone_hz)),
                                         direction="sendrecv")
         transceiver.setCodecPreferences(
             [c for c in RTCRtpSender.getCapabilities("audio").codecs
              if c.mimeType.lower() == "audio/opus"])
-        self._rtp.attach(transceiver.receiver)
+        conn.rtp.attach(transceiver.receiver)
         if self.kind == LIGHT:
             receive_without_decoding(transceiver.receiver)
 
         channel = pc.createDataChannel(DATA_CHANNEL)
-        channel.on("open", lambda: self._on_channel_open(channel))
-        channel.on("message", self._on_channel_message)
+        channel.on("open", lambda: self._on_channel_open(conn, channel))
+        channel.on("message", lambda message: self._on_channel_message(conn, message))
 
         await pc.setLocalDescription(await pc.createOffer())  # gathers all candidates
-        self._stun.attach(transceiver.receiver.transport.transport._connection)
+        conn.stun.attach(transceiver.receiver.transport.transport._connection)
 
-        r.stage = "signaling"
         sent = time.monotonic()
-        r.offer_ms = self._ms(sent)
+        if first:
+            r.stage, r.offer_ms = "signaling", self._ms(sent)
         answer = await post_offer(http, cfg.url, pc.localDescription.sdp,
                                   cfg.signaling_timeout_s, cfg.headers)
-        r.signaling_ms = round((time.monotonic() - sent) * 1000.0, 3)
-        r.http_status, r.session_url = answer.status, answer.location
-        self._location = answer.location
-
-        r.stage = "connect"
+        conn.location, conn.http_status = answer.location, answer.status
+        conn.record.update(location=answer.location, cluster=answer.cluster,
+                           transceiver=answer.transceiver)
+        if first:
+            r.signaling_ms = round((time.monotonic() - sent) * 1000.0, 3)
+            r.http_status, r.session_url = answer.status, answer.location
+            r.cluster, r.transceiver = answer.cluster, answer.transceiver
+            r.stage = "connect"
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=answer.sdp, type="answer"))
         except Exception as exc:
             raise SessionError(f"unusable SDP answer: {type(exc).__name__}: {exc}") from None
-        await self._setup_done.wait()
-        if self._failure:
-            raise SessionError(self._failure)
+        await conn.setup_done.wait()
+        if conn.failure:
+            raise SessionError(conn.failure)
 
-    def _fail(self, reason: str) -> None:
-        if self._closing or self._failure:
-            return
-        self._failure = reason
-        self._failed.set()
-        self._setup_done.set()
-
-    def _on_ice_state(self) -> None:
-        state = self._pc.iceConnectionState
-        if state in ("completed", "connected") and self.result.ice_connected_ms is None:
-            self._ice_connected_at = time.monotonic()
-            self.result.ice_connected_ms = self._ms(self._ice_connected_at)
+    def _on_ice_state(self, conn: _Connection) -> None:
+        state = conn.pc.iceConnectionState
+        if state in ("completed", "connected") and conn.ice_connected_at is None:
+            conn.ice_connected_at = time.monotonic()
+            if conn.number == 0:
+                self.result.ice_connected_ms = self._ms(conn.ice_connected_at)
         elif state == "failed":
-            self._fail("ICE failed")
+            conn.fail("ICE failed")
 
-    def _on_connection_state(self) -> None:
-        state = self._pc.connectionState
-        if state == "connected" and self.result.setup_ms is None:
-            self.result.setup_ms = self._ms()
-            self._setup_done.set()
+    def _on_connection_state(self, conn: _Connection) -> None:
+        state = conn.pc.connectionState
+        if state == "connected" and conn.connected_at is None:
+            conn.connected_at = time.monotonic()
+            conn.record["connected_unix"] = round(time.time(), 6)
+            if conn.number == 0:
+                self.result.setup_ms = self._ms(conn.connected_at)
+            conn.setup_done.set()
         elif state in ("failed", "closed"):
-            self._fail(f"connection {state}")
+            conn.fail(f"connection {state}")
 
-    def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind == "audio" and self.kind == FULL and self._consumer is None:
-            self._consumer = asyncio.create_task(self._consume(track),
-                                                 name=f"client-{self.index}-audio-in")
+    def _on_track(self, conn: _Connection, track: MediaStreamTrack) -> None:
+        if track.kind == "audio" and self.kind == FULL and conn.consumer is None:
+            conn.consumer = asyncio.create_task(
+                self._consume(track), name=f"client-{self.index}-{conn.number}-audio-in")
 
-    def _on_channel_open(self, channel) -> None:
-        self.result.datachannel_open_ms = self._ms()
-        self._sent_event = ping_event(self.index)
-        channel.send(json.dumps(self._sent_event))
+    def _on_channel_open(self, conn: _Connection, channel) -> None:
+        if conn.number == 0:
+            self.result.datachannel_open_ms = self._ms()
+        conn.sent_event = ping_event(self.index)
+        channel.send(json.dumps(conn.sent_event))
 
-    def _on_channel_message(self, message: str | bytes) -> None:
+    def _on_channel_message(self, conn: _Connection, message: str | bytes) -> None:
         try:
             event = json.loads(message)
         except ValueError:
@@ -197,8 +253,8 @@ class CallSession:
         kind = str(event.get("type")) if isinstance(event, dict) else "(not a JSON object)"
         if len(self.result.events) < MAX_EVENTS:
             self.result.events.append(kind)
-        if (kind == "agent.echo" and self._sent_event is not None
-                and event.get("event") == self._sent_event):
+        if (kind == "agent.echo" and conn.sent_event is not None
+                and event.get("event") == conn.sent_event):
             self.result.datachannel_verified = True
 
     # -- call ----------------------------------------------------------------------------------
@@ -223,15 +279,86 @@ class CallSession:
                 self._audio_n += data.size
             self._audio_seen += frame.samples
 
-    async def _call(self) -> None:
+    async def _call(self, http: aiohttp.ClientSession) -> None:
+        """The call until its end; a failed connection is replaced (``_reconnect``)."""
+        end = self._conn.connected_at + self.config.duration_s
         self._sampler = asyncio.create_task(self._sample_loop(),
                                             name=f"client-{self.index}-sampler")
-        try:
-            async with asyncio.timeout(self.config.duration_s):
-                await self._failed.wait()
-        except TimeoutError:
-            return
-        raise SessionError(f"{self._failure} during the call")
+        while True:
+            conn = self._conn
+            reason = await self._watch(conn, end)
+            if reason is None:
+                return
+            conn.record["error"] = reason
+            log.debug("session %d: attempt %d: %s", self.index, conn.number, reason)
+            self._retire(conn, http)
+            await self._reconnect(http, reason, end)
+            if time.monotonic() >= end:
+                return
+
+    async def _watch(self, conn: _Connection, end: float) -> str | None:
+        """Wait until ``end`` (None) or until ``conn`` fails (why). The media watchdog: no RTP
+        packet for ``media_timeout_s`` since the later of the call's last packet and ``conn``'s
+        connected moment. It wakes about once per ``media_timeout_s``, not per packet."""
+        timeout = self.config.media_timeout_s
+        second_look, late = False, 0.0
+        while True:
+            now = time.monotonic()
+            if now >= end:
+                return None
+            due = max(conn.connected_at, self._gaps.last or 0.0) + timeout
+            if now < due:
+                second_look = False
+            elif second_look:
+                return MEDIA_TIMEOUT
+            else:  # as long again as the loop was late to wake us: its backlog goes first
+                second_look, due = True, now + max(WATCHDOG_GRACE_S, late)
+            wake = min(due, end)
+            try:
+                async with asyncio.timeout(wake - now):
+                    await conn.failed.wait()
+            except TimeoutError:
+                late = time.monotonic() - wake
+                continue
+            return conn.failure
+
+    async def _reconnect(self, http: aiohttp.ClientSession, reason: str, end: float) -> None:
+        """Call again until an attempt connects; SessionError when the attempts run out, or
+        the call's end comes first."""
+        cfg, r = self.config, self.result
+        while r.reconnections < cfg.reconnect_attempts:
+            wait = cfg.backoff_s(r.reconnections)
+            if time.monotonic() + wait >= end:
+                break
+            await asyncio.sleep(wait)
+            r.reconnections += 1
+            conn = self._new_connection(reason)
+            try:
+                async with asyncio.timeout(cfg.setup_timeout_s):
+                    await self._connect(conn, http)
+                return
+            except TimeoutError:
+                reason = "setup timeout"
+            except (SessionError, SignalingError) as exc:
+                reason = str(exc)
+            conn.record["error"] = reason
+            log.debug("session %d: attempt %d: %s", self.index, conn.number, reason)
+            self._retire(conn, http)
+        raise SessionError(f"lost after {r.reconnections} reconnection attempts: {reason}")
+
+    def _retire(self, conn: _Connection, http: aiohttp.ClientSession) -> None:
+        """Stop counting a failed attempt's media now; DELETE and close it in the background
+        (awaited in ``_teardown``), so that the next attempt does not wait for it."""
+        conn.closing = True
+        conn.rtp.detach()
+        if conn.number == 0:
+            self._record_ice(conn)  # before its STUN probe is detached
+        if self._conn is conn:
+            self._conn = None
+        task = asyncio.create_task(
+            self._close(conn, http, min(RETIRED_DELETE_TIMEOUT_S, self.config.teardown_timeout_s)),
+            name=f"client-{self.index}-{conn.number}-retire")
+        self._retiring.add(task)
 
     async def _sample_loop(self) -> None:
         interval = self.config.sample_interval_s
@@ -239,15 +366,28 @@ class CallSession:
         while True:
             due += interval
             await asyncio.sleep(max(0.0, due - time.monotonic()))
-            jitter_ms, rtt_ms = await self._media_stats()
+            jitter_ms = rtt_ms = None
+            conn = self._conn
+            if conn is not None and conn.connected_at is not None:
+                try:
+                    jitter_ms, rtt_ms = await self._media_stats(conn.pc)
+                except Exception:  # a connection failing under the sampler
+                    log.debug("session %d: getStats failed", self.index, exc_info=True)
+            received, lost = self._packets()
             self.result.samples.append(MediaSample(
-                session=self.index, t_ms=self._ms(), packets_received=self._rtp.seq.received,
-                packets_lost=self._rtp.seq.lost, jitter_ms=jitter_ms, rtt_ms=rtt_ms))
+                session=self.index, t_ms=self._ms(), packets_received=received,
+                packets_lost=lost, jitter_ms=jitter_ms, rtt_ms=rtt_ms))
 
-    async def _media_stats(self) -> tuple[float | None, float | None]:
+    def _packets(self) -> tuple[int, int]:
+        """Packets received and lost so far, over every attempt."""
+        return (sum(c.rtp.seq.received for c in self._conns),
+                sum(c.rtp.seq.lost for c in self._conns))
+
+    @staticmethod
+    async def _media_stats(pc: RTCPeerConnection) -> tuple[float | None, float | None]:
         """(jitter of received audio, RTT of our sending stream) in ms, from getStats()."""
         jitter_ms = rtt_ms = None
-        for stats in (await self._pc.getStats()).values():
+        for stats in (await pc.getStats()).values():
             if stats.type == "inbound-rtp" and stats.kind == "audio" and stats.jitter is not None:
                 jitter_ms = round(stats.jitter / RTP_UNITS_PER_MS, 3)
             elif (stats.type == "remote-inbound-rtp" and stats.kind == "audio"
@@ -259,70 +399,97 @@ class CallSession:
 
     async def _teardown(self, http: aiohttp.ClientSession) -> None:
         cfg, r = self.config, self.result
-        self._closing = True
         if self._sampler is not None:
             self._sampler.cancel()
             await asyncio.gather(self._sampler, return_exceptions=True)
-        self._rtp.detach()  # media counters cover the session up to the end of the call
+        conn, self._conn = self._conn, None
+        ended_ms = self._ms()
+        if conn is not None:
+            conn.closing = True
+            conn.rtp.detach()  # media counters cover the session up to the end of the call
+            if conn.number == 0:
+                self._record_ice(conn)
+            await self._close(conn, http, cfg.teardown_timeout_s)
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
+            self._retiring.clear()
+        if self._conns:  # the last attempt's DELETE and close, in the foreground or not
+            last = self._conns[-1]
+            r.delete_status, r.teardown_error = last.delete_status, last.teardown_error
+        stats = [c.stats for c in self._conns if c.stats is not None]
+        if stats:
+            r.jitter_ms, r.rtt_ms = stats[-1]
         if r.setup_ms is not None:
-            r.call_ms = round(self._ms() - r.setup_ms, 3)
-            try:
-                r.jitter_ms, r.rtt_ms = await asyncio.wait_for(self._media_stats(), 1.0)
-            except Exception:  # stats are best effort on a dying connection
-                log.debug("session %d: final getStats failed", self.index, exc_info=True)
+            r.call_ms = round(ended_ms - r.setup_ms, 3)
+            received, lost = self._packets()
             r.samples.append(MediaSample(  # the end of the call, off the 1 s grid
-                session=self.index, t_ms=self._ms(), packets_received=self._rtp.seq.received,
-                packets_lost=self._rtp.seq.lost, jitter_ms=r.jitter_ms, rtt_ms=r.rtt_ms))
-        self._record_ice()
-
-        if self._location is not None:
-            try:
-                r.delete_status = await delete_session(http, self._location,
-                                                       cfg.teardown_timeout_s, cfg.headers)
-                if r.delete_status not in (200, 204):
-                    r.teardown_error = f"DELETE returned HTTP {r.delete_status}"
-            except SignalingError as exc:
-                r.teardown_error = str(exc)
-        elif r.http_status is not None:
-            r.teardown_error = "the answer had no Location header: session not deleted"
-
-        if self._pc is not None:
-            try:
-                await asyncio.wait_for(self._pc.close(), cfg.teardown_timeout_s)
-            except TimeoutError:
-                r.teardown_error = r.teardown_error or "peer connection close timed out"
-            except Exception as exc:
-                log.debug("session %d: close failed", self.index, exc_info=True)
-                r.teardown_error = r.teardown_error or f"close failed: {type(exc).__name__}: {exc}"
-        if self._consumer is not None:
-            # A receiver that never started (setup failed) never ends its track: do not wait.
-            self._consumer.cancel()
-            await asyncio.gather(self._consumer, return_exceptions=True)
-        self._stun.detach()
+                session=self.index, t_ms=ended_ms, packets_received=received,
+                packets_lost=lost, jitter_ms=r.jitter_ms, rtt_ms=r.rtt_ms))
         self._record_media()
 
-    def _record_ice(self) -> None:
+    async def _close(self, conn: _Connection, http: aiohttp.ClientSession,
+                     delete_timeout_s: float) -> None:
+        """The end of one attempt: its final getStats (if it connected), DELETE of its session,
+        its peer connection closed, its consumer and probes gone. Outcomes go on ``conn``."""
+        cfg = self.config
+        if conn.connected_at is not None:
+            try:
+                conn.stats = await asyncio.wait_for(self._media_stats(conn.pc), 1.0)
+            except Exception:  # stats are best effort on a dying connection
+                log.debug("session %d: final getStats failed", self.index, exc_info=True)
+        if conn.location is not None:
+            try:
+                conn.delete_status = await delete_session(http, conn.location, delete_timeout_s,
+                                                          cfg.headers)
+                if conn.delete_status not in (200, 204):
+                    conn.teardown_error = f"DELETE returned HTTP {conn.delete_status}"
+            except SignalingError as exc:
+                conn.teardown_error = str(exc)
+        elif conn.http_status is not None:
+            conn.teardown_error = "the answer had no Location header: session not deleted"
+
+        if conn.pc is not None:
+            try:
+                await asyncio.wait_for(conn.pc.close(), cfg.teardown_timeout_s)
+            except TimeoutError:
+                conn.teardown_error = conn.teardown_error or "peer connection close timed out"
+            except Exception as exc:
+                log.debug("session %d: close failed", self.index, exc_info=True)
+                conn.teardown_error = (conn.teardown_error
+                                       or f"close failed: {type(exc).__name__}: {exc}")
+        if conn.consumer is not None:
+            # A receiver that never started (setup failed) never ends its track: do not wait.
+            conn.consumer.cancel()
+            await asyncio.gather(conn.consumer, return_exceptions=True)
+        conn.stun.detach()
+
+    def _record_ice(self, conn: _Connection) -> None:
         r = self.result
-        pair = self._stun.selected_pair()
+        pair = conn.stun.selected_pair()
         if pair is None:
             return
         r.ice_pair = f"{_hostport(*pair.local_addr)} -> {_hostport(*pair.remote_addr)}"
-        rtt = self._stun.first_rtt_ms(pair)
+        rtt = conn.stun.first_rtt_ms(pair)
         r.first_ice_rtt_ms = None if rtt is None else round(rtt, 3)
-        if self._ice_connected_at is not None:
-            rtt = self._stun.last_rtt_ms(pair, sent_after=self._ice_connected_at)
+        if conn.ice_connected_at is not None:
+            rtt = conn.stun.last_rtt_ms(pair, sent_after=conn.ice_connected_at)
             r.consent_rtt_ms = None if rtt is None else round(rtt, 3)
 
     def _record_media(self) -> None:
-        r = self.result
-        if self._rtp.first_packet_at is not None:
-            r.first_audio_ms = self._ms(self._rtp.first_packet_at)
-        loss = self._rtp.seq.stats()
-        r.packets_received = self._rtp.seq.received
-        r.packets_expected, r.packets_lost = loss.expected, loss.lost
-        r.loss_bursts = list(loss.bursts)
-        r.loss_pct = round(loss.loss_pct, 3) if loss.expected else None
-        voiced_pct = self._rtp.voiced.voiced_pct
+        r, gaps = self.result, self._gaps
+        if self._conns and self._conns[0].rtp.first_packet_at is not None:
+            r.first_audio_ms = self._ms(self._conns[0].rtp.first_packet_at)
+        # Each attempt's connection has its own SSRC and sequence numbers: loss per attempt.
+        for loss in (c.rtp.seq.stats() for c in self._conns):
+            r.packets_expected += loss.expected
+            r.packets_lost += loss.lost
+            r.loss_bursts.extend(loss.bursts)
+        r.packets_received = self._packets()[0]
+        r.loss_pct = round(100.0 * r.packets_lost / r.packets_expected, 3) \
+            if r.packets_expected else None
+        r.rx_gaps, r.rx_gaps_unlisted = list(gaps.gaps), gaps.unlisted
+        r.first_rx_unix, r.last_rx_unix = gaps.unix(gaps.first), gaps.unix(gaps.last)
+        voiced_pct = self._voiced.voiced_pct
         r.echo_voiced_pct = None if voiced_pct is None else round(voiced_pct, 1)
         if self.kind == LIGHT:
             r.echo_verified = (voiced_pct is not None

@@ -3,10 +3,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import aiohttp
+from multidict import CIMultiDict
 from yarl import URL
+
+CLUSTER_HEADER = "X-Voiceedge-Cluster"          # the edge's answer: which cluster took the call
+TRANSCEIVER_HEADER = "X-Voiceedge-Transceiver"  # ... and which transceiver (its control URL)
 
 
 class SignalingError(Exception):
@@ -18,6 +23,15 @@ class Answer:
     sdp: str
     status: int
     location: str | None   # absolute URL of the session, or None if the server gave none
+    headers: Mapping[str, str] = field(default_factory=CIMultiDict)  # case-insensitive
+
+    @property
+    def cluster(self) -> str | None:
+        return self.headers.get(CLUSTER_HEADER)
+
+    @property
+    def transceiver(self) -> str | None:
+        return self.headers.get(TRANSCEIVER_HEADER)
 
 
 def _reason(text: str) -> str:
@@ -40,7 +54,8 @@ async def post_offer(http: aiohttp.ClientSession, url: str, sdp: str, timeout_s:
                                      f"{_reason(body)}")
             location = resp.headers.get("Location")
             return Answer(body, resp.status,
-                          str(URL(url).join(URL(location))) if location else None)
+                          str(URL(url).join(URL(location))) if location else None,
+                          CIMultiDict(resp.headers))
     except asyncio.TimeoutError:
         raise SignalingError(f"signaling timeout: no answer within {timeout_s:g} s") from None
     except aiohttp.ClientConnectorError as exc:

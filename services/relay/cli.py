@@ -24,6 +24,9 @@ def add_parser(sub) -> None:
                    help="cluster tier: where ingress relays send (default LISTEN:PORT+1)")
     p.add_argument("--hop-bind", default="0.0.0.0", metavar="HOST",
                    help="local address of the sockets towards next hops (default 0.0.0.0)")
+    p.add_argument("--hop-port", type=int, default=0, metavar="PORT",
+                   help="worker i's socket towards next hops binds PORT+i, so a restarted "
+                        "relay keeps its address towards the next tier (default: any port)")
     p.add_argument("--relay-id", default="", help="name in logs and Redis keys (default tier-listen-port)")
     p.add_argument("--redis", metavar="URL", help="Redis flow cache, e.g. redis://127.0.0.1:6379/0")
     p.add_argument("--workers", type=int, default=1, help="worker processes on the port (SO_REUSEPORT)")
@@ -47,6 +50,8 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
             raise ConfigError(f"--port {args.port} is not a UDP port")
         if args.workers < 1:
             raise ConfigError("--workers must be at least 1")
+        if args.hop_port and not 0 < args.hop_port + args.workers - 1 < 65536:
+            raise ConfigError(f"--hop-port {args.hop_port} (+ worker index) is not a UDP port")
         if args.idle_timeout <= 0 or args.max_flows < 1:
             raise ConfigError("--idle-timeout and --max-flows must be positive")
         internal = None
@@ -69,7 +74,7 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
         raise UserError(str(exc)) from None
     return RelayConfig(
         routes=routes, listen=(args.listen, args.port), internal=internal,
-        hop_bind=args.hop_bind, relay_id=args.relay_id,
+        hop_bind=args.hop_bind, hop_port=args.hop_port, relay_id=args.relay_id,
         secret=secret_from_env(os.environ.get("VOICEEDGE_UFRAG_SECRET")),
         redis_url=args.redis, workers=args.workers, cpus=cpus,
         idle_timeout=args.idle_timeout, max_flows=args.max_flows, metrics=metrics,

@@ -71,8 +71,12 @@ class RelayConfig:
     listen: tuple[str, int] = ("0.0.0.0", 3478)
     # Cluster tier: where ingress relays send (hop-encapsulated). None on the ingress tier.
     internal: tuple[str, int] | None = None
-    # Local address for the per-worker socket towards next hops (port chosen by the kernel).
+    # Local address for the per-worker socket towards next hops; port hop_port + worker index,
+    # or one the kernel chooses when hop_port is 0. A fixed port keeps the relay's address the
+    # same across a restart: the next tier's flows (recovered or not) name it as their
+    # previous hop and drop datagrams from anywhere else.
     hop_bind: str = "0.0.0.0"
+    hop_port: int = 0
     relay_id: str = ""
     secret: bytes = DEV_SECRET
     redis_url: str | None = None

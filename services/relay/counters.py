@@ -70,7 +70,16 @@ PREFIX = "voiceedge_relay_"
 def totals_from_text(text: str) -> dict[str, int]:
     """Relay counters in Prometheus exposition ``text``, summed over workers, named as in
     COUNTERS (without the ``voiceedge_relay_`` prefix and the ``_total`` suffix)."""
-    out: dict[str, float] = {}
+    out: dict[str, int] = {}
+    for counters in workers_from_text(text).values():
+        for name, value in counters.items():
+            out[name] = out.get(name, 0) + value
+    return out
+
+
+def workers_from_text(text: str) -> dict[str, dict[str, int]]:
+    """Relay counters in Prometheus exposition ``text`` per worker (its ``worker`` label)."""
+    out: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(text):
         if not family.name.startswith(PREFIX):
             continue
@@ -80,13 +89,16 @@ def totals_from_text(text: str) -> dict[str, int]:
         value = f"{family.name}_total" if family.type == "counter" else family.name
         for sample in family.samples:
             if sample.name == value:
-                out[name] = out.get(name, 0) + sample.value
-    return {k: int(v) for k, v in out.items()}
+                row = out.setdefault(sample.labels.get("worker", ""), {})
+                row[name] = row.get(name, 0) + sample.value
+    return {w: {k: int(v) for k, v in row.items()} for w, row in out.items()}
 
 
-def scrape(url: str, timeout: float = 2.0) -> dict[str, int]:
-    """A relay's counters from its Prometheus endpoint (see ``totals_from_text``)."""
+def scrape(url: str, timeout: float = 2.0, per_worker: bool = False) -> dict:
+    """A relay's counters from its Prometheus endpoint, summed (``totals_from_text``) or
+    per worker (``workers_from_text``)."""
     import urllib.request
 
     with urllib.request.urlopen(url, timeout=timeout) as r:
-        return totals_from_text(r.read().decode())
+        text = r.read().decode()
+    return workers_from_text(text) if per_worker else totals_from_text(text)

@@ -70,7 +70,7 @@ class RelayServer:
         return {name: sum(r[k] for r in rows) for k, name in enumerate(NAMES)}
 
     def _spawn(self, index: int) -> multiprocessing.Process:
-        sockets = WorkerSockets(self.config)  # raises OSError here, in the parent, if busy
+        sockets = WorkerSockets(self.config, index)  # raises OSError here, in the parent, if busy
         ctx = multiprocessing.get_context("fork")
         proc = ctx.Process(target=run_worker, name=f"relay-worker-{index}",
                            args=(self.config, index, self._shared, self._cpu_for(index), sockets,
@@ -85,6 +85,8 @@ class RelayServer:
         """Start the workers; ``PortTaken`` if another process already holds a port."""
         cfg = self.config
         wanted = [cfg.listen] + ([cfg.internal] if cfg.tier == "cluster" and cfg.internal else [])
+        if cfg.hop_port:
+            wanted += [(cfg.hop_bind, cfg.hop_port + i) for i in range(cfg.workers)]
         stale = port_holders(wanted, exclude={os.getpid()})
         if stale:
             raise PortTaken(stale)

@@ -165,13 +165,14 @@ def _udp_socket(addr: tuple[str, int], reuseport: bool) -> socket.socket:
 class WorkerSockets:
     """A worker's sockets, opened before the worker process starts so bind errors surface."""
 
-    def __init__(self, config: RelayConfig) -> None:
+    def __init__(self, config: RelayConfig, index: int = 0) -> None:
         self.public = _udp_socket(config.listen, reuseport=True)
         self.internal = self.hop = None
         try:
             if config.tier == "cluster" and config.internal:
                 self.internal = _udp_socket(config.internal, reuseport=True)
-            self.hop = _udp_socket((config.hop_bind, 0), reuseport=False)
+            hop_port = config.hop_port + index if config.hop_port else 0
+            self.hop = _udp_socket((config.hop_bind, hop_port), reuseport=False)
         except OSError:
             self.close()
             raise

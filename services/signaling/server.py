@@ -303,7 +303,8 @@ class SignalingServer:
                       candidates=list(decision.candidates))
             return web.Response(status=201, text=reply.text, content_type="application/sdp",
                                 headers={"Location": f"/v1/calls/{call}",
-                                         "X-Voiceedge-Cluster": cluster})
+                                         "X-Voiceedge-Cluster": cluster,
+                                         "X-Voiceedge-Transceiver": backend.url})
         decision = Decision.of(self.config.region, self.steering.preferred, ranking, failed,
                                None, None)
         self._count(decision)

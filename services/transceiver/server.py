@@ -262,7 +262,7 @@ class TransceiverServer:
                              if sess.stats.connected_at else None),
                  "frames_to_agent": sess.stats.frames_to_agent,
                  "events_to_agent": sess.stats.events_to_agent,
-                 "events_to_client": sess.stats.events_to_client}
+                 "events_to_client": sess.stats.events_to_client, **sess.rx.fields()}
                 for sid, sess in self.sessions.items()],
         }
 

@@ -20,6 +20,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from services.logs import log_event
 from services.transceiver.ice import IcePlan, ice_plan, selected_remote_address
 from services.transceiver.eager import run_now
+from services.transceiver.gaps import ArrivalGaps
 from services.transceiver.inbound import shortcut_srtp
 from services.transceiver.media import AgentAudioTrack, decode_inline
 from services.transceiver.opus import OpusSettings
@@ -79,6 +80,12 @@ class Session:
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
         self._srtp_shortcut = None
+        # the caller's RTP, recorded by the SRTP shortcut; each gap logged as it ends
+        self.rx = ArrivalGaps(on_gap=self._log_gap)
+
+    def _log_gap(self, start: float, seconds: float) -> None:
+        log_event(log, "rx_gap", session=self.id, start_unix=round(start, 3),
+                  ms=round(seconds * 1000.0, 1))
 
     @property
     def state(self) -> str:
@@ -111,28 +118,31 @@ class Session:
         self.stats.closed_at = time.monotonic()
         self.stats.close_reason = reason
         current = asyncio.current_task()
-        for task in list(self._tasks):
-            if task is not current:
-                task.cancel()
-        if self._ws is not None:
-            if not self._ws.closed:
-                try:
-                    await self._ws.send_str(json.dumps({"type": "session.ended",
-                                                        "reason": reason}))
-                except (ConnectionError, RuntimeError):
-                    pass
-            await self._ws.close()
-        self._outbound.stop()
-        await self._pc.close()
-        pending = [t for t in self._tasks if t is not current]
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-        log_event(log, "session_closed", session=self.id, reason=reason, ufrag=self.plan.ufrag,
-                  frames_to_agent=self.stats.frames_to_agent,
-                  events_to_agent=self.stats.events_to_agent,
-                  events_to_client=self.stats.events_to_client,
-                  srtp_inline=self._srtp_shortcut.packets if self._srtp_shortcut else None)
-        self._on_closed(self)
+        try:
+            for task in list(self._tasks):
+                if task is not current:
+                    task.cancel()
+            if self._ws is not None:
+                if not self._ws.closed:
+                    try:
+                        await self._ws.send_str(json.dumps({"type": "session.ended",
+                                                            "reason": reason}))
+                    except (ConnectionError, RuntimeError):
+                        pass
+                await self._ws.close()
+            self._outbound.stop()
+            await self._pc.close()
+            pending = [t for t in self._tasks if t is not current]
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        finally:  # logged even if the teardown failed: the arrival record is the session's
+            log_event(log, "session_closed", session=self.id, reason=reason,
+                      ufrag=self.plan.ufrag, frames_to_agent=self.stats.frames_to_agent,
+                      events_to_agent=self.stats.events_to_agent,
+                      events_to_client=self.stats.events_to_client,
+                      srtp_inline=self._srtp_shortcut.packets if self._srtp_shortcut else None,
+                      **self.rx.fields())
+            self._on_closed(self)
 
     # ------------------------------------------------------------ peer connection events
 
@@ -145,7 +155,7 @@ class Session:
         state = self._pc.connectionState
         if state == "connected" and self.stats.connected_at is None:
             self.stats.connected_at = time.monotonic()
-            self._srtp_shortcut = shortcut_srtp(self._pc)
+            self._srtp_shortcut = shortcut_srtp(self._pc, self.rx)
             self._connected.set()
             log_event(log, "session_connected", session=self.id,
                       setup_s=round(self.stats.connected_at - self.stats.created, 4))

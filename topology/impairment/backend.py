@@ -3,7 +3,8 @@ where it does not. ``make_backend(None)`` picks one by asking the kernel (``dete
 which says which and why).
 
 Lifecycle: ``apply`` what each direction should suffer (before or after ``start``), ``start``,
-read ``stats`` while traffic runs, ``stop``. ``stop`` removes everything the backend added
+read ``stats`` while traffic runs, ``change`` a direction for a while (a fault) and back,
+``stop``. ``stop`` removes everything the backend added
 and is safe to call twice or after a failure; the context manager does start/stop.
 """
 from __future__ import annotations
@@ -41,6 +42,13 @@ class ImpairmentBackend(ABC):
         (node, interface); takes effect at ``start``, or at once when already started."""
 
     @abstractmethod
+    def change(self, node: NetNode, interface: str, impairment: Impairment) -> None:
+        """Replace what ``node`` suffers on ``interface`` (applied before) from now on; packets
+        already held keep their release times. Changing back to the applied impairment ends a
+        fault: until then losses count as ``dropped_fault`` in ``stats``, not ``dropped_loss``.
+        Raises ``ImpairmentError`` for a (node, interface) never applied."""
+
+    @abstractmethod
     def start(self) -> None:
         """Install everything applied so far; returns when the impairment is in force."""
 
@@ -52,7 +60,8 @@ class ImpairmentBackend(ABC):
     @abstractmethod
     def stats(self) -> dict:
         """``{"backend": name, "interfaces": {"node:interface": {"seen", "delayed",
-        "dropped_loss", ...}}, ...}``; see each backend for its extra keys."""
+        "dropped_loss", "dropped_fault", "held", ...}}, ...}``; see each backend for its extra
+        keys."""
 
     def __enter__(self) -> "ImpairmentBackend":
         self.start()
@@ -64,6 +73,10 @@ class ImpairmentBackend(ABC):
 
 def iface_key(node: NetNode, interface: str) -> str:
     return f"{node.name}:{interface}"
+
+
+def never_applied(key: str) -> ImpairmentError:
+    return ImpairmentError(f"{key} was never applied: there is no impairment to change")
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,13 @@ class Direction:
         self._ge = ((loss.p / 100, loss.r / 100, loss.bad_loss / 100, loss.good_loss / 100)
                     if isinstance(loss, GilbertElliottLoss) else None)
 
+    def changed(self, imp: Impairment) -> "Direction":
+        """This direction under a new impairment, from now on: the same random stream, loss
+        state and last release (so a FIFO direction stays in order across the change)."""
+        new = Direction(imp, self._rng)
+        new._last, new._bad = self._last, self._bad
+        return new
+
     @property
     def needs_length(self) -> bool:
         return self._sec_per_byte > 0

@@ -8,6 +8,10 @@ one JSON object per line each way:
 - ``{"op": "add", "label": L, "ns_path": P, "queue": N, "impairment": {...}, "seed": S}``
   binds NFQUEUE ``N`` inside namespace ``P`` and answers ``{"ok": true}`` or
   ``{"ok": false, "error": "..."}``; only then may an iptables rule feed that queue;
+- ``{"op": "set", "label": L, "impairment": {...}}`` replaces the impairment of queue ``L``
+  from the next packet on; packets it holds keep their release times. Drops while a queue runs
+  an impairment other than the one it was added with count as ``dropped_fault``, not
+  ``dropped_loss``;
 - ``{"op": "stats"}`` answers ``{"ok": true, "stats": {...}}``;
 - ``{"op": "stop"}``, SIGTERM or the end of its input: release every held packet at once
   (ACCEPT), unbind every queue, exit 0.
@@ -37,7 +41,7 @@ from dataclasses import dataclass, field
 
 from topology.impairment import nfqueue as nfq
 from topology.impairment.direction import Direction
-from topology.impairment.model import impairment_from_dict
+from topology.impairment.model import Impairment, impairment_from_dict
 from topology.netns import entered
 
 PR_SET_TIMERSLACK = 29
@@ -82,8 +86,12 @@ class BoundQueue:
     sock: nfq.QueueSocket
     prefix: bytes
     kernel_fd: int | None  # /proc/net/netfilter/nfnetlink_queue of its namespace
+    configured: Impairment | None = None  # the impairment it was added with
+    fault: bool = False  # a changed impairment is in force ("set" to other than configured)
+    changes: int = 0
     seen: int = 0
-    dropped: int = 0
+    dropped: int = 0  # losses under the configured impairment
+    dropped_fault: int = 0  # losses while ``fault``
     released: int = 0
     out: list = field(default_factory=list)  # verdicts waiting to be sent
 
@@ -115,6 +123,7 @@ class Engine:
         self.control_out = control_out
         self.queues: list[BoundQueue] = []
         self.by_fd: dict[int, BoundQueue] = {}
+        self.by_label: dict[str, BoundQueue] = {}
         self.heap: list[tuple[float, int, int]] = []
         self.lateness = [0] * (LATENESS_BUCKETS + 1)
         self.late_max = 0.0
@@ -151,10 +160,22 @@ class Engine:
                 pass
         q = BoundQueue(index=len(self.queues), label=spec["label"], queue=qsock.queue,
                        ns_path=spec["ns_path"], direction=Direction(imp, rng), sock=qsock,
-                       prefix=nfq.verdict_prefix(qsock.queue), kernel_fd=kernel_fd)
+                       prefix=nfq.verdict_prefix(qsock.queue), kernel_fd=kernel_fd,
+                       configured=imp)
         self.queues.append(q)
         self.by_fd[qsock.fileno()] = q
+        self.by_label[q.label] = q
         self._fds.append(qsock.fileno())
+
+    def set(self, spec: dict) -> None:
+        """Replace a queue's impairment; what the heap holds is untouched."""
+        q = self.by_label.get(spec["label"])
+        if q is None:
+            raise ValueError(f"no queue labelled {spec['label']!r}")
+        imp = impairment_from_dict(spec["impairment"])
+        q.direction = q.direction.changed(imp)
+        q.fault = imp != q.configured
+        q.changes += 1
 
     def stats(self) -> dict:
         ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -173,8 +194,9 @@ class Engine:
                 {**self.lagged, **self._open_second()}.items())},
             "verdict_errors": self.verdict_errors,
             "queues": {q.label: {"queue": q.queue, "seen": q.seen, "dropped_loss": q.dropped,
-                                 "delayed": q.released,
-                                 "held": q.seen - q.dropped - q.released,
+                                 "dropped_fault": q.dropped_fault, "delayed": q.released,
+                                 "held": q.seen - q.dropped - q.dropped_fault - q.released,
+                                 "fault": q.fault, "changes": q.changes,
                                  "kernel": q.kernel_counters()}
                        for q in self.queues},
         }
@@ -198,6 +220,9 @@ class Engine:
         try:
             if op == "add":
                 self.add(cmd)
+                self.reply({"ok": True})
+            elif op == "set":
+                self.set(cmd)
                 self.reply({"ok": True})
             elif op == "stats":
                 self.reply({"ok": True, "stats": self.stats()})
@@ -234,7 +259,10 @@ class Engine:
                     q.seen += 1
                     due = decide(now, plen)
                     if due is None:
-                        q.dropped += 1
+                        if q.fault:
+                            q.dropped_fault += 1
+                        else:
+                            q.dropped += 1
                         q.out.append(q.prefix + _VERDICT_BODY.pack(nfq.NF_DROP, pid))
                     else:
                         heapq.heappush(heap, (due, index, pid))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,30 @@ class Impairment:
     def is_null(self) -> bool:
         return (not self.delay_ms and not self.jitter_ms and self.loss is None
                 and self.rate_mbit is None)
+
+
+def link_down(imp: Impairment) -> Impairment:
+    """``imp`` with every packet lost (a cut link); delay, jitter and rate stay, so the
+    direction is the same one again when it is changed back."""
+    return replace(imp, loss=BernoulliLoss(100.0))
+
+
+def with_extra_loss(imp: Impairment, loss_pct: float) -> Impairment:
+    """``imp`` with an independent extra loss of ``loss_pct`` on top of its own (a loss burst):
+    a packet gets through when both its own loss model and the extra loss spare it. Bursty
+    loss stays bursty: the extra loss is added to both states of a Gilbert-Elliott model."""
+    if not 0 < loss_pct <= 100:
+        raise ValueError(f"extra loss must be in (0, 100] percent, not {loss_pct}")
+
+    def both(pct: float) -> float:  # 100 * (1 - (1 - pct/100) * (1 - loss_pct/100))
+        return pct + loss_pct - pct * loss_pct / 100.0
+
+    loss = imp.loss
+    if isinstance(loss, GilbertElliottLoss):
+        loss = replace(loss, bad_loss=both(loss.bad_loss), good_loss=both(loss.good_loss))
+    else:
+        loss = BernoulliLoss(both(loss.pct if loss else 0.0))
+    return replace(imp, loss=loss)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,12 @@ the userspace engine follows the same rule.
 
 Uniform jitter: ``Impairment.jitter_ms`` is a standard deviation; netem's plain ``delay D J``
 is uniform on D +- J, so J = jitter * sqrt 3.
+
+Changing at runtime (``change``): ``tc qdisc change`` on the IFB's netem, which keeps the
+packets it holds with their send times. netem resets the loss model, delay and limit on a
+change but keeps a rate or a delay distribution table that the new options leave out, so a
+change that would leave one behind is refused (``change_problem``). Fault drops are the
+difference of netem's drop counter between the change and the change back.
 """
 from __future__ import annotations
 
@@ -22,7 +28,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from topology.impairment.backend import ImpairmentBackend, ImpairmentError, iface_key
+from topology.impairment.backend import (ImpairmentBackend, ImpairmentError, iface_key,
+                                         never_applied)
 from topology.impairment.model import BernoulliLoss, GilbertElliottLoss, Impairment, NetNode
 
 NETEM_LIMIT = 20000  # packets netem may hold (its default, 1000, overflows at high rates)
@@ -73,6 +80,24 @@ def netem_commands(interface: str, ifb: str, impairment: Impairment) -> list[lis
     ]
 
 
+def change_command(ifb: str, impairment: Impairment) -> list[str]:
+    """The command that puts ``impairment`` on the IFB's netem in place of what it had."""
+    return ["tc", "qdisc", "change", "dev", ifb, "root", "handle", "1:", "netem",
+            *netem_args(impairment)]
+
+
+def change_problem(old: Impairment, new: Impairment) -> str | None:
+    """Why ``tc qdisc change`` from ``old`` to ``new`` would not give ``new``, or None: netem
+    keeps a rate and a delay distribution table that a change does not give again."""
+    before, after = netem_args(old), netem_args(new)
+    if "rate" in before and "rate" not in after:
+        return "netem would keep the old rate (a change without a rate leaves it in place)"
+    if "distribution" in before and new.jitter_ms and "distribution" not in after:
+        return ("netem would keep the old normal delay distribution (a change without a "
+                "distribution leaves it in place)")
+    return None
+
+
 def teardown_commands(interface: str, ifb: str) -> list[list[str]]:
     """Undo ``netem_commands``: the redirect first, then the IFB (and its netem with it)."""
     return [
@@ -101,9 +126,20 @@ def parse_qdisc_stats(text: str) -> dict:
 class _Applied:
     node: NetNode
     interface: str
-    impairment: Impairment
+    impairment: Impairment  # as applied (the configured one)
     ifb: str
     done: list[list[str]] = field(default_factory=list)  # commands that succeeded
+    current: Impairment | None = None  # set by ``change``; None: the applied one
+    fault_dropped: int = 0  # netem drops during faults that have ended
+    fault_base: int | None = None  # netem's drop count when the fault in force began
+
+    @property
+    def in_force(self) -> Impairment:
+        return self.impairment if self.current is None else self.current
+
+    def dropped(self) -> int:
+        text = self.node.run("tc", "-s", "qdisc", "show", "dev", self.ifb, check=False)
+        return parse_qdisc_stats(text).get("dropped_loss", 0)
 
 
 class NetemBackend(ImpairmentBackend):
@@ -126,6 +162,25 @@ class NetemBackend(ImpairmentBackend):
         if self._started:
             self._install(key, app)
 
+    def change(self, node: NetNode, interface: str, impairment: Impairment) -> None:
+        key = iface_key(node, interface)
+        app = self._applied.get(key)
+        if app is None:
+            raise never_applied(key)
+        problem = change_problem(app.in_force, impairment)
+        if problem:
+            raise ImpairmentError(f"netem on {key}: cannot change to {impairment}: {problem}")
+        if app.done:
+            dropped = app.dropped()
+            try:
+                app.node.run(*change_command(app.ifb, impairment))
+            except RuntimeError as exc:
+                raise ImpairmentError(f"netem on {key}: {exc}") from None
+            if app.fault_base is not None:
+                app.fault_dropped += dropped - app.fault_base
+            app.fault_base = dropped if impairment != app.impairment else None
+        app.current = impairment
+
     def start(self) -> None:
         self._started = True
         try:
@@ -137,7 +192,9 @@ class NetemBackend(ImpairmentBackend):
             raise
 
     def _install(self, key: str, app: _Applied) -> None:
-        for cmd in netem_commands(app.interface, app.ifb, app.impairment):
+        app.fault_dropped = 0
+        app.fault_base = 0 if app.in_force != app.impairment else None
+        for cmd in netem_commands(app.interface, app.ifb, app.in_force):
             try:
                 app.node.run(*cmd)
             except RuntimeError as exc:
@@ -165,6 +222,14 @@ class NetemBackend(ImpairmentBackend):
         interfaces = {}
         for key, app in self._applied.items():
             text = app.node.run("tc", "-s", "qdisc", "show", "dev", app.ifb, check=False)
-            interfaces[key] = {"ifb": app.ifb, **parse_qdisc_stats(text)}
+            counters = parse_qdisc_stats(text)
+            if counters:
+                fault = app.fault_dropped
+                if app.fault_base is not None:
+                    fault += counters["dropped_loss"] - app.fault_base
+                counters["dropped_loss"] -= fault
+                counters["dropped_fault"] = fault
+            interfaces[key] = {"ifb": app.ifb, **counters,
+                               "fault": app.in_force != app.impairment}
         return {"backend": self.name, "cpu_seconds": None, "lateness_p50_us": None,
                 "lateness_p99_us": None, "interfaces": interfaces}

@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from topology.impairment.backend import ImpairmentBackend, ImpairmentError, iface_key
+from topology.impairment.backend import (ImpairmentBackend, ImpairmentError, iface_key,
+                                         never_applied)
 from topology.impairment.model import Impairment, NetNode, impairment_to_dict
 
 log = logging.getLogger("voiceedge.impairment")
@@ -136,9 +137,10 @@ def cpu_seconds(pid: int) -> float | None:
 class _Applied:
     node: NetNode
     interface: str
-    impairment: Impairment
+    impairment: Impairment  # as applied (the configured one)
     queue: int
     rules: list[list[str]] = field(default_factory=list)  # (binary, *spec) actually added
+    current: Impairment | None = None  # set by ``change``; None: the applied one
 
     @property
     def ipv6(self) -> bool:
@@ -188,6 +190,21 @@ class UserspaceBackend(ImpairmentBackend):
                 del self._applied[key]
                 raise
 
+    def change(self, node: NetNode, interface: str, impairment: Impairment) -> None:
+        key = iface_key(node, interface)
+        app = self._applied.get(key)
+        if app is None:
+            raise never_applied(key)
+        app.current = impairment
+        if self._engine is not None:  # otherwise ``start`` installs it
+            self._set(key, impairment)
+
+    def _set(self, key: str, impairment: Impairment) -> None:
+        try:
+            self._engine.request("set", label=key, impairment=impairment_to_dict(impairment))
+        except ImpairmentError as exc:
+            raise ImpairmentError(f"{key}: {exc}") from None
+
     def start(self) -> None:
         if self._engine is not None:
             return
@@ -206,6 +223,8 @@ class UserspaceBackend(ImpairmentBackend):
                                  impairment=impairment_to_dict(app.impairment), seed=seed)
         except ImpairmentError as exc:
             raise ImpairmentError(f"{key}: {exc}") from None
+        if app.current is not None and app.current != app.impairment:
+            self._set(key, app.current)  # changed before start
         binaries = ["iptables"]
         if self.ipv6 and shutil.which("ip6tables"):
             binaries.append("ip6tables")

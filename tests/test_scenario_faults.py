@@ -1,0 +1,71 @@
+"""The compact fault scenario (scenarios/ci-faults.yaml) end to end: a real world, real
+services, real clients; a relay killed -9 and restarted with Redis, then a cluster outage,
+during the calls. Its fault budgets (analysis/budgets.yaml, ``faults:``) are the CI gate.
+Needs root (Mininet)."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from analysis.budgets import BudgetFile, check_faults
+from tests.conftest import shipped_scenario
+
+
+@pytest.fixture(scope="module")
+def fault_run(tmp_path_factory):
+    return shipped_scenario(tmp_path_factory, "ci-faults", "apac-se")
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_the_compact_fault_run_is_inside_every_fault_budget(fault_run, tmp_path):
+    _, directory = fault_run
+    budgets = BudgetFile.load().faults
+    assert budgets is not None and budgets.scenario.endswith("ci-faults.yaml")
+    verdicts = check_faults(directory, budgets)
+    assert verdicts and all(v.ok for v in verdicts), [
+        (v.fault, v.architecture, v.budget, v.measured, v.note) for v in verdicts if not v.ok]
+    proc = subprocess.run([sys.executable, "-m", "voiceedge", "budgets", str(directory),
+                           "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert {v["set"] for v in json.loads(proc.stdout)} == {"fault"}
+
+
+def test_the_killed_relay_left_no_orphan_and_the_calls_moved_after_the_outage(fault_run):
+    summary, directory = fault_run
+    records = {r["fault"]: r for r in json.loads((directory / "faults.json").read_text())["faults"]}
+    kill = records["relay-restart"]["detail"]
+    assert len(kill["processes_before"]) >= 2  # the relay and its worker
+    assert kill["orphans_at_restart"] == [] and kill["port_holders_not_new"] == []
+    assert set(kill["port_holders_after"]) <= set(kill["processes_after"])
+    assert set(kill["processes_after"]).isdisjoint(kill["processes_before"])
+    # the new relay's one worker carried the recovered flows
+    assert kill["worker_counters_after_restart"]["0"]["flows_recovered"] >= 1
+
+    outage_at = records["outage"]["at_unix"]
+    calls = [r for r in _rows(directory / "steering.csv") if r["event"] == "call_created"]
+    before = {r["cluster"] for r in calls if float(r["unix"]) < outage_at}
+    after = {r["cluster"] for r in calls if float(r["unix"]) > outage_at}
+    assert before == {"eu-west"} and after == {"na-east"}
+    changes = [r for r in _rows(directory / "steering.csv")
+               if r["event"] == "steering_changed" and float(r["unix"]) > outage_at]
+    assert changes and changes[0]["cluster"] == "na-east"
+
+    attempts = _rows(directory / "attempts.csv")
+    moved = [a for a in attempts if int(a["attempt"]) > 0]
+    assert moved and all(a["cluster_region"] == "na-east" and a["connected_unix"]
+                         for a in moved)
+    faults = {r["fault"]: r for r in _rows(directory / "faults.csv")}
+    assert int(faults["outage"]["sessions_affected"]) >= 3
+    assert int(faults["relay-restart"]["reconnections"]) == 0
+    html = (directory / "report.html").read_text()
+    assert "Faults" in html and "fault-outage" in html
+    assert summary["faults"] and {f["fault"] for f in summary["faults"]} == {"relay-restart",
+                                                                            "outage"}
