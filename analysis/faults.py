@@ -172,7 +172,8 @@ class SessionAtFault:
     last_rx: float | None = None
     on_path: bool = False                # the fault's target is on its path
     gap_down_ms: float = 0.0             # its longest down gap overlapping the window
-    gap_down_end: float | None = None    # when that gap ended (audio back)
+    gap_down_start: float | None = None  # when that gap began (the last packet before it)
+    gap_down_end: float | None = None    # when it ended (audio back; None: never, in time)
     gap_up_ms: float = 0.0
 
     @property
@@ -414,6 +415,8 @@ def _effect(f: Fault, run: _Run, next_at: float | None) -> FaultEffect:
             down_gaps = down_gaps + [tail]
             silent += 1
         s.gap_down_ms, s.gap_down_end = _longest(down_gaps, w.at, w.horizon)
+        if s.gap_down_end is not None:
+            s.gap_down_start = s.gap_down_end - s.gap_down_ms / 1000.0
         if tail is not None and s.gap_down_ms == tail[1]:
             s.gap_down_end = None  # audio was not back: no recovery to time
         s.gap_up_ms, _ = _longest(run.gaps.get((s.key, "up"), []), w.at, w.horizon)

@@ -470,10 +470,11 @@ def _fault_panel(ax, results: Results, effect: FaultEffect, gaps: dict, attempts
         ax.broken_barh(bars, (i - 0.3, 0.6), color=colour, alpha=0.85)
         up = [(a - w.at, ms / 1000.0) for a, ms in gaps.get((s.key, "up"), [])]
         ax.broken_barh(up, (i + 0.32, 0.14), color=_UP_GAP)
-        if s.gap_down_ms:  # its longest gap in the window, named above the hole
-            middle = s.gap_down_end - w.at - s.gap_down_ms / 2000.0
-            ax.text(middle, i - 0.32, f"{s.gap_down_ms:.0f} ms", ha="center", va="bottom",
-                    fontsize=6.5, color="0.2")
+        if s.gap_down_ms and s.gap_down_start is not None:  # its longest gap, named above
+            middle = s.gap_down_start - w.at + s.gap_down_ms / 2000.0
+            label = f"{s.gap_down_ms:.0f} ms" + ("" if s.gap_down_end else " to the call's end")
+            ax.text(middle, i - 0.32, label, ha="center", va="bottom", fontsize=6.5,
+                    color="0.2")
         mine = attempts[attempts.key == s.key] if not attempts.empty else attempts
         for r in mine[mine.attempt > 0].itertuples() if not mine.empty else ():
             ax.plot(r.started_unix - w.at, i, marker="v", color="k", ms=5, ls="none")

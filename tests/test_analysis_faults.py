@@ -561,6 +561,9 @@ def test_a_call_that_ends_before_its_audio_is_back_counts_its_silence_to_its_end
     config["scenario"]["call_duration_s"] = AT + 1.9 - (T0 + 0.7)
     (folder / "config.json").write_text(json.dumps(config))
     row = rows_by(folder)[("crash", GR)]
+    from analysis import plots
+    [png] = plots.write_fault_plots(load_results(folder), tmp_path / "plots").values()
+    assert png.read_bytes()[:4] == b"\x89PNG"  # the silent call is drawn too
     assert row["sessions_affected"] == 2 and row["sessions_lost"] == 0
     assert row["gap_down_max_ms"] == pytest.approx(2400.0)
     assert sorted([row["gap_down_p50_ms"], row["gap_down_max_ms"]])[0] == pytest.approx(2100.0)

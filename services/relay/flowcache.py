@@ -129,6 +129,14 @@ class FlowCache:
 
     def _run(self) -> None:
         retry_at = 0.0
+        # Connect now, not on the first flow: opening the connection (and what redis-py
+        # imports then) holds the worker's GIL long enough to show as loop lag on that flow.
+        try:
+            self._client.ping()
+        except (redis.RedisError, OSError) as exc:
+            self.errors += 1
+            self._set_up(False, exc)
+            retry_at = time.monotonic() + 1.0
         while True:
             op = self._queue.get()
             if op is _STOP:
