@@ -35,7 +35,7 @@ FAULT_FIELDS = (
     "new_call_failures", "gap_down_p50_ms", "gap_down_p95_ms", "gap_down_max_ms",
     "gap_up_p50_ms", "gap_up_p95_ms", "gap_up_max_ms", "recovery_s", "reconnections",
     "restart_s", "gap_over_restart_ms", "audio_after_ready_ms", "first_new_session_s",
-    "extra_rtt_ms", "note")
+    "extra_rtt_ms", "setting_up", "first_audio_after_s", "note")
 # The columns a fault budget may bound (analysis/budgets.py).
 FAULT_METRICS = tuple(f for f in FAULT_FIELDS if f not in (
     "fault", "kind", "target", "architecture", "applicable", "redis", "note"))
@@ -406,7 +406,11 @@ def _effect(f: Fault, run: _Run, next_at: float | None) -> FaultEffect:
         return FaultEffect(f, row)
     w = _window(f, run, next_at)
     live = _live(run, f, w)
-    affected = [s for s in live if s.on_path]
+    on_path = [s for s in live if s.on_path]
+    # Calls still setting up at the fault (no audio yet) had no audio to lose: they are not
+    # calls in progress. Counted apart, with how long after the fault their first audio came.
+    setting_up = [s for s in on_path if s.first_rx is None or s.first_rx > w.at]
+    affected = [s for s in on_path if s not in setting_up]
     silent = 0  # affected calls whose audio never came back before their planned end
     for s in affected:
         down_gaps = run.gaps.get((s.key, "down"), [])
@@ -463,6 +467,15 @@ def _effect(f: Fault, run: _Run, next_at: float | None) -> FaultEffect:
             notes.append("no call connected elsewhere in the window")
     if f.kind == "cluster_outage":
         row["extra_rtt_ms"] = _round(_extra_rtt(run, affected, w), 1)
+    if setting_up:
+        firsts = [s.first_rx - w.at for s in setting_up if s.first_rx is not None]
+        row["setting_up"] = len(setting_up)
+        row["first_audio_after_s"] = _round(max(firsts), 3) if firsts else None
+        lost_setups = sum(1 for s in setting_up if s.lost)
+        notes.append(f"{len(setting_up)} call(s) on the target were still setting up (not "
+                     f"counted as affected; {lost_setups} of them failed)")
+    else:
+        row["setting_up"] = 0
     if silent:
         notes.append(f"{silent} affected call(s) reached their planned end before audio came "
                      "back: their gap runs to that end and they have no recovery time")

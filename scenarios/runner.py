@@ -264,7 +264,8 @@ class ScenarioRunner:
                     "--full-clients", str(sc.full_clients_per_region),
                     "--duration", str(sc.call_duration_s),
                     "--media-timeout", str(sc.media_timeout_s),
-                    "--reconnect-attempts", str(sc.reconnect_attempts), "--results",
+                    "--reconnect-attempts", str(sc.reconnect_attempts),
+                    *(["--retry-setup"] if sc.faults else []), "--results",
                     str(logs / f"sessions-{front.region}.jsonl"), "--samples",
                     str(logs / f"samples-{front.region}.jsonl")),
                     logs / f"client-{front.region}.log", netns=world.node(host).ns_path).start())

@@ -574,3 +574,19 @@ def test_a_call_that_ends_before_its_audio_is_back_counts_its_silence_to_its_end
     (folder / "config.json").write_text(json.dumps(config))
     row = rows_by(folder)[("crash", GR)]
     assert row["gap_down_p50_ms"] == pytest.approx(1200.0)  # median of 0 and 2400
+
+
+def test_a_call_still_setting_up_at_the_fault_is_counted_apart(tmp_path):
+    """A call that started 0.2 s before an outage and had no audio yet was not in progress:
+    it is not affected (its wait is not a gap in a call) but counted as setting up, with when
+    its first audio came; the call in progress is the affected one."""
+    s0 = session(0, T0, T0 + 30)                                  # in progress
+    s1 = session(1, AT - 0.2, AT + 20, rx=(AT + 11.0, AT + 19.0))  # first audio 11 s after
+    gaps = [gap(s0, "down", AT + 0.1, 2500.0, 1)]
+    folder = write_folder(tmp_path / "r", [s0, s1], gaps=gaps, faults=[
+        fault("out", "cluster_outage", "cluster/na-east", at=AT)])
+    row = rows_by(folder)[("out", GR)]
+    assert row["sessions_live"] == 2 and row["sessions_affected"] == 1
+    assert row["setting_up"] == 1 and row["first_audio_after_s"] == pytest.approx(11.0)
+    assert row["recovery_s"] == pytest.approx(2.6)
+    assert "still setting up" in row["note"]

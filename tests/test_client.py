@@ -98,13 +98,14 @@ def keep_one_socket(pc: RTCPeerConnection, host: str) -> None:
 
 class EchoPeerServer:
     """Routes: POST /v1/calls (echo), /reject/v1/calls (400), /deaf/v1/calls (a dead candidate),
-    /{stall,close}/{n}/{token}/v1/calls (faults).
+    /{stall,close,deaf}/{n}/{token}/v1/calls (faults).
 
     /deaf answers like /v1/calls, then closes its peer connection and rewrites the candidate's port
     to a closed one: the client can reach nothing, and no server check can reach the client.
     The fault routes echo like /v1/calls, but the first ``n`` calls to the same URL fail after
     ``FAULT_AFTER_S``: /stall stops sending audio (ICE, DTLS and the data channel stay up),
-    /close closes the peer connection (the client gets a DTLS close_notify).
+    /close closes the peer connection (the client gets a DTLS close_notify); /deaf answers with a
+    dead candidate as /deaf/v1/calls does.
     """
 
     def __init__(self, media_host: str, closed_port: int) -> None:
@@ -139,7 +140,8 @@ class EchoPeerServer:
         app.router.add_post("/v1/calls", self._post)
         app.router.add_post("/deaf/v1/calls", self._post)
         app.router.add_post("/reject/v1/calls", self._reject)
-        app.router.add_post("/{fault:stall|close}/{n:[0-9]+}/{token}/v1/calls", self._post)
+        app.router.add_post("/{fault:stall|close|deaf}/{n:[0-9]+}/{token}/v1/calls",
+                            self._post)
         app.router.add_delete("/v1/calls/{sid}", self._delete)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
@@ -189,7 +191,7 @@ class EchoPeerServer:
         await pc.setLocalDescription(await pc.createAnswer())
         keep_one_socket(pc, self.media_host)
         port = None
-        if request.path.startswith("/deaf/"):
+        if request.path == "/deaf/v1/calls" or fault == "deaf":
             await pc.close()
             port = self.closed_port
         answer = only_candidate(pc.localDescription.sdp, self.media_host, port)
@@ -389,6 +391,26 @@ def test_no_reconnection_when_disabled(echo_peer):
     assert not r.ok and r.error == "lost after 0 reconnection attempts: connection closed"
     assert r.reconnections == 0 and len(r.attempts) == 1
     assert r.attempts[0]["error"] == "connection closed"
+
+
+def test_with_retry_setup_an_answered_setup_that_never_connects_is_called_again(echo_peer):
+    """A server that dies between its answer and the media (a cluster outage during the
+    setup): with retry_setup the client calls again like a failed connection, and the call
+    lasts its duration from the connection that worked."""
+    url = fault_url(echo_peer, "deaf", 1)
+    r = asyncio.run(run_session(config(url, setup_timeout_s=1.0, duration_s=2.0,
+                                       retry_setup=True)))
+    assert r.ok, r.error
+    assert r.reconnections == 1 and r.setup_ms is None  # the first setup never connected
+    assert [(a["attempt"], a["reason"], a["error"]) for a in r.attempts] == [
+        (0, "first", "setup timeout"), (1, "setup timeout", None)]
+    second = r.attempts[1]
+    assert second["connected_unix"] is not None
+    assert r.ended_unix - second["connected_unix"] >= 2.0
+    assert r.packets_received > 50  # about 2 s of audio on the second connection
+    # without it the same fault is a failed session (next test): retry_setup is what differs
+    r = asyncio.run(run_session(config(fault_url(echo_peer, "deaf", 1), setup_timeout_s=1.0)))
+    assert not r.ok and r.error == "setup timeout" and r.reconnections == 0
 
 
 def test_a_failed_first_setup_is_not_retried(echo_peer):

@@ -43,6 +43,9 @@ def add_parser(sub) -> None:
                    help="calls again at most N times in all during a call, after 0, 0.5, then "
                         "1 s; a session whose connection is not back is failed, 'lost after N "
                         "reconnection attempts' (0: never call again; default 3)")
+    p.add_argument("--retry-setup", action="store_true",
+                   help="also call again when the first setup was answered but its media never "
+                        "connected (the server died under it); by default that session fails")
     p.add_argument("--ice-server", action="append", default=[], metavar="URL",
                    help="STUN/TURN server, e.g. turn:10.0.0.1:3478 (repeatable; default none)")
     p.add_argument("--ice-username", help="username for the TURN servers")
@@ -78,7 +81,8 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
                             signaling_timeout_s=args.signaling_timeout, headers=headers,
                             full_sessions=args.full_clients,
                             media_timeout_s=args.media_timeout,
-                            reconnect_attempts=args.reconnect_attempts)
+                            reconnect_attempts=args.reconnect_attempts,
+                            retry_setup=args.retry_setup)
     except ValueError as exc:
         raise UserError(str(exc)) from None
 

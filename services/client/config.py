@@ -42,6 +42,10 @@ class ClientConfig:
     media_timeout_s: float = 1.5
     reconnect_attempts: int = 3
     reconnect_backoff_s: tuple[float, ...] = (0.0, 0.5, 1.0)
+    # A first setup that the edge answered but whose media never connected (the server died
+    # under it) is called again like a failed connection. Off by default: a failed setup is a
+    # failed session. Fault scenarios turn it on (docs/client.md).
+    retry_setup: bool = False
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):

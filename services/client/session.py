@@ -128,11 +128,18 @@ class CallSession:
         self._t0 = time.monotonic()
         http = self._http or aiohttp.ClientSession()
         try:
+            first = self._new_connection("first")
             try:
                 async with asyncio.timeout(self.config.setup_timeout_s):
-                    await self._connect(self._new_connection("first"), http)
+                    await self._connect(first, http)
             except TimeoutError:
-                raise SessionError("setup timeout") from None
+                if not self._retry_setup(first, http, "setup timeout"):
+                    raise SessionError("setup timeout") from None
+                await self._reconnect(http, "setup timeout", self._retry_deadline())
+            except SessionError as exc:
+                if not self._retry_setup(first, http, str(exc)):
+                    raise
+                await self._reconnect(http, str(exc), self._retry_deadline())
             r.stage = "call"
             await self._call(http)
             r.stage, r.ok = "done", True
@@ -151,6 +158,22 @@ class CallSession:
                     await http.close()
                 r.ended_unix = time.time()
         return r
+
+    def _retry_setup(self, conn: _Connection, http: aiohttp.ClientSession, reason: str) -> bool:
+        """With ``retry_setup``: a first setup the edge answered (201) but whose media never
+        connected is retired, to be called again (True)."""
+        if not (self.config.retry_setup and self.config.reconnect_attempts
+                and conn.http_status == 201):
+            return False
+        conn.record["error"] = reason
+        self._retire(conn, http)
+        return True
+
+    def _retry_deadline(self) -> float:
+        """How long the calls after a failed first setup may go on: each its setup time."""
+        cfg = self.config
+        return time.monotonic() + (cfg.setup_timeout_s + max(cfg.reconnect_backoff_s)) * (
+            cfg.reconnect_attempts + 1)
 
     # -- setup (of every attempt) --------------------------------------------------------------
 
