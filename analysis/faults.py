@@ -33,7 +33,8 @@ FAULT_FIELDS = (
     "fault", "kind", "target", "architecture", "applicable", "redis", "at_s", "end_s",
     "window_s", "sessions_live", "sessions_affected", "sessions_lost", "new_calls",
     "new_call_failures", "gap_down_p50_ms", "gap_down_p95_ms", "gap_down_max_ms",
-    "gap_up_p50_ms", "gap_up_p95_ms", "gap_up_max_ms", "recovery_s", "reconnections",
+    "gap_up_p50_ms", "gap_up_p95_ms", "gap_up_max_ms", "recovery_s", "recovery_p50_s",
+    "reconnections",
     "restart_s", "gap_over_restart_ms", "audio_after_ready_ms", "first_new_session_s",
     "extra_rtt_ms", "setting_up", "first_audio_after_s", "note")
 # The columns a fault budget may bound (analysis/budgets.py).
@@ -433,6 +434,10 @@ def _effect(f: Fault, run: _Run, next_at: float | None) -> FaultEffect:
         recovery = max(back)
     elif kept and not silent:
         recovery = 0.0  # no affected call lost its audio
+    # the typical call: each kept call's own time to audio (0 without a gap), their median
+    each = [s.gap_down_end - w.at if s.gap_down_end is not None else 0.0
+            for s in kept if not (s.gap_down_end is None and s.gap_down_ms)]
+    recovery_p50 = percentile(each, 50) if each else None
     new, failed, _ = _new_calls(run, w)
     keys = {s.key for s in affected}
     if not run.attempts.empty:  # reconnections: calls placed again by the affected sessions
@@ -455,6 +460,7 @@ def _effect(f: Fault, run: _Run, next_at: float | None) -> FaultEffect:
         gap_down_p95_ms=_round(percentile(down, 95), 1), gap_down_max_ms=_round(gap_max, 1),
         gap_up_p50_ms=_round(percentile(up, 50), 1), gap_up_p95_ms=_round(percentile(up, 95), 1),
         gap_up_max_ms=_round(max(up) if up else None, 1), recovery_s=_round(recovery, 3),
+        recovery_p50_s=_round(recovery_p50, 3),
         reconnections=reconnections, restart_s=_round(restart, 3))
     if f.kind == "relay_kill" and restart is not None and gap_max is not None:
         row["gap_over_restart_ms"] = _round(gap_max - 1000.0 * restart, 1)

@@ -447,7 +447,7 @@ def test_fault_budgets_load_and_bad_ones_are_refused(tmp_path):
     assert shipped.scenario == "scenarios/ci-faults.yaml" and shipped.region == "apac-se"
     assert {(b.fault, b.metric, b.max) for b in shipped.budgets} >= {
         ("relay_kill", "gap_over_restart_ms", 50), ("relay_kill", "sessions_lost", 0),
-        ("cluster_outage", "first_new_session_s", 2), ("cluster_outage", "recovery_s", 3),
+        ("cluster_outage", "first_new_session_s", 2), ("cluster_outage", "recovery_p50_s", 3),
         ("cluster_outage", "sessions_lost", 0)}
     bad = tmp_path / "b.yaml"
     head = "budgets:\n  - {architecture: x, metric: success_pct, min: 100}\n"
@@ -568,6 +568,7 @@ def test_a_call_that_ends_before_its_audio_is_back_counts_its_silence_to_its_end
     assert row["gap_down_max_ms"] == pytest.approx(2400.0)
     assert sorted([row["gap_down_p50_ms"], row["gap_down_max_ms"]])[0] == pytest.approx(2100.0)
     assert row["recovery_s"] == pytest.approx(2.5)  # s1's audio back at AT + 2.5; s0 has none
+    assert row["recovery_p50_s"] == pytest.approx(2.5)  # the silent call is not a 0
     assert "planned end" in row["note"]
     # without the call length (older folders) the silence is not invented
     del config["scenario"]["call_duration_s"]
@@ -588,5 +589,5 @@ def test_a_call_still_setting_up_at_the_fault_is_counted_apart(tmp_path):
     row = rows_by(folder)[("out", GR)]
     assert row["sessions_live"] == 2 and row["sessions_affected"] == 1
     assert row["setting_up"] == 1 and row["first_audio_after_s"] == pytest.approx(11.0)
-    assert row["recovery_s"] == pytest.approx(2.6)
+    assert row["recovery_s"] == pytest.approx(2.6) and row["recovery_p50_s"] == pytest.approx(2.6)
     assert "still setting up" in row["note"]
