@@ -8,6 +8,7 @@ import html
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -512,6 +513,7 @@ def test_voiceedge_budgets_runs_both_scenarios_and_gates_each_with_its_set(tmp_p
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(budgets_cli.subprocess, "run", fake_run)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its results folders go here
     monkeypatch.setattr(budgets_cli, "_scenario", lambda name, path, file: path)
     budgets = _budgets_file(tmp_path / "b.yaml",
                             "    - {fault: relay_kill, metric: gap_over_restart_ms, max: 50}\n")
