@@ -28,6 +28,7 @@ import pandas as pd
 from analysis.jsonout import plain
 from analysis.load import Results
 from analysis.stats import percentile
+from services.client.gaps import GAP_MIN_MS  # the shortest gap the clients record
 
 FAULT_FIELDS = (
     "fault", "kind", "target", "architecture", "applicable", "redis", "at_s", "end_s",
@@ -310,9 +311,6 @@ def _live(run: _Run, f: Fault, w: Window) -> list[SessionAtFault]:
     return out
 
 
-GAP_MIN_S = 0.060  # the shortest gap the clients and transceivers record
-
-
 def _silent_tail(s: SessionAtFault, run: _Run, w: Window) -> tuple[float, float] | None:
     """(last packet, ms to the call's planned end) when the session's audio stopped in the
     window and never came back before its call was due to end (first connected +
@@ -321,7 +319,7 @@ def _silent_tail(s: SessionAtFault, run: _Run, w: Window) -> tuple[float, float]
     if s.last_rx is None or connected is None or run.call_s is None:
         return None
     planned_end = connected + run.call_s
-    if not w.at <= s.last_rx <= w.horizon or planned_end - s.last_rx < GAP_MIN_S:
+    if not w.at <= s.last_rx <= w.horizon or planned_end - s.last_rx < GAP_MIN_MS / 1000.0:
         return None
     return s.last_rx, 1000.0 * (planned_end - s.last_rx)
 

@@ -350,9 +350,7 @@ class Edge:
     def processes(self, name: str) -> list[int]:
         """The pids of service ``name`` now: its main process, then its descendants."""
         service = self.services.get(name)
-        if service is None or service.process.pid is None:
-            return []
-        return descendants(service.process.main_pid())
+        return descendants(service.process.pid) if service else []
 
     # ------------------------------------------------------------ what the edge holds
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scenarios.edge import Edge
@@ -50,19 +51,18 @@ class FaultRecord:
 class FaultInjector:
     """The faults of a scenario against one architecture's running edge and world."""
 
-    def __init__(self, faults: tuple[FaultSpec, ...], edge: Edge, world, client_regions,
+    def __init__(self, faults: tuple[FaultSpec, ...], edge: Edge, world,
                  say=lambda msg, transient=False: None) -> None:
         self.edge = edge
         self.world = world
         self.arch = edge.plan.architecture
-        self.client_regions = tuple(client_regions)
         self.say = say
         self.records = [self._record(f) for f in faults]
         self._faults = faults
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._mend: dict[str, callable] = {}   # fault name -> what undoes it, while broken
-        self._links: set[str] = set()          # faults whose mend must run at stop (links)
+        # fault name -> (what undoes it, whether stop must run that), while it is in force
+        self._broken: dict[str, tuple[Callable[[], None], bool]] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ which faults apply
@@ -74,8 +74,6 @@ class FaultInjector:
             r.applicable, r.note = False, f"{self.arch} has no relay"
         elif t.tier == "ingress" and self.arch != GLOBAL_RELAY:
             r.applicable, r.note = False, f"{self.arch} has no ingress relays"
-        elif t.tier == "ingress" and t.region not in self.client_regions:
-            r.applicable, r.note = False, f"no ingress in {t.region} (not a client region)"
         elif t.tier in ("backbone", "public", "last_mile"):
             try:
                 self.world.link_directions(t.tier, t.region, t.other)
@@ -104,8 +102,8 @@ class FaultInjector:
         for t in self._threads:
             t.join(timeout=30)
         with self._lock:
-            pending = [(n, m) for n, m in self._mend.items() if n in self._links]
-            self._mend.clear()
+            pending = [(n, mend) for n, (mend, at_stop) in self._broken.items() if at_stop]
+            self._broken.clear()
         for name, mend in pending:
             record = next(r for r in self.records if r.fault == name)
             try:
@@ -166,14 +164,20 @@ class FaultInjector:
         elif f.kind in (LINK_DOWN, LOSS_BURST):
             self._link(f, r)
 
-    def _broken(self, f: FaultSpec, mend) -> None:
+    def _hold(self, f: FaultSpec, mend: Callable[[], None], after: float | None,
+              at_stop: bool = False) -> bool:
+        """Keep fault ``f`` in force for ``after`` seconds (None: to the end), then ``mend``
+        it; True when it was mended here. ``at_stop``: ``stop`` mends it if it is still in
+        force then (a link: the world outlives the architecture)."""
         with self._lock:
-            self._mend[f.name] = mend
-
-    def _mended(self, f: FaultSpec) -> bool:
-        """Take the fault's mend off the list; False when ``stop`` already took it."""
+            self._broken[f.name] = (mend, at_stop)
+        if after is None or self._stop.wait(after):
+            return False
         with self._lock:
-            return self._mend.pop(f.name, None) is not None
+            if self._broken.pop(f.name, None) is None:  # ``stop`` took it meanwhile
+                return False
+        mend()
+        return True
 
     def _down_then_up(self, f: FaultSpec, r: FaultRecord, names: list[str],
                       after: float | None) -> None:
@@ -193,11 +197,7 @@ class FaultInjector:
             r.ready_unix = time.time()
             r.detail["started"] = {n: self.edge.processes(n) for n in names}
 
-        self._broken(f, mend)
-        if after is None or self._stop.wait(after):
-            return
-        if self._mended(f):
-            mend()
+        self._hold(f, mend, after)
 
     def _relay_kill(self, f: FaultSpec, r: FaultRecord, name: str) -> None:
         edge = self.edge
@@ -231,15 +231,11 @@ class FaultInjector:
                 r.note = (f"ORPHANS: {orphans} of the killed relay were alive at the restart; "
                           f"{strangers} held its port afterwards")
 
-        self._broken(f, mend)
-        if self._stop.wait(f.restart_after_s or 0.0):
-            return
-        if self._mended(f):
-            mend()
-            # what the new relay's workers carried in their first seconds (a later fault
-            # may kill the relay before the end of the calls)
-            if not self._stop.wait(COUNTERS_AFTER_S):
-                r.detail["worker_counters_after_restart"] = self._worker_counters(f)
+        # then what the new relay's workers carried in their first seconds (a later fault
+        # may kill the relay before the end of the calls)
+        if self._hold(f, mend, f.restart_after_s or 0.0) and not self._stop.wait(
+                COUNTERS_AFTER_S):
+            r.detail["worker_counters_after_restart"] = self._worker_counters(f)
 
     def _link(self, f: FaultSpec, r: FaultRecord) -> None:
         t = f.target
@@ -254,13 +250,7 @@ class FaultInjector:
             self.world.restore_link(t.tier, t.region, t.other)
             r.end_unix = r.ready_unix = time.time()
 
-        with self._lock:
-            self._links.add(f.name)
-        self._broken(f, mend)
-        if self._stop.wait(f.duration_s):
-            return
-        if self._mended(f):
-            mend()
+        self._hold(f, mend, f.duration_s, at_stop=True)
 
 
 def _relay_name(f: FaultSpec) -> str:

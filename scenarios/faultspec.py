@@ -122,6 +122,17 @@ class FaultSpec:
         if t.transceiver is not None and t.transceiver > transceivers:
             raise ValueError(f"{t}: the clusters run transceivers 1..{transceivers}")
 
+    def check_regions(self, world_regions, client_regions) -> None:
+        """Raise ValueError for a target outside this run's world (an ingress exists only
+        in a client region)."""
+        t = self.target
+        where = client_regions if t.tier == "ingress" else world_regions
+        stray = [r for r in t.regions if r not in where]
+        if stray:
+            raise ValueError(f"{t}: {stray[0]} is not a "
+                             f"{'client ' if t.tier == 'ingress' else ''}region of this run "
+                             f"({', '.join(where)})")
+
     @property
     def ends_after_s(self) -> float | None:
         """Seconds from the fault to its end (the restart or the end of its duration)."""

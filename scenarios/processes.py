@@ -108,9 +108,6 @@ class ServiceProcess:
             self.proc = None
             self._drop_empty_out()
 
-    def main_pid(self) -> int | None:
-        return self.pid
-
     def _drop_empty_out(self) -> None:
         out = self.log_path.with_suffix(".out")
         if out.exists() and out.stat().st_size == 0:

@@ -54,11 +54,6 @@ def descendants(pid: int | None) -> list[int]:
     return out
 
 
-def process_group(pgid: int) -> list[int]:
-    """Every process whose process group is ``pgid`` (index 2 of the stat fields)."""
-    return sorted(p for p, fields in processes() if int(fields[2]) == pgid)
-
-
 def cpu_seconds(fields: list[str]) -> float:
     """User + system CPU seconds of a process (its ended threads included) from its stat."""
     return (int(fields[11]) + int(fields[12])) / _TICK

@@ -66,7 +66,7 @@ def test_shipped_fault_scenarios_load():
 
 
 def _inject(edge: Edge, fault: FaultSpec, wait_s: float):
-    injector = FaultInjector((fault,), edge, world=None, client_regions=("demo",))
+    injector = FaultInjector((fault,), edge, world=None)
     injector.start()
     time.sleep(wait_s)
     return injector.stop()[0]
@@ -106,7 +106,7 @@ def test_transceiver_crash_and_restart_and_a_fault_not_reached(lab, tmp_path):
                                  "target": "cluster/demo", "restart_after_s": 0.3}, 0)
         late = FaultSpec.parse({"at_s": 60, "kind": "redis_down", "target": "cluster/demo",
                                 "duration_s": 1}, 1)
-        injector = FaultInjector((crash, late), edge, world=None, client_regions=("demo",))
+        injector = FaultInjector((crash, late), edge, world=None)
         injector.start()
         time.sleep(4.0)
         done, not_reached = injector.stop()
@@ -125,7 +125,7 @@ def test_an_outage_that_lasts_stays_down_and_is_recorded_as_lasting(lab, tmp_pat
     with edge:
         outage = FaultSpec.parse({"at_s": 0.1, "kind": "cluster_outage",
                                   "target": "cluster/demo"}, 0)
-        injector = FaultInjector((outage,), edge, world=None, client_regions=("demo",))
+        injector = FaultInjector((outage,), edge, world=None)
         injector.start()
         time.sleep(1.0)
         assert not edge.services["transceiver-demo"].process.alive()
@@ -136,3 +136,13 @@ def test_an_outage_that_lasts_stays_down_and_is_recorded_as_lasting(lab, tmp_pat
         assert not edge.services["transceiver-demo"].process.alive()
         assert sorted(record.detail["killed"]) == ["agent-demo", "redis-demo", "relay-demo",
                                                    "transceiver-demo"]
+
+
+def test_a_fault_target_outside_the_run_is_one_clear_line():
+    """faults.yaml names ingress/apac-se: run for eu clients, that ingress does not exist."""
+    from scenarios.runner import ScenarioRunner
+
+    scenario = Scenario.load(Path(__file__).parent.parent / "scenarios" / "faults.yaml")
+    with pytest.raises(ScenarioError, match="fault ingress: ingress/apac-se: apac-se is not a "
+                                            "client region of this run"):
+        ScenarioRunner(scenario, "eu")
