@@ -5,7 +5,7 @@ The workers share the relay's ports through SO_REUSEPORT. A worker that outlived
 its stale flows, and a relay started again on the same port would share that port with it: the
 kernel would spread flows over old and new workers. Two guards:
 
-- ``die_with_parent``: a worker asks the kernel for SIGTERM when its parent dies
+- ``die_with_parent``: a worker asks the kernel for a signal (SIGKILL) when its parent dies
   (``PR_SET_PDEATHSIG``), and exits at once if its parent is already gone;
 - ``port_holders``: before it opens its ports, a relay looks for any process of its network
   namespace that holds one of them, and refuses to start beside it.

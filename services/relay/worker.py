@@ -622,7 +622,10 @@ def run_worker(config: RelayConfig, index: int, shared, cpu: int | None,
     A crash is logged as one ``worker_crashed`` line (not multiprocessing's plain traceback)
     and ends the process with status 1; the relay restarts the worker.
     """
-    die_with_parent(parent_pid)
+    # SIGKILL, not SIGTERM: with its relay gone there is nothing to hand over (the shared
+    # counters went with it), and a graceful stop on a loaded host let a worker outlive a
+    # killed relay by more than the 0.5 s the fault scenarios wait before the restart.
+    die_with_parent(parent_pid, signal.SIGKILL)
     try:
         if cpu is not None:
             os.sched_setaffinity(0, {cpu})
