@@ -8,13 +8,14 @@ BIN := $(VENV)/bin
 REGION ?= apac
 SCENARIO ?= scenarios/default.yaml
 
-.PHONY: deps venv scenario test budgets bench-relay clean help
+.PHONY: deps venv scenario test budgets bench-relay bench-hostile clean help
 
 help:
 	@echo "make scenario REGION=apac   run the scenario for clients in REGION"
 	@echo "make test                   run the tests"
 	@echo "make budgets                run the compact CI scenarios; check the latency and fault budgets"
 	@echo "make bench-relay            benchmark the relay's forwarding cost and added latency"
+	@echo "make bench-hostile          hostile input against a live edge (fuzz, flood, signaling, hygiene)"
 
 deps:
 	@scripts/install-debian-deps.sh
@@ -39,6 +40,9 @@ budgets: venv
 
 bench-relay: venv
 	@$(BIN)/voiceedge bench relay $(BENCH_ARGS)
+
+bench-hostile: venv
+	@$(BIN)/voiceedge bench hostile $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

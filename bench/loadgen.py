@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 
 from services.relay import mmsg
 from services.wire import hop as hopwire
+from services.wire.stun import binding_success
 
 SO_TIMESTAMPNS = 35
 _STAMP = struct.Struct("!Q")
 _STAMP_AT = 4  # RTP-like datagram: 0x80, pad, 2-byte flow index, then the send time
+_ANSWER = binding_success()  # a STUN binding success response
 
 
 @dataclass
@@ -61,6 +63,8 @@ class Sink:
                     off += hopwire.IPV4_LENGTH
                 if data[off] < 4:  # STUN (a flow's first packet)
                     self.first_packets.append(bytes(view[off:i * slot + rx.length(i)]))
+                    if off:  # through a relay: answer, as a transceiver would
+                        self._answer(view[i * slot:i * slot + rx.length(i)], rx.source(i))
                     continue
                 sent_ns = _STAMP.unpack_from(data, off + _STAMP_AT)[0]
                 self.latencies_us.append((rx.timestamp_ns(i) - sent_ns) / 1000)
@@ -68,6 +72,12 @@ class Sink:
             self.received += n
             if n < rx.size:
                 return got
+
+    def _answer(self, datagram, relay: bytes) -> None:
+        """A relay keeps a flow pending (only STUN passes) until its next hop answers."""
+        client = hopwire.decode(datagram)[0].client
+        self.sock.sendto(hopwire.encode(client, hopwire.TO_CLIENT) + _ANSWER,
+                         mmsg.sockaddr_to_tuple(relay))
 
     def reset(self) -> None:
         self.received = 0

@@ -187,6 +187,7 @@ def _prime(target: _Target, gen: LoadGenerator, sink: Sink, ufrag: str) -> None:
     if len(sink.first_packets) < len(gen.socks):
         raise RuntimeError(f"only {len(sink.first_packets)} of {len(gen.socks)} flows "
                            f"reached the sink through the {target.name}")
+    time.sleep(0.05)  # the sink answered each first packet: the relay establishes the flows
 
 
 def run_bench(cfg: BenchConfig, say=lambda msg: None) -> list[PhaseRow]:

@@ -179,7 +179,7 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
             control, edge, cfg, lambda: done, first.at + cfg.duration_s, pids))
         if cfg.concurrency is not None and cfg.concurrency < cfg.sessions:
             watch.cancel()  # sessions never all live at once: no steady window
-        with _clients_log(workdir) as log:
+        with clients_log(workdir) as log:
             async with LoopLagMonitor(log):  # the clients say when they measure themselves
                 results = await run_sessions(client, cfg.sessions,
                                              results_path=workdir / "sessions.jsonl",
@@ -240,7 +240,7 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
 
 
 @contextlib.contextmanager
-def _clients_log(workdir: Path):
+def clients_log(workdir: Path):
     """A logger writing the clients' JSON lines (service "clients") to clients-demo.log."""
     log = logging.getLogger("voiceedge.demo.clients")
     handler = logging.FileHandler(workdir / "clients-demo.log")

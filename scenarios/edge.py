@@ -111,6 +111,7 @@ class EdgePlan:
     redis: bool = True                 # the relays' flow cache
     max_sessions: int = 500            # per transceiver
     relay_vip: str | None = None       # the global relay's anycast address (answers carry it)
+    relay_args: tuple[str, ...] = ()   # extra options of every relay (benchmarks' variants)
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -256,6 +257,7 @@ class Edge:
                "--metrics", f"127.0.0.1:{p.metrics}", "--cpus", "none"]
         if self.plan.redis:
             cmd += ["--redis", f"redis://127.0.0.1:{p.redis}/0"]
+        cmd += self.plan.relay_args
         return self.add(f"relay-{cluster.name}", cluster.host, voiceedge_cmd(*cmd), "relay",
                         lambda: http_ok(self.metrics_url()))
 
@@ -288,6 +290,7 @@ class Edge:
                f"127.0.0.1:{p.metrics}", "--cpus", "none"]
         if self.plan.redis:
             cmd += ["--redis", f"redis://127.0.0.1:{p.redis}/0"]
+        cmd += self.plan.relay_args
         return self.add(f"ingress-{ingress.region}", ingress.host, voiceedge_cmd(*cmd),
                         "ingress", lambda: http_ok(self.metrics_url()))
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages voiceedge needs, only those missing (idempotent, fast when done).
 set -euo pipefail
-packages=(mininet bridge-utils iptables iputils-ping redis-server python3-venv python3-dev gcc)
+packages=(mininet bridge-utils iptables iputils-ping redis-server tcpdump python3-venv python3-dev gcc)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -11,8 +11,10 @@ import socket
 
 from aioice import stun
 
-from services.transceiver.mux import MuxPort, SharedSocket
+from services.transceiver import mux as mux_module
+from services.transceiver.mux import MuxCounters, MuxPort, SharedSocket
 from services.wire import hop
+from tests.conftest import until
 
 
 class RecordingPort(MuxPort):
@@ -205,3 +207,196 @@ def test_the_shared_socket_has_room_for_a_stall_and_counts_what_the_kernel_drops
     big, drops, counted = run(scenario())
     assert big >= 4 << 20            # (the kernel reports twice what was set)
     assert drops > 0 and counted == drops
+
+
+# ------------------------------------------------------------ hostile input: bounds and drops
+
+def _delta(before: dict, after: dict) -> dict:
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+def test_every_datagram_is_delivered_or_counted_under_exactly_one_drop_reason():
+    """One datagram of each kind, through a relay and directly: each moves ``delivered`` or
+    exactly one of ``MuxCounters.DROPS``, never both and never none."""
+    learned = ("198.51.100.7", 40000)
+    stranger = ("203.0.113.9", 50000)
+    cases = [  # (name, via relay as client or None for direct, datagram, the one counter)
+        ("check", learned, check("ufragK", "k" * 22), "delivered"),
+        ("media", learned, b"\x80media", "delivered"),
+        ("response", learned, check("", None, response=True), "delivered"),
+        ("direct check", None, check("ufragK", "k" * 22), "delivered"),
+        ("truncated header", "raw", bytes([hop.MAGIC, 0, 1]), "bad_hop_header"),
+        ("unknown flags", "raw", bytes([hop.MAGIC, 0x80]) + bytes(6) + b"\x80", "bad_hop_header"),
+        ("towards client", "raw", hop.encode(learned, hop.TO_CLIENT) + b"\x80", "bad_hop_header"),
+        ("empty after header", learned, b"", "empty"),
+        ("empty", None, b"", "empty"),
+        ("stun range garbage", learned, b"\x00\x01garbage", "stun_malformed"),
+        ("stun range garbage, direct", None, b"\x03" * 40, "stun_malformed"),
+        ("unknown ufrag", stranger, check("nobody", "k" * 22), "stun_unknown_ufrag"),
+        ("no integrity", stranger, check("ufragK", None), "stun_unauthenticated"),
+        ("bad integrity", stranger, check("ufragK", "x" * 22), "stun_unauthenticated"),
+        ("response from stranger", stranger, check("", None, response=True),
+         "stun_unknown_address"),
+        ("media from stranger", stranger, b"\x80media", "unknown_address"),
+        ("dtls from stranger, direct", "stranger-direct", b"\x16dtls", "unknown_address"),
+    ]
+
+    async def scenario():
+        mux = await SharedSocket.open("127.0.0.1", 0)
+        port = RecordingPort("ufragK", "k" * 22)
+        mux.register(port)
+        relay, direct, other = (socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                                for _ in range(3))
+        for s in (relay, direct, other):
+            s.bind(("127.0.0.1", 0))
+        relay.sendto(hop.encode(learned) + check("ufragK", "k" * 22), mux.address)
+        await _settle()
+        out = []
+        for name, via, data, _ in cases:
+            before = vars(mux.counters).copy()
+            if via is None:
+                direct.sendto(data, mux.address)
+            elif via == "raw":
+                relay.sendto(data, mux.address)
+            elif via == "stranger-direct":
+                other.sendto(data, mux.address)
+            else:
+                relay.sendto(hop.encode(via) + data, mux.address)
+            await _settle()
+            out.append((name, _delta(before, vars(mux.counters))))
+        for s in (relay, direct, other):
+            s.close()
+        totals = vars(mux.counters).copy()
+        mux.close()
+        return out, totals
+
+    out, totals = run(scenario())
+    ignore = {"datagrams_in", "from_relays", "datagrams_out", "parked", "parked_sent"}
+    for (name, delta), (_, _, _, want) in zip(out, cases):
+        assert delta["datagrams_in"] == 1, name
+        counted = {k: v for k, v in delta.items() if k not in ignore}
+        assert counted == {want: 1}, (name, counted)
+    assert totals["datagrams_in"] == totals["delivered"] + sum(
+        totals[k] for k in MuxCounters.DROPS)
+
+
+def test_ten_thousand_unknown_addresses_leave_the_mux_state_unchanged():
+    """10,000 datagrams naming 10,000 different unknown clients (through a relay's hop header,
+    of every kind a stranger can send) change nothing the mux holds: the hop-header cache
+    keeps exactly the learned client's entry (before, churn like this cleared it)."""
+    learned = ("198.51.100.7", 40000)
+
+    async def scenario():
+        mux = await SharedSocket.open("127.0.0.1", 0)
+        port = RecordingPort("ufragU", "u" * 22)
+        mux.register(port)
+        relay = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        relay.bind(("127.0.0.1", 0))
+        relay.sendto(hop.encode(learned) + check("ufragU", "u" * 22), mux.address)
+        relay.sendto(hop.encode(learned) + b"\x80first", mux.address)  # caches its header
+        await _settle()
+        before, counters = mux.state_sizes(), vars(mux.counters).copy()
+        kinds = [check("nobody", "u" * 22), check("ufragU", "wrong" * 5),
+                 check("", None, response=True), b"\x80rtp-like", b"\x17dtls", b"\x01junk"]
+        n = 10_000
+        for i in range(n):
+            client = (f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}", 1024 + i)
+            relay.sendto(hop.encode(client) + kinds[i % len(kinds)], mux.address)
+            if i % 500 == 499:  # the loop reads between batches: no kernel drops
+                await until(lambda: mux.counters.datagrams_in >= counters["datagrams_in"] + i + 1)
+        await until(lambda: mux.counters.datagrams_in == counters["datagrams_in"] + n)
+        after = mux.state_sizes()
+        relay.sendto(hop.encode(learned) + b"\x80after", mux.address)
+        await _settle()
+        delta = _delta(counters, vars(mux.counters))
+        cache = dict(mux._hop_clients)
+        mux.close()
+        relay.close()
+        return before, after, delta, port.media, cache
+
+    before, after, delta, media, cache = run(scenario())
+    assert before == {"learned_addresses": 1, "ufrags": 1, "parked": 0, "parked_lists": 0,
+                      "hop_cache": 1}
+    assert after == before
+    assert cache == {hop.encode(learned): learned}
+    assert media == [b"\x80first", b"\x80after"]
+    assert delta.get("kernel_drops", 0) == 0
+    assert (delta["stun_unknown_ufrag"], delta["stun_unauthenticated"],
+            delta["stun_unknown_address"], delta["unknown_address"],
+            delta["stun_malformed"]) == (1667, 1667, 1667, 3333, 1666)
+
+
+def test_a_flood_of_parked_datagrams_keeps_the_cap_and_counts_the_rest(monkeypatch):
+    """100 datagrams towards unlearned addresses: _PARK_LIMIT parked, the rest counted in
+    parked_dropped; expired ones make room and are counted; the lists of quiet sessions are
+    swept; a session that ends takes its parked datagrams with it (counted), and a send after
+    that leaves nothing behind."""
+    monkeypatch.setattr(mux_module, "_PARK_TTL", 0.2)
+
+    async def scenario():
+        mux = await SharedSocket.open("127.0.0.1", 0)
+        a, b = RecordingPort("ufragA", "a" * 22), RecordingPort("ufragB", "b" * 22)
+        mux.register(a)
+        mux.register(b)
+        for i in range(100):
+            mux.sendto(a, b"check-%d" % i, ("192.0.2.1", 1000 + i))
+        flood = mux.state_sizes()["parked"], vars(mux.counters).copy()
+        mux.sendto(b, b"one", ("192.0.2.2", 1))
+        await asyncio.sleep(0.25)
+        mux.sendto(b, b"later", ("192.0.2.2", 2))  # sweeps: a's list and b's first expire
+        swept = mux.state_sizes(), vars(mux.counters).copy()
+        mux.unregister(b)
+        mux.sendto(b, b"after-unregister", ("192.0.2.2", 3))
+        ended = mux.state_sizes(), vars(mux.counters).copy()
+        mux.close()
+        return flood, swept, ended
+
+    (parked, c1), (sizes2, c2), (sizes3, c3) = run(scenario())
+    assert parked == mux_module._PARK_LIMIT
+    assert (c1["parked"], c1["parked_dropped"]) == (mux_module._PARK_LIMIT,
+                                                    100 - mux_module._PARK_LIMIT)
+    assert sizes2["parked"] == 1 and sizes2["parked_lists"] == 1  # a's empty list is gone
+    assert c2["parked_expired"] == mux_module._PARK_LIMIT + 1
+    assert sizes3["parked"] == 0 and sizes3["parked_lists"] == 0
+    assert c3["send_unregistered"] == 1
+    for c, now in ((c2, 1), (c3, 0)):
+        assert c["parked"] == c["parked_sent"] + c["parked_expired"] + now
+
+
+def test_learned_addresses_per_session_are_capped_least_recently_checked_first():
+    """A session's client authenticating from more addresses than _ADDR_LIMIT: the least
+    recently checked ones are forgotten (and their cached hop headers with them); an address
+    checked again stays."""
+    limit = mux_module._ADDR_LIMIT
+
+    async def scenario():
+        mux = await SharedSocket.open("127.0.0.1", 0)
+        port = RecordingPort("ufragL", "l" * 22)
+        mux.register(port)
+        relay = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        relay.bind(("127.0.0.1", 0))
+        clients = [("198.51.100.7", 41000 + i) for i in range(limit + 4)]
+        for i, client in enumerate(clients):
+            relay.sendto(hop.encode(client) + check("ufragL", "l" * 22), mux.address)
+            relay.sendto(hop.encode(client) + b"\x80m", mux.address)
+            if i == limit - 1:  # the first one checks again: the most recent now
+                relay.sendto(hop.encode(clients[0]) + check("ufragL", "l" * 22), mux.address)
+        await _settle()
+        full = mux.state_sizes(), mux.counters.addresses_evicted
+        before = mux.counters.unknown_address
+        for client in clients:
+            relay.sendto(hop.encode(client) + b"\x80n", mux.address)
+        await _settle()
+        forgotten = mux.counters.unknown_address - before
+        mux.unregister(port)
+        empty = mux.state_sizes()
+        mux.close()
+        relay.close()
+        return full, forgotten, empty
+
+    (sizes, evicted), forgotten, empty = run(scenario())
+    assert sizes["learned_addresses"] == limit and evicted == 4
+    assert sizes["hop_cache"] <= limit
+    assert forgotten == 4  # clients[1:5], not clients[0], which checked again
+    assert empty == {"learned_addresses": 0, "ufrags": 0, "parked": 0, "parked_lists": 0,
+                     "hop_cache": 0}

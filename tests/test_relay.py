@@ -1,7 +1,9 @@
 """The relay as a real process on loopback: routing, opaque forwarding, drops, Redis recovery.
 
 Next hops are plain UDP sockets standing in for cluster relays / transceivers; they read the
-hop header the relay puts in front of every datagram.
+hop header the relay puts in front of every datagram, and answer a flow's first packet (as a
+transceiver answers an authenticated check) where a test needs the flow established. Pending
+flows themselves are tested in tests/test_relay_pending.py.
 """
 from __future__ import annotations
 
@@ -17,13 +19,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.relay.counters import COUNTERS, scrape
 from services.wire import hop
-from services.wire.stun import binding_request
+from services.wire.stun import binding_request, binding_success
 from services.wire.ufrag import UfragCodec, secret_from_env
 from tests.conftest import REPO, free_port
 from tests.logcheck import events, service_records
 
 CODEC = UfragCodec(secret_from_env(None))  # the relay's default secret
 RTP = b"\x80\x6f" + bytes(170)           # an RTP-looking datagram
+ANSWER = binding_success()  # a STUN binding success response
 DTLS = b"\x16\xfe\xfd" + bytes(90)        # a DTLS-looking datagram (handshake record)
 
 
@@ -42,6 +45,22 @@ def recv_hop(sock: socket.socket) -> tuple[hop.HopHeader, bytes, tuple[str, int]
     data, src = sock.recvfrom(65535)
     header, payload = hop.decode(data)
     return header, bytes(payload), src
+
+
+def answer(next_hop: socket.socket, client: socket.socket, relay_hop_addr) -> None:
+    """The next hop answers the client's check; the client gets it: the flow is established."""
+    next_hop.sendto(hop.encode(client.getsockname(), hop.TO_CLIENT) + ANSWER, relay_hop_addr)
+    assert client.recvfrom(2048)[0] == ANSWER
+
+
+def open_flow(client: socket.socket, vip, next_hop: socket.socket, cluster: int,
+              transceiver: int = 1):
+    """A check from ``client`` through the relay, answered: returns the relay's hop address."""
+    client.sendto(stun_for(cluster, transceiver), vip)
+    header, _, relay_hop_addr = recv_hop(next_hop)
+    assert header.client == client.getsockname()
+    answer(next_hop, client, relay_hop_addr)
+    return relay_hop_addr
 
 
 def nothing_arrives(sock: socket.socket, wait: float = 0.3) -> bool:
@@ -76,16 +95,17 @@ def test_stun_creates_a_flow_to_the_right_next_hop_and_media_follows(world):
     relay = world["start"]()
     client = udp()
     client.sendto(stun_for(2), world["vip"])
-    header, payload, _ = recv_hop(world["hops"][2])
+    header, payload, relay_hop_addr = recv_hop(world["hops"][2])
     assert header.client == client.getsockname() and header.direction == hop.TO_SERVER
     assert payload[:2] == b"\x00\x01"  # the binding request itself, unchanged
+    answer(world["hops"][2], client, relay_hop_addr)
     for datagram in (DTLS, RTP, RTP):
         client.sendto(datagram, world["vip"])
         header, payload, _ = recv_hop(world["hops"][2])
         assert payload == datagram and header.client == client.getsockname()
     assert nothing_arrives(world["hops"][1], 0.1)
     m = relay.wait_for(lambda m: m["packets_to_server"] == 4)
-    assert m["flows_created"] == 1 and m["flows_active"] == 1
+    assert m["flows_created"] == 1 and m["flows_active"] == 1 and m["flows_pending"] == 0
     assert m["bytes_to_server"] == len(stun_for(2)) + len(DTLS) + 2 * len(RTP)
     records = service_records(relay.log(), "relay")  # every line, workers' too, is JSON
     [created] = events(records, "flow_created")
@@ -98,10 +118,8 @@ def test_stun_creates_a_flow_to_the_right_next_hop_and_media_follows(world):
 def test_two_clients_two_clusters(world):
     world["start"]()
     a, b = udp(), udp()
-    a.sendto(stun_for(1), world["vip"])
-    b.sendto(stun_for(2, 9), world["vip"])
-    assert recv_hop(world["hops"][1])[0].client == a.getsockname()
-    assert recv_hop(world["hops"][2])[0].client == b.getsockname()
+    open_flow(a, world["vip"], world["hops"][1], 1)
+    open_flow(b, world["vip"], world["hops"][2], 2, 9)
     b.sendto(RTP, world["vip"])
     a.sendto(DTLS, world["vip"])
     assert recv_hop(world["hops"][2])[1] == RTP
@@ -178,10 +196,9 @@ def test_random_first_bytes_are_dropped_by_reason(world):
 def test_flow_table_cap(world):
     relay = world["start"]("--max-flows", "2")
     clients = [udp() for _ in range(3)]
-    for c in clients:
-        c.sendto(stun_for(1), world["vip"])
-    for _ in range(2):
-        recv_hop(world["hops"][1])
+    for c in clients[:2]:
+        open_flow(c, world["vip"], world["hops"][1], 1)
+    clients[2].sendto(stun_for(1), world["vip"])  # two established flows: the table is full
     assert nothing_arrives(world["hops"][1])
     m = relay.wait_for(lambda m: m["drops_flow_table_full"] == 1)
     assert m["flows_active"] == 2
@@ -190,11 +207,11 @@ def test_flow_table_cap(world):
 def test_idle_flows_expire_and_then_get_no_return_traffic(world):
     relay = world["start"]("--idle-timeout", "0.5")
     client = udp()
-    client.sendto(stun_for(1), world["vip"])
-    _, _, relay_hop_addr = recv_hop(world["hops"][1])
+    relay_hop_addr = open_flow(client, world["vip"], world["hops"][1], 1)
     relay.wait_for(lambda m: m["flows_expired"] == 1 and m["flows_active"] == 0, timeout=5)
     [expired] = events(service_records(relay.log(), "relay"), "flow_expired")
     assert expired["client"] == "%s:%d" % client.getsockname() and expired["packets_up"] == 1
+    assert expired["packets_down"] == 1
     world["hops"][1].sendto(hop.encode(client.getsockname(), hop.TO_CLIENT) + b"late",
                             relay_hop_addr)
     assert nothing_arrives(client)
@@ -206,8 +223,7 @@ def test_restarted_relay_recovers_flows_from_redis_before_any_new_stun(world, re
     args = ("--redis", redis_server.url, "--relay-id", "ingress-test")
     relay = world["start"](*args)
     client = udp()
-    client.sendto(stun_for(2), world["vip"])
-    recv_hop(world["hops"][2])
+    open_flow(client, world["vip"], world["hops"][2], 2)
     relay.wait_for(lambda m: m["redis_writes"] == 1)
     relay.kill()  # a crash: the new process starts with an empty flow table
     relay = world["start"](*args)
@@ -234,15 +250,13 @@ def test_unknown_media_is_looked_up_once_and_then_negatively_cached(world, redis
 def test_forwarding_continues_when_redis_goes_away(world, redis_server):
     relay = world["start"]("--redis", redis_server.url)
     old = udp()
-    old.sendto(stun_for(1), world["vip"])
-    recv_hop(world["hops"][1])
+    open_flow(old, world["vip"], world["hops"][1], 1)
     relay.wait_for(lambda m: m["redis_writes"] == 1 and m["redis_up"] == 1)
     redis_server.stop()
     old.sendto(RTP, world["vip"])
     assert recv_hop(world["hops"][1])[1] == RTP  # existing flow: from memory
     new = udp()
-    new.sendto(stun_for(2), world["vip"])
-    assert recv_hop(world["hops"][2])[0].client == new.getsockname()  # new flow: from the ufrag
+    open_flow(new, world["vip"], world["hops"][2], 2)  # new flow: from the ufrag and the answer
     new.sendto(RTP, world["vip"])
     assert recv_hop(world["hops"][2])[1] == RTP
     m = relay.wait_for(lambda m: m["redis_up"] == 0 and m["redis_writes_dropped"] >= 1)
@@ -269,11 +283,11 @@ def test_two_tier_chain_ingress_cluster_transceiver(tmp_path, relay_factory):
     client.sendto(stun_for(4, 7), ("127.0.0.1", ingress_port))
     header, payload, cluster_hop = recv_hop(transceiver)
     assert header.client == client.getsockname() and payload[:2] == b"\x00\x01"
-    client.sendto(RTP, ("127.0.0.1", ingress_port))
-    assert recv_hop(transceiver)[1] == RTP
     transceiver.sendto(hop.encode(client.getsockname(), hop.TO_CLIENT) + b"\x80hello", cluster_hop)
     data, src = client.recvfrom(100)
     assert data == b"\x80hello" and src == ("127.0.0.1", ingress_port)
+    client.sendto(RTP, ("127.0.0.1", ingress_port))  # both tiers established by that answer
+    assert recv_hop(transceiver)[1] == RTP
     # A hint for another cluster is refused by the cluster tier.
     client2 = udp()
     client2.sendto(stun_for(5, 7), ("127.0.0.1", cluster_port))
@@ -306,8 +320,7 @@ def test_a_restarted_ingress_resumes_the_chain_only_on_a_fixed_hop_port(
         args += ["--hop-port", str(free_port())]
     ingress = relay_factory(args)
     client = udp()
-    client.sendto(stun_for(4, 7), ("127.0.0.1", ingress_port))
-    recv_hop(transceiver)
+    open_flow(client, ("127.0.0.1", ingress_port), transceiver, 4, 7)
     ingress.wait_for(lambda m: m["redis_writes"] == 1)
     ingress.kill()
     ingress = relay_factory(args)
@@ -329,8 +342,12 @@ def test_two_workers_share_the_port_and_forward_every_flow(world):
     clients = [udp() for _ in range(40)]
     for c in clients:
         c.sendto(stun_for(1), world["vip"])
-    seen = {recv_hop(world["hops"][1])[0].client for _ in clients}
+    firsts = [recv_hop(world["hops"][1]) for _ in clients]
+    seen = {header.client for header, _, _ in firsts}
     assert seen == {c.getsockname() for c in clients}
+    by_addr = {c.getsockname(): c for c in clients}
+    for header, _, relay_hop_addr in firsts:  # each answer goes back through its worker
+        answer(world["hops"][1], by_addr[header.client], relay_hop_addr)
     for c in clients:
         c.sendto(RTP, world["vip"])
     assert {recv_hop(world["hops"][1])[0].client for _ in clients} == seen
@@ -345,6 +362,7 @@ def test_two_workers_share_the_port_and_forward_every_flow(world):
     assert totals == {k: int(v) for k, v in relay.metrics().items()}
     assert set(totals) == set(COUNTERS)
     assert totals["flows_active"] == 40 and totals["packets_to_server"] == 80
+    assert totals["flows_created"] == 40 and totals["packets_to_client"] == 40
     records = service_records(relay.log(), "relay")
     assert len({r["pid"] for r in events(records, "flow_created")}) == 2
     assert len(events(records, "worker_started")) == 2

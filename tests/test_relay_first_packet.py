@@ -1,7 +1,8 @@
 """A call's first packet through a relay worker: forwarded first, bookkept after.
 
 In-process worker on loopback, driven one readiness event at a time, with a stand-in for the
-Redis flow cache that records what it is handed: the datagram reaches the next hop before the
+Redis flow cache that records what it is handed: the first packet reaches the next hop with
+nothing written (the flow is pending); the next hop's answer reaches the client before the
 ``flow_created`` line is written, and the flow's Redis write waits for the sweep, where the
 new flows go in one batch (waking the cache thread at once made it compete for the GIL with
 the answer to that very packet).
@@ -16,11 +17,12 @@ from services.logs import Event
 from services.relay.config import RelayConfig, RouteTable
 from services.relay.worker import RelayWorker
 from services.wire import hop
-from services.wire.stun import binding_request
+from services.wire.stun import binding_request, binding_success
 from services.wire.ufrag import UfragCodec, secret_from_env
 from tests.conftest import free_port
 
 CODEC = UfragCodec(secret_from_env(None))
+ANSWER = binding_success()  # a STUN binding success response
 
 
 class RecordingCache:
@@ -63,6 +65,14 @@ def test_first_packets_are_forwarded_before_they_are_logged_and_written_to_redis
         return sent
 
     worker.tx_hop.flush = recorded_flush
+    flush_out = worker.tx_out.flush
+
+    def recorded_flush_out(fd: int) -> int:
+        sent = flush_out(fd)
+        calls.append(("answered", sent))
+        return sent
+
+    worker.tx_out.flush = recorded_flush_out
     handler = logging.Handler()
     handler.emit = lambda record: calls.append(("logged", record.msg.name)) \
         if isinstance(record.msg, Event) else None
@@ -75,8 +85,18 @@ def test_first_packets_are_forwarded_before_they_are_logged_and_written_to_redis
                      worker.sockets.public.getsockname())
         addresses = [c.getsockname() for c in clients]
         time.sleep(0.05)
-        worker._on_public()  # one readiness event: the three first packets
-        got = [hop.decode(next_hop.recvfrom(2048)[0])[0].client for _ in clients]
+        worker._on_public()  # one readiness event: the three first packets, to the backlog
+        assert len(worker.backlog) == 3 and calls == [("sent", 0)]  # nothing sent yet
+        calls.clear()
+        worker._drain_backlog()  # the worker's loop, between two looks at its sockets
+        firsts = [next_hop.recvfrom(2048) for _ in clients]
+        got = [hop.decode(data)[0].client for data, _ in firsts]
+        pending = list(calls)
+        for client, (_, relay_hop) in zip(got, firsts):
+            next_hop.sendto(hop.encode(client, hop.TO_CLIENT) + ANSWER, relay_hop)
+        time.sleep(0.05)
+        worker._on_return()  # one readiness event: the three answers
+        answers = [c.recvfrom(2048)[0] for c in clients]
         before_sweep = list(calls)
         worker._sweep(time.monotonic_ns())
     finally:
@@ -87,7 +107,9 @@ def test_first_packets_are_forwarded_before_they_are_logged_and_written_to_redis
         worker.sockets.close()
 
     assert got == addresses                   # forwarded, in the order they came
-    assert before_sweep == [("sent", 3)] + [("logged", "flow_created")] * 3  # then logged
+    assert pending == [("sent", 3)]           # pending: not logged, not written
+    assert answers == [ANSWER] * 3
+    assert before_sweep == [("sent", 3), ("answered", 3)] + [("logged", "flow_created")] * 3
     assert calls[len(before_sweep):] == [("write_many", addresses)]  # Redis: at the sweep
     assert worker.flows_created == 3
 

@@ -93,3 +93,11 @@ def test_payload_unchanged_and_memoryview_input():
     header, rest = hop.decode(memoryview(raw))
     assert header == hop.HopHeader(hop.TO_CLIENT, ("203.0.113.9", 40000))
     assert isinstance(rest, memoryview) and bytes(rest) == payload
+
+
+
+@settings(max_examples=200)
+@given(st.ip_addresses(), ports, directions)
+def test_the_header_from_a_raw_sockaddr_is_the_header_from_the_address(ip, port, direction):
+    client = (str(ip), port)
+    assert hop.encode_sockaddr(sockaddr(*client), direction) == hop.encode(client, direction)

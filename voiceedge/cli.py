@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     from analysis import budgets_cli
     from analysis import cli as report_cli
     from bench import capacity as capacity_bench
+    from bench.hostile import cli as hostile_bench
     from bench import relay as relay_bench
     from topology.impairment import bench as impairment_bench
     from scenarios import cli as scenario_cli
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     relay_bench.add_parser(bench_sub)
     capacity_bench.add_parser(bench_sub)
     impairment_bench.add_parser(bench_sub)
+    hostile_bench.add_parser(bench_sub)
 
     scenario_cli.add_parser(sub)
     return parser

@@ -1,4 +1,7 @@
-"""The agent's HTTP/WebSocket server: one WebSocket per call session, plus health and metrics."""
+"""The agent's HTTP/WebSocket server: one WebSocket per call session, plus health and metrics.
+
+``/metrics`` also says what the process holds (open fds, asyncio tasks, memory:
+services/introspect.py; ``/metrics?gc=1``: after a full garbage collection, for leak hunting)."""
 from __future__ import annotations
 
 import asyncio
@@ -9,6 +12,7 @@ from dataclasses import dataclass, field
 from aiohttp import WSCloseCode, WSMsgType, web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from services import introspect
 from services.agent import metrics, pcm, protocol
 from services.agent.config import AgentConfig
 from services.agent.session import Session, SessionCounters
@@ -41,6 +45,8 @@ class AgentServer:
         self._closed = SessionCounters()  # counters of sessions that have ended
         self._reply = pcm.tone(config.reply_freq_hz, config.reply_ms, config.reply_peak_dbfs)
         self._registry = metrics.registry_for(self)
+        self._process = _ProcessCollector()
+        self._registry.register(self._process)
         self._runner: web.AppRunner | None = None
         self._stopping = False
 
@@ -111,8 +117,8 @@ class AgentServer:
             return _refuse(409, f"session {session_id} is already open")
         # Uncompressed frames are written whole, so the reply task and the reader can both send
         # without a lock.
-        ws = web.WebSocketResponse(compress=False, heartbeat=self.config.heartbeat_s,
-                                   max_msg_size=self.config.max_event_bytes, timeout=CLOSE_TIMEOUT)
+        ws = _WebSocket(compress=False, heartbeat=self.config.heartbeat_s,
+                        max_msg_size=self.config.max_event_bytes, timeout=CLOSE_TIMEOUT)
         if not ws.can_prepare(request).ok:
             return _refuse(426, "this is a WebSocket endpoint", headers={"Upgrade": "websocket"})
         # Registered before the first await, so a concurrent duplicate gets 409.
@@ -172,8 +178,33 @@ class AgentServer:
                                  status=503 if self._stopping else 200)
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        self._process.collect_garbage = request.query.get("gc") == "1"
         return web.Response(body=metrics.render(self._registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+class _WebSocket(web.WebSocketResponse):
+    """aiohttp's WebSocket response, without a heartbeat once closed.
+
+    aiohttp 3.14 re-arms the heartbeat timer for data that arrives after ``close()`` began (the
+    peer's answering close frame): the timer then holds the closed response, its request,
+    transport and buffers for 1.5 heartbeats (30 s) after every session, a retention that
+    grows with the call rate (bench/hostile/hygiene.py). A hook of aiohttp's internals
+    (``_on_data_received``); without it the heartbeat works as before."""
+
+    def _on_data_received(self) -> None:
+        if not self.closed:
+            super()._on_data_received()
+
+
+class _ProcessCollector:
+    """The agent process's open fds, asyncio tasks and memory, at scrape time (after a full
+    garbage collection when ``collect_garbage``)."""
+
+    collect_garbage = False
+
+    def collect(self):
+        yield from introspect.metric_families("voiceedge_agent", self.collect_garbage)
 
 
 def _refuse(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:

@@ -34,6 +34,34 @@ def add_parser(sub) -> None:
                    help="CPUs to pin workers to, e.g. 0,1 (default: worker i on CPU i; 'none' to not pin)")
     p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds before an idle flow expires")
     p.add_argument("--max-flows", type=int, default=100_000, help="flow table cap per worker")
+    d = RelayConfig.__dataclass_fields__
+    first = p.add_argument_group(
+        "first packets", "a flow opened by a first packet stays pending (only STUN passes) "
+        "until its next hop answers; see docs/relay.md")
+    first.add_argument("--pending-ttl", type=float, default=d["pending_ttl"].default,
+                       metavar="S", help="seconds a pending flow waits for its answer (default %(default)s)")
+    first.add_argument("--max-pending", type=int, default=d["max_pending"].default, metavar="N",
+                       help="pending flows per worker; a full table evicts the oldest (default %(default)s)")
+    first.add_argument("--pending-per-ip", type=int, default=d["pending_per_ip"].default,
+                       metavar="N", help="pending flows per source IP (default %(default)s)")
+    first.add_argument("--pending-per-prefix", type=int,
+                       default=d["pending_per_prefix"].default, metavar="N",
+                       help="pending flows per source /24 or /64 (default %(default)s)")
+    first.add_argument("--first-packet-rate", type=float,
+                       default=d["first_packet_rate"].default, metavar="PPS",
+                       help="datagrams per second per source IP without an established flow; "
+                            "0: no limit (default %(default)s)")
+    first.add_argument("--first-packet-burst", type=float,
+                       default=d["first_packet_burst"].default, metavar="N",
+                       help="the token bucket's size (default %(default)s)")
+    first.add_argument("--max-lookups", type=int, default=d["max_lookups"].default, metavar="N",
+                       help="Redis lookups in flight per worker (default %(default)s)")
+    first.add_argument("--backlog", type=int, default=d["backlog"].default, metavar="N",
+                       help="first packets waiting for the slow path per worker; beyond it "
+                            "they are dropped unparsed (default %(default)s)")
+    first.add_argument("--no-pending-flows", dest="pending_flows", action="store_false",
+                       help="the unhardened behaviour: a routable first packet opens an "
+                            "established flow (for the hostile benchmark's comparison)")
     p.add_argument("--metrics", default="127.0.0.1:9478", metavar="HOST:PORT",
                    help="Prometheus metrics address ('none' to disable)")
     # Test-only regression switch (see RelayConfig.test_processing_delay_ms); not in --help.
@@ -54,6 +82,14 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
             raise ConfigError(f"--hop-port {args.hop_port} (+ worker index) is not a UDP port")
         if args.idle_timeout <= 0 or args.max_flows < 1:
             raise ConfigError("--idle-timeout and --max-flows must be positive")
+        if args.pending_ttl <= 0 or min(args.max_pending, args.pending_per_ip,
+                                        args.pending_per_prefix, args.max_lookups,
+                                        args.backlog) < 1:
+            raise ConfigError("--pending-ttl, --max-pending, --pending-per-ip, "
+                              "--pending-per-prefix, --max-lookups and --backlog must be "
+                              "positive")
+        if args.first_packet_rate < 0 or args.first_packet_burst < 1:
+            raise ConfigError("--first-packet-rate must be >= 0 and --first-packet-burst >= 1")
         internal = None
         if args.tier == "cluster":
             internal = (parse_hostport(args.internal, "--internal") if args.internal
@@ -78,6 +114,11 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
         secret=secret_from_env(os.environ.get("VOICEEDGE_UFRAG_SECRET")),
         redis_url=args.redis, workers=args.workers, cpus=cpus,
         idle_timeout=args.idle_timeout, max_flows=args.max_flows, metrics=metrics,
+        pending_flows=args.pending_flows, pending_ttl=args.pending_ttl,
+        max_pending=args.max_pending, pending_per_ip=args.pending_per_ip,
+        pending_per_prefix=args.pending_per_prefix, first_packet_rate=args.first_packet_rate,
+        first_packet_burst=args.first_packet_burst, max_lookups=args.max_lookups,
+        backlog=args.backlog,
         test_processing_delay_ms=max(0.0, args.test_processing_delay_ms))
 
 

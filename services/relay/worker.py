@@ -32,12 +32,14 @@ import time
 from services.lag import LagWatch
 from services.logs import log_event
 from services.relay import _fastpath, mmsg
+from services.relay.admission import FirstPacketLimiter, PendingFlows, source_keys
+from services.relay.backlog import Backlog
 from services.relay.config import RelayConfig
 from services.relay.counters import INDEX, NAMES, Drops
 from services.relay.flowcache import CachedFlow, FlowCache
 from services.relay.lifeline import die_with_parent
 from services.wire import hop as hopwire
-from services.wire.stun import StunError, read_username, server_ufrag
+from services.wire.stun import StunError, is_stun, read_username, server_ufrag
 from services.wire.ufrag import UfragCodec, UfragError
 
 log = logging.getLogger("voiceedge.relay")
@@ -46,6 +48,11 @@ _SWEEP_EVERY = 0.5
 _RECOVERY_BACKLOG = 8
 _NEGATIVE_TTL = 1.0
 _MAX_ROUNDS = 16  # receive batches per readiness event before looking at other sockets
+# Batches with slow-path datagrams per readiness event: under a flood of first packets every
+# batch has some, and a loop until none came back never served the other sockets (answers and
+# media to clients waited 20 s in the hop socket) nor swept (found by the hostile flood).
+_SLOW_ROUNDS = 2
+_BACKLOG_CHUNK = 8  # first packets handled between two looks at the sockets (backlog.py)
 _WRITE_BATCH = 1024  # new flows held for Redis before the sweep writes them anyway
 
 # Flow record words shared with _fastpath.c (its REC_* enum).
@@ -96,14 +103,17 @@ class Flow:
 
     __slots__ = ("key", "client", "client_name", "header", "next", "prev", "cluster_id",
                  "transceiver_id", "created", "refreshed", "source", "record", "words",
-                 "record_ptr")
+                 "record_ptr", "pending", "ip_key", "prefix_key")
 
     def __init__(self, key, client: tuple[str, int], next_hop: Hop, prev: Hop | None,
-                 cluster_id: int, transceiver_id: int, now_ns: int, source: str) -> None:
+                 cluster_id: int, transceiver_id: int, now_ns: int, source: str,
+                 client_name: bytes | None = None) -> None:
         self.key = key
         self.client = client
-        self.client_name = bytearray(mmsg.sockaddr(*client))
-        self.header = bytearray(hopwire.encode(client, hopwire.TO_SERVER))
+        self.client_name = bytearray(client_name or mmsg.sockaddr(*client))
+        self.ip_key, self.prefix_key = source_keys(self.client_name)
+        self.pending = False  # see services/relay/admission.py
+        self.header = bytearray(hopwire.encode_sockaddr(self.client_name, hopwire.TO_SERVER))
         self.cluster_id, self.transceiver_id = cluster_id, transceiver_id
         self.created = self.refreshed = now_ns
         self.source = source
@@ -201,13 +211,18 @@ class RelayWorker:
         self.flows_created = self.flows_recovered = self.flows_expired = 0
         self.receive_batches = 0
         self._send_failed = 0
-        self._pending: dict = {}   # key -> (previous hop, datagrams waiting for Redis)
+        self._lookups: dict = {}   # key -> (previous hop, datagrams waiting for Redis)
+        self.pending = PendingFlows(config.max_pending, config.pending_per_ip,
+                                    config.pending_per_prefix, config.pending_ttl)
+        self.limiter = FirstPacketLimiter(config.first_packet_rate, config.first_packet_burst)
+        self.pending_created = self.pending_expired = self.pending_evicted = 0
         self._unlogged: list[Flow] = []  # created in this batch: logged once it is sent
         self._unwritten: list[tuple[tuple[str, int], CachedFlow]] = []  # to Redis at the sweep
         self._negative: dict = {}  # key -> monotonic ns until which Redis is not asked again
         self._running = False
         size = config.batch
         self.rx = mmsg.RecvBatch(size)
+        self.backlog = Backlog(config.backlog)
         self.tx_hop = mmsg.SendBatch(size)  # to next hops (and to upstream relays)
         self.tx_out = mmsg.SendBatch(size)  # to clients, from the public port
         self._misses = bytearray(4 * size)
@@ -249,10 +264,13 @@ class RelayWorker:
         lag = LagWatch(log, expected=1 / _SWEEP_EVERY)  # how late the sweeps run
         try:
             while self._running:
-                for fd, _ in ep.poll(max(0.0, next_sweep - time.monotonic()), len(handlers)):
+                wait = 0.0 if self.backlog else max(0.0, next_sweep - time.monotonic())
+                for fd, _ in ep.poll(wait, len(handlers)):
                     if injected:
                         time.sleep(injected)
                     handlers[fd]()
+                if self.backlog:
+                    self._drain_backlog()
                 now = time.monotonic()
                 if now >= next_sweep:
                     lag.note(now - next_sweep)
@@ -269,7 +287,7 @@ class RelayWorker:
     def _on_public(self) -> None:
         """Clients -> next hop, with the flow's hop header in front."""
         rx, tx, misses = self.rx, self.tx_hop, self._miss_index
-        while True:
+        for _ in range(_SLOW_ROUNDS):
             received, missed, failed = _fastpath.forward_public(
                 self._public_fd, rx.hdrs_addr, rx.size, self._fast, tx.hdrs_addr, tx.iovs_addr,
                 self._hop_fd, self._misses_ptr, _MAX_ROUNDS)
@@ -280,7 +298,7 @@ class RelayWorker:
                 return
             now = time.monotonic_ns()
             for k in range(missed):
-                self._public_slow(misses[k], now)
+                self._public_miss(misses[k], now)
             tx.flush(self._hop_fd)
             self._log_created()
 
@@ -288,7 +306,7 @@ class RelayWorker:
         """Answers from next hops -> the client (header stripped) or the upstream relay."""
         rx, misses = self.rx, self._miss_index
         pub, up = self.tx_out, self.tx_hop
-        while True:
+        for _ in range(_SLOW_ROUNDS):
             received, missed, failed = _fastpath.forward_return(
                 self._hop_fd, rx.hdrs_addr, rx.size, self._fast, pub.hdrs_addr, pub.iovs_addr,
                 self._public_fd, up.hdrs_addr, up.iovs_addr, self._internal_fd,
@@ -304,6 +322,7 @@ class RelayWorker:
             pub.flush(self._public_fd)
             if up.count:
                 up.flush(self._internal_fd)
+            self._log_created()
 
     def _on_internal(self) -> None:
         """Cluster tier: hop-encapsulated datagrams from ingress relays -> transceivers.
@@ -327,38 +346,68 @@ class RelayWorker:
 
     # ---------------------------------------------------------------- slow paths
 
-    def _datagram(self, i: int) -> memoryview:
-        rx = self.rx
+    def _datagram(self, i: int, rx=None) -> memoryview:
+        rx = self.rx if rx is None else rx  # (an empty Backlog is falsy)
         return rx.view[i * rx.slot:i * rx.slot + rx.length(i)]
 
-    def _public_slow(self, i: int, now: int) -> None:
-        """A client datagram the fast path did not forward."""
+    def _public_miss(self, i: int, now: int) -> None:
+        """A client datagram the fast path did not forward: a known flow's (pending, or IPv6)
+        at once; an unknown address's into the backlog, or dropped when it is full."""
         rx = self.rx
         if rx.truncated(i):
             self.drops.add("oversize")
             return
         client_raw = rx.source(i)
+        if sockaddr_key(client_raw) in self.flows:
+            self._public_slow(rx, i, client_raw, now)
+        elif self.cache is None and (not rx.length(i) or rx.data[i * rx.slot] > 3):
+            self.drops.add("unknown_not_stun")  # not STUN, and no Redis to ask: no more work
+        elif not self.backlog.push(rx, i, client_raw):
+            self.drops.add("overload")
+
+    def _drain_backlog(self) -> None:
+        """Up to _BACKLOG_CHUNK first packets, oldest first, sent in one batch."""
+        backlog, now = self.backlog, time.monotonic_ns()
+        for _ in range(min(_BACKLOG_CHUNK, len(backlog))):
+            k = backlog.pop()
+            self._public_slow(backlog, k, backlog.source(k), now)
+        self.tx_hop.flush(self._hop_fd)
+        self._log_created()
+
+    def _public_slow(self, rx, i: int, client_raw: bytes, now: int) -> None:
+        """A client datagram in slot i of ``rx`` (the receive batch or the backlog)."""
         key = sockaddr_key(client_raw)
-        datagram = self._datagram(i)
+        datagram = self._datagram(i, rx)
         flow = self.flows.get(key)
-        if flow is not None and flow.prev is None:  # known flow the fast path skips (IPv6)
-            self._send_up(flow, i, len(datagram), len(datagram), True, now)
+        if flow is not None and flow.prev is None:
+            # A pending flow, or an established one the fast path skips (IPv6).
+            if flow.pending and not self._pending_may_pass(flow, datagram, now):
+                return
+            self._send_up(flow, rx, i, len(datagram), len(datagram), True, now)
             return
         if flow is not None:  # the same address is a flow from an upstream relay
             self.drops.add("wrong_prev_hop")
             return
+        ip = source_keys(client_raw)[0]
+        if not datagram or datagram[0] > 3:  # not STUN: only Redis may know the address
+            if self.cache is None:
+                self.drops.add("unknown_not_stun")
+            else:
+                self._recover(key, ip, mmsg.sockaddr_to_tuple(client_raw), None,
+                              bytes(datagram), 0, now)
+            return
+        if not self.limiter.allow(ip, now):
+            self.drops.add("rate_limited")
+            return
         routed = self._route(datagram)
         client = mmsg.sockaddr_to_tuple(client_raw)
-        if routed == "unknown_not_stun" and self.cache is not None:
-            self._recover(key, client, None, bytes(datagram), 0, now)
-            return
         if isinstance(routed, str):
             self.drops.add(routed)
             return
         cluster_id, transceiver_id, nxt = routed
         flow = self._create(key, client, nxt, None, cluster_id, transceiver_id, now, "stun")
         if flow is not None:
-            self._send_up(flow, i, len(datagram), len(datagram), True, now)
+            self._send_up(flow, rx, i, len(datagram), len(datagram), True, now)
 
     def _return_slow(self, i: int, now: int) -> None:
         """A datagram from a next hop that the fast path did not forward."""
@@ -382,6 +431,8 @@ class RelayWorker:
         if sockaddr_key(rx.source(i)) != flow.next.key:
             self.drops.add("return_wrong_source")
             return
+        if flow.pending:
+            self._establish(flow)
         if flow.prev is None:
             w = flow.words
             self.tx_out.add(w[_CLIENT_NAME], w[_CLIENT_NAMELEN],
@@ -410,34 +461,42 @@ class RelayWorker:
         prev = self._hop(mmsg.sockaddr_to_tuple(rx.source(i)))
         flow = self.flows.get(key)
         if flow is not None and flow.prev is prev:
-            self._send_up(flow, i, len(datagram), len(payload), False, now)
+            if flow.pending and not self._pending_may_pass(flow, payload, now):
+                return
+            self._send_up(flow, self.rx, i, len(datagram), len(payload), False, now)
             return
-        routed = self._route(payload)
-        if routed == "unknown_not_stun":
+        ip = source_keys(mmsg.sockaddr(*header.client))[0]
+        if not payload or payload[0] > 3:  # not STUN: only Redis may know the client
             if flow is not None:
                 self.drops.add("wrong_prev_hop")
             elif self.cache is not None:
-                self._recover(key, header.client, prev, bytes(datagram), header.length, now)
+                self._recover(key, ip, header.client, prev, bytes(datagram), header.length, now)
             else:
-                self.drops.add(routed)
+                self.drops.add("unknown_not_stun")
             return
+        if not self.limiter.allow(ip, now):
+            self.drops.add("rate_limited")
+            return
+        routed = self._route(payload)
         if isinstance(routed, str):
             self.drops.add(routed)
             return
         cluster_id, transceiver_id, nxt = routed
         if flow is not None:  # the client now arrives through another ingress relay
+            if flow.pending and not self._pending_may_pass(flow, payload, now):
+                return
             flow.route(nxt, prev)
         else:
             flow = self._create(key, header.client, nxt, prev, cluster_id, transceiver_id, now,
                                 "stun")
         if flow is not None:
-            self._send_up(flow, i, len(datagram), len(payload), False, now)
+            self._send_up(flow, self.rx, i, len(datagram), len(payload), False, now)
 
-    def _send_up(self, flow: Flow, i: int, length: int, payload: int, with_header: bool,
+    def _send_up(self, flow: Flow, rx, i: int, length: int, payload: int, with_header: bool,
                  now: int) -> None:
-        """Queue receive slot i (``length`` bytes, ``payload`` of them the client's datagram)
+        """Queue slot i of ``rx`` (``length`` bytes, ``payload`` of them the client's datagram)
         towards the flow's next hop, behind the flow's hop header when ``with_header``."""
-        rx, nxt = self.rx, flow.next
+        nxt = flow.next
         data = rx.data_addr + i * rx.slot
         if with_header:
             w = flow.words
@@ -473,24 +532,80 @@ class RelayWorker:
 
     def _create(self, key, client, nxt: Hop, prev: Hop | None, cluster_id: int,
                 transceiver_id: int, now: int, source: str) -> Flow | None:
-        if len(self.flows) >= self.config.max_flows:
+        """A new flow: pending when a STUN first packet opened it (unless pending flows are
+        off), established when Redis vouched for it."""
+        pending = source == "stun" and self.config.pending_flows
+        name = mmsg.sockaddr(*client)
+        if pending:
+            refusal = self.pending.refusal(*source_keys(name))
+            if refusal is not None:
+                self.drops.add(refusal)
+                return None
+        if len(self.flows) >= self.config.max_flows and not (pending and self.pending):
             self.drops.add("flow_table_full")
             return None
-        flow = Flow(key, client, nxt, prev, cluster_id, transceiver_id, now, source)
+        flow = Flow(key, client, nxt, prev, cluster_id, transceiver_id, now, source, name)
         self.flows[key] = flow
-        if isinstance(key, int):
-            self._fast[key] = flow.record_ptr
-        if source == "stun":
+        if pending:
+            flow.pending = True
+            self.pending_created += 1
+            evicted = self.pending.add(key, flow)
+            if evicted is not None:
+                self.pending_evicted += 1
+                self._forget(evicted)
+            elif len(self.flows) > self.config.max_flows:  # full table: the oldest pending goes
+                self.pending_evicted += 1
+                self._forget(self.pending.oldest())
+            return flow
+        self._established(flow)
+        return flow
+
+    def _established(self, flow: Flow) -> None:
+        """Put an established flow on the fast path, into Redis (if it came from STUN) and
+        into the log."""
+        if isinstance(flow.key, int):
+            self._fast[flow.key] = flow.record_ptr
+        if flow.source == "stun":
             self.flows_created += 1
             if self.cache is not None:
-                self._unwritten.append((client, CachedFlow(
-                    nxt.addr, prev.addr if prev else None, cluster_id, transceiver_id)))
+                prev = flow.prev
+                self._unwritten.append((flow.client, CachedFlow(
+                    flow.next.addr, prev.addr if prev else None, flow.cluster_id,
+                    flow.transceiver_id)))
                 if len(self._unwritten) >= _WRITE_BATCH:
                     self._write_created()
         else:
             self.flows_recovered += 1
         self._unlogged.append(flow)
-        return flow
+
+    def _establish(self, flow: Flow) -> None:
+        """A pending flow's next hop answered."""
+        self.pending.remove(flow.key, flow)
+        flow.pending = False
+        self._established(flow)
+
+    def _pending_may_pass(self, flow: Flow, datagram, now: int) -> bool:
+        """Whether a datagram of a pending flow goes on: STUN only, within the source's rate."""
+        if not is_stun(datagram):
+            self.drops.add("pending_not_stun")
+            return False
+        if not self.limiter.allow(flow.ip_key, now):
+            self.drops.add("rate_limited")
+            return False
+        return True
+
+    def _forget(self, flow: Flow) -> None:
+        """Drop a pending flow from the table (evicted or expired: never established)."""
+        self.pending.remove(flow.key, flow)
+        if self.flows.get(flow.key) is flow:
+            del self.flows[flow.key]
+        self._retire(flow)
+
+    def _retire(self, flow: Flow) -> None:
+        """Keep a removed flow's counters in the relay's totals."""
+        totals = flow.totals()
+        for k in range(4):
+            self._retired[k] += totals[k]
 
     def _log_created(self) -> None:
         """``flow_created`` for the flows of the batch just sent (after it: not before)."""
@@ -510,34 +625,50 @@ class RelayWorker:
 
     # ---------------------------------------------------------------- Redis recovery
 
-    def _recover(self, key, client, prev: Hop | None, datagram: bytes, hl: int, now: int):
-        """Ask Redis for the flow of a non-STUN datagram from an unknown client."""
+    def _recover(self, key, ip: bytes, client, prev: Hop | None, datagram: bytes, hl: int,
+                 now: int):
+        """Ask Redis for the flow of a non-STUN datagram from an unknown client.
+
+        Only a new lookup spends a token of the source's bucket: the datagrams that wait for
+        one, or that a negative answer covers, cost nothing (after a relay restart without
+        Redis, a client's media must not eat the tokens its next consent check needs).
+        """
         if self._negative.get(key, 0) > now:
             self.drops.add("unknown_not_stun")
             return
-        entry = self._pending.get(key)
+        entry = self._lookups.get(key)
         if entry is not None:
             if len(entry[1]) >= _RECOVERY_BACKLOG:
                 self.drops.add("recovery_backlog")
             else:
                 entry[1].append((datagram, hl))
             return
+        if len(self._lookups) >= self.config.max_lookups:
+            self.drops.add("recovery_busy")
+            return
+        if not self.limiter.allow(ip, now):
+            self.drops.add("rate_limited")
+            return
         if not self.cache.lookup(key, client):
             self.drops.add("unknown_not_stun")
             return
-        self._pending[key] = (prev, [(datagram, hl)])
+        self._lookups[key] = (prev, [(datagram, hl)])
 
     def _on_cache(self) -> None:
         self.cache.drain_wake()
         results, now = self.cache.results, time.monotonic_ns()
         while results:
             key, client, found = results.popleft()
-            prev, waiting = self._pending.pop(key, (None, []))
-            if key in self.flows:
-                continue  # a STUN check re-created it meanwhile
+            prev, waiting = self._lookups.pop(key, (None, []))
             expected = (self._routes.next_hop(found.cluster_id, found.transceiver_id)
                         if found else None)
-            if found is None or expected != found.next_hop:
+            vouched = found is not None and expected == found.next_hop
+            known = self.flows.get(key)
+            if known is not None:  # a STUN check opened it meanwhile
+                if known.pending and vouched and known.next.addr == expected:
+                    self._establish(known)
+                continue
+            if not vouched:
                 self._negative[key] = now + int(_NEGATIVE_TTL * 1e9)
                 self.drops.add("unknown_not_stun", len(waiting))
                 continue
@@ -559,15 +690,19 @@ class RelayWorker:
     # ---------------------------------------------------------------- housekeeping
 
     def _sweep(self, now: int) -> None:
+        for _, flow in self.pending.expired(now):
+            self.pending_expired += 1
+            self._forget(flow)
+        self.limiter.sweep(now)
         idle_ns = int(self.config.idle_timeout * 1e9)
-        expired = [f for f in self.flows.values() if now - f.last_seen_ns > idle_ns]
+        expired = [f for f in self.flows.values()
+                   if not f.pending and now - f.last_seen_ns > idle_ns]
         for flow in expired:
             del self.flows[flow.key]
             self._fast.pop(flow.key, None)
             self.flows_expired += 1
+            self._retire(flow)
             totals = flow.totals()
-            for k in range(4):
-                self._retired[k] += totals[k]
             log_event(log, "flow_expired", relay=self.config.name, worker=self.index,
                       client=f"{flow.client[0]}:{flow.client[1]}", next_hop=flow.next.label,
                       age_s=round((now - flow.created) / 1e9, 3), packets_up=totals[0],
@@ -578,7 +713,7 @@ class RelayWorker:
             self._write_created()
             due = now - int(self.config.redis_ttl / 3 * 1e9)
             stale = [f for f in self.flows.values()
-                     if f.refreshed < due and f.last_seen_ns > f.refreshed]
+                     if not f.pending and f.refreshed < due and f.last_seen_ns > f.refreshed]
             for flow in stale:
                 flow.refreshed = now
             self.cache.refresh([f.client for f in stale])
@@ -593,7 +728,11 @@ class RelayWorker:
             "packets_to_client": totals[2], "bytes_to_client": totals[3],
             "receive_batches": self.receive_batches, "flows_created": self.flows_created,
             "flows_recovered": self.flows_recovered, "flows_expired": self.flows_expired,
-            "flows_active": len(self.flows),
+            "flows_active": len(self.flows), "flows_pending": len(self.pending),
+            "flows_pending_created": self.pending_created,
+            "flows_pending_expired": self.pending_expired,
+            "flows_pending_evicted": self.pending_evicted,
+            "rate_limit_untracked": self.limiter.untracked,
         }
         cache = self.cache
         if cache is not None:

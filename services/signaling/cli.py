@@ -39,6 +39,22 @@ def add_parser(sub) -> None:
                    help="... in N probe rounds in a row (default 3)")
     g.add_argument("--steer-window", type=int, default=5, metavar="N",
                    help="RTT samples per cluster, smoothed by their median (default 5)")
+    g = p.add_argument_group("request limits (services/signaling/limits.py): 4xx beyond")
+    g.add_argument("--max-body", type=int, default=64 * 1024, metavar="BYTES",
+                   help="largest offer, 1024-65536 (default 65536; 413)")
+    g.add_argument("--read-timeout", type=float, default=5.0, metavar="S",
+                   help="the body must arrive within S seconds of the headers (default 5; 408)")
+    g.add_argument("--idle-timeout", type=float, default=5.0, metavar="S",
+                   help="a connection without complete request headers S seconds after it "
+                        "opened or was last answered is closed (default 5)")
+    g.add_argument("--max-sdp-lines", type=int, default=512, metavar="N",
+                   help="lines in an offer (default 512; 400)")
+    g.add_argument("--max-sdp-line", type=int, default=1024, metavar="BYTES",
+                   help="longest line of an offer (default 1024; 400)")
+    g.add_argument("--max-media", type=int, default=8, metavar="N",
+                   help="m= sections in an offer (default 8; 400)")
+    g.add_argument("--max-candidates", type=int, default=64, metavar="N",
+                   help="a=candidate lines in an offer (default 64; 400)")
     p.set_defaults(func=run, service="signaling")  # JSON logs: services/logs.py
 
 
@@ -77,6 +93,24 @@ def _steering(args: argparse.Namespace):
                           switch_probes=args.steer_switch_probes, window=args.steer_window)
 
 
+def _limits(args: argparse.Namespace):
+    from services.signaling.limits import RequestLimits
+
+    try:
+        return RequestLimits(max_body_bytes=args.max_body, read_timeout_s=args.read_timeout,
+                             idle_timeout_s=args.idle_timeout, max_lines=args.max_sdp_lines,
+                             max_line_bytes=args.max_sdp_line, max_media=args.max_media,
+                             max_candidates=args.max_candidates)
+    except ValueError as exc:
+        flags = {"max_body_bytes": "--max-body", "read_timeout_s": "--read-timeout",
+                 "idle_timeout_s": "--idle-timeout", "max_lines": "--max-sdp-lines",
+                 "max_line_bytes": "--max-sdp-line", "max_media": "--max-media",
+                 "max_candidates": "--max-candidates"}
+        text = str(exc)
+        name = text.split()[0]
+        raise ConfigError(text.replace(name, flags.get(name, name), 1)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from services.signaling.pool import SPARE
     from services.signaling.server import SignalingConfig, SignalingServer
@@ -87,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         if warm < 0:
             raise ConfigError("--warm-connections must be 0 or more")
         steering = _steering(args)
+        limits = _limits(args)
         if args.clusters:
             clusters = _load_clusters(args.clusters)
         elif args.transceiver:
@@ -97,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             raise ConfigError("give --transceiver URL (repeatable) or --clusters FILE")
         config = SignalingConfig(clusters=clusters, listen=listen, warm_connections=warm,
-                                 region=args.region, steering=steering)
+                                 region=args.region, steering=steering, limits=limits)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
 

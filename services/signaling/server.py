@@ -2,9 +2,12 @@
 
 - ``POST /v1/calls`` with ``Content-Type: application/sdp``: ``201``, the SDP answer, and
   ``Location: /v1/calls/{call}``; ``DELETE`` on it ends the call (``204``).
-- Refusals are one line of text: ``415`` wrong content type, ``413`` oversized body, ``400``
-  malformed offer / no audio / no BUNDLE, ``503`` no transceiver has room. Nothing is allocated
-  for a refused offer.
+- Refusals are one line of text: ``415`` wrong content type, ``413`` oversized body, ``408``
+  body too slow, ``400`` malformed or pathological offer / no audio / no BUNDLE, ``503`` no
+  transceiver has room. Nothing is allocated and nothing reaches a transceiver for an offer
+  refused here: services/signaling/limits.py has the limits (``SignalingConfig.limits``),
+  the reasons, and the connection-level ones (headers within ``idle_timeout_s``). Refusals
+  are logged at most 20 a second (``suppressed`` says how many were not).
 - Geo steering (the regional front): transceivers belong to clusters. Each transceiver's
   ``/status`` is polled in the background and the polls are timed; the policy in
   services/signaling/steering.py ranks clusters by measured RTT (the configured ``rtt_ms``
@@ -21,7 +24,8 @@
   well-formed id the transceiver does not know is ``404``, like a malformed one.
 - ``GET /healthz``: ``200`` with the transceivers as last probed while at least one answered
   its ``/status``; ``503`` with the same body and a ``reason`` when none did.
-- ``GET /metrics``: Prometheus text: calls created, refused (by status), steered (by
+- ``GET /metrics``: Prometheus text: calls created, refused (by status), offers rejected
+  before a transceiver (by reason), steered (by
   cluster, and whether that was the nearest by RTT), clusters passed over (by why), changes
   of the preferred cluster, each cluster's RTT, each transceiver's probed health and load,
   and the front's warm connections to it.
@@ -44,15 +48,21 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from services import introspect
 from services.logs import log_event
+from services.signaling.limits import (REASONS, BadRequestLog, LogBudget, Refused, RequestLimits,
+                                      read_offer)
 from services.signaling.pool import SPARE, ControlPool
 from services.signaling.steering import (FULL, OVER_LOAD, UNREACHABLE, ClusterProbe, Decision,
                                          Steering, SteeringConfig)
-from services.wire.sdp import MAX_OFFER_BYTES, OfferError, check_offer
 
 log = logging.getLogger("voiceedge.signaling")
+_http_log = logging.getLogger("voiceedge.signaling.http")  # aiohttp's, for malformed requests
+_http_log.addFilter(BadRequestLog())
 _CALL_TIMEOUT_S = 15.0
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what a transceiver's session id can be
+_LINGER_S = 1.0   # after refusing a body not read to its end, read (and drop) it this long
+_BACKLOG = 1024   # pending connections: a burst of a thousand must not wait on SYN retries
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,7 @@ class SignalingConfig:
     warm_connections: int = SPARE  # idle connections kept open to each transceiver, at least
     region: str = ""               # this front's region, for the logs
     steering: SteeringConfig = field(default_factory=SteeringConfig)
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
     @classmethod
     def single(cls, transceivers: tuple[str, ...], listen=("127.0.0.1", 8080),
@@ -104,6 +115,7 @@ class SignalingStats:
     steered: dict[tuple[str, bool], int] = field(default_factory=dict)  # (cluster, nearest)
     passed_over: dict[tuple[str, str], int] = field(default_factory=dict)  # (cluster, outcome)
     changes: dict[tuple[str, str], int] = field(default_factory=dict)  # (from, to)
+    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
 
 
 class SignalingServer:
@@ -119,6 +131,7 @@ class SignalingServer:
                                   ControlPool(url, config.warm_connections))
                          for cluster in config.clusters for url in cluster.transceivers]
         self.stats = SignalingStats()
+        self._refusal_log = LogBudget()
         self.steering = Steering({c.name: c.rtt_ms for c in config.clusters if c.transceivers},
                                  config.steering)
         self._registry = CollectorRegistry(auto_describe=False)
@@ -147,16 +160,22 @@ class SignalingServer:
         # Ready only with warm connections: the first calls must not pay a handshake either.
         await asyncio.gather(*(b.pool.wait_warm() for b in self.backends))
         self._poller = asyncio.create_task(self._poll())
-        app = web.Application(client_max_size=MAX_OFFER_BYTES + 1, middlewares=[_cors])
+        limits = self.config.limits
+        # + 1: aiohttp refuses a body of client_max_size bytes or more
+        app = web.Application(client_max_size=limits.max_body_bytes + 1, middlewares=[_cors])
         app.router.add_post("/v1/calls", self._post_call)
         app.router.add_delete("/v1/calls/{call}", self._delete_call)
         app.router.add_route("OPTIONS", "/v1/calls", _preflight)
         app.router.add_route("OPTIONS", "/v1/calls/{call}", _preflight)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
-        self._runner = web.AppRunner(app, access_log=None)
+        # The keep-alive timer also runs while a request's headers arrive: it bounds slow
+        # headers as well as idle connections.
+        self._runner = web.AppRunner(app, access_log=None,
+                                     keepalive_timeout=limits.idle_timeout_s,
+                                     lingering_time=_LINGER_S, logger=_http_log)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, *self.config.listen)
+        site = web.TCPSite(self._runner, *self.config.listen, backlog=_BACKLOG)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
         log_event(log, "signaling_started", listen=f"{self.config.listen[0]}:{self.port}",
@@ -177,6 +196,7 @@ class SignalingServer:
         if self._runner is not None:
             log_event(log, "signaling_stopped", calls_created=self.stats.created,
                       calls_refused={str(k): v for k, v in self.stats.refused.items()},
+                      refusals_not_logged=self._refusal_log.suppressed_total,
                       connections_opened={b.url: {"ahead": b.pool.opened_ahead,
                                                   "on_call": b.pool.opened_on_call}
                                           for b in self.backends})
@@ -262,17 +282,13 @@ class SignalingServer:
     async def _post_call(self, request: web.Request) -> web.Response:
         arrived = time.monotonic()
         try:
-            if request.content_type != "application/sdp":
-                raise OfferError("Content-Type must be application/sdp", 415)
-            if request.content_length is not None and request.content_length > MAX_OFFER_BYTES:
-                raise OfferError(f"offer is larger than {MAX_OFFER_BYTES} bytes", 413)
-            try:
-                body = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                raise OfferError(f"offer is larger than {MAX_OFFER_BYTES} bytes", 413) from None
-            check_offer(body)
-        except OfferError as exc:
-            return self._refuse(exc.status, str(exc))
+            body = await read_offer(request, self.config.limits)
+        except Refused as exc:
+            self.stats.rejected[exc.reason] += 1
+            response = self._refuse(exc.status, str(exc), why=exc.reason)
+            if exc.status in (408, 413):  # the rest of the body is not worth waiting for
+                response.force_close()
+            return response
         ranking = self.steering.rank(self._load())
         # Over the load threshold is a preference: when every healthy cluster is, the call
         # still goes to the first with room.
@@ -351,9 +367,13 @@ class SignalingServer:
         return outcome
 
     def _refuse(self, status: int, reason: str, **fields) -> web.Response:
-        reason = reason.splitlines()[0]
+        reason = (reason.splitlines() or [""])[0][:200]
         self.stats.refused[status] = self.stats.refused.get(status, 0) + 1
-        log_event(log, "call_refused", status=status, reason=reason, **fields)
+        skipped = self._refusal_log.take()
+        if skipped is not None:
+            if skipped:
+                fields["suppressed"] = skipped
+            log_event(log, "call_refused", status=status, reason=reason, **fields)
         return web.Response(status=status, text=reason + "\n")
 
     def _backend_of(self, call: str) -> tuple[_Backend, str] | None:
@@ -416,6 +436,12 @@ class _Collector:
         for status, n in sorted(s.stats.refused.items()):
             refused.add_metric([str(status)], n)
         yield refused
+        rejected = CounterMetricFamily(
+            "voiceedge_signaling_offers_rejected", "requests refused before any transceiver "
+            "saw them, by reason (services/signaling/limits.py)", labels=["reason"])
+        for reason, n in s.stats.rejected.items():
+            rejected.add_metric([reason], n)
+        yield rejected
         steered = CounterMetricFamily(
             "voiceedge_signaling_calls_steered", "calls placed, by cluster; nearest=\"false\" "
             "when the nearest cluster was down or full", labels=["cluster", "nearest"])
@@ -474,6 +500,7 @@ class _Collector:
             opened.add_metric([b.cluster.name, b.url, "on_call"], b.pool.opened_on_call)
         yield from gauges.values()
         yield opened
+        yield from introspect.metric_families("voiceedge_signaling")
 
 
 async def _connection_opened(session, ctx, params) -> None:

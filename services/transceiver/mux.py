@@ -13,6 +13,13 @@ Sending goes only to learned addresses, wrapped in a hop header when the client 
 relay. A datagram for an address not learned yet (the session's own checks towards the client's
 signalled candidates) is parked and sent the moment an authenticated check from that address
 arrives, instead of waiting for the 500 ms STUN retransmission.
+
+Bounds (hostile input): an address that never authenticated leaves no state behind, however
+many datagrams it sends; everything the mux holds is per registered session and capped:
+learned addresses (``_ADDR_LIMIT``, the least recently checked one is forgotten), parked
+datagrams (``_PARK_LIMIT``) and the hop-header cache (one entry per learned address behind a
+relay). Every datagram received is either delivered to a session or counted under exactly one
+drop reason (``MuxCounters.DROPS``); ``state_sizes()`` says what is held now.
 """
 from __future__ import annotations
 
@@ -31,12 +38,12 @@ log = logging.getLogger("voiceedge.transceiver")
 
 _PARK_LIMIT = 16     # parked datagrams per session
 _PARK_TTL = 5.0      # seconds a parked datagram waits for its address
+_ADDR_LIMIT = 16     # learned addresses per session (a client has a few candidates)
 _SO_MEMINFO, _SK_MEMINFO_DROPS = 55, 8  # linux/sock_diag.h: the socket's kernel drop count
 # Socket buffers: the one socket takes what a socket per session would each take, so a short
 # stall of the event loop must not overflow it (the relay's sockets have the same).
 _BUFFER_BYTES = 4 << 20
 _SO_RCVBUFFORCE, _SO_SNDBUFFORCE = 33, 32
-_HOP_CACHE_LIMIT = 4096  # decoded IPv4 hop headers kept (one per client behind a relay)
 
 
 class MuxPort:
@@ -58,16 +65,29 @@ class MuxPort:
 
 @dataclass
 class MuxCounters:
+    """``datagrams_in == delivered + sum of DROPS``; ``parked == parked_sent + parked_expired
+    + parked now`` (``parked_dropped`` were never parked)."""
+
+    DROPS = ("bad_hop_header", "empty", "stun_malformed", "stun_unknown_ufrag",
+             "stun_unauthenticated", "stun_unknown_address", "unknown_address")
+
     datagrams_in: int = 0
+    delivered: int = 0             # to a session (STUN or media)
     datagrams_out: int = 0
     from_relays: int = 0
-    stun_unknown_ufrag: int = 0
-    stun_unauthenticated: int = 0
-    unknown_address: int = 0
-    bad_hop_header: int = 0
+    bad_hop_header: int = 0        # undecodable, or the direction towards the client
+    empty: int = 0                 # no bytes (after the hop header, if any)
+    stun_malformed: int = 0        # first byte in STUN's range (0-3), not a STUN message
+    stun_unknown_ufrag: int = 0    # request for no registered session
+    stun_unauthenticated: int = 0  # request whose MESSAGE-INTEGRITY does not verify
+    stun_unknown_address: int = 0  # response or indication from an address not learned
+    unknown_address: int = 0       # anything else from an address not learned
     parked: int = 0
     parked_sent: int = 0
-    parked_expired: int = 0
+    parked_expired: int = 0        # never sent: its TTL passed or its session ended first
+    parked_dropped: int = 0        # not parked: its session had _PARK_LIMIT parked already
+    send_unregistered: int = 0     # a send from a session no longer registered
+    addresses_evicted: int = 0     # learned addresses forgotten for a session's newer ones
     kernel_drops: int = 0  # datagrams the kernel dropped for this socket (receive buffer full)
 
 
@@ -76,6 +96,7 @@ class _Learned:
     port: MuxPort
     relay: tuple[str, int] | None  # None: the client reaches this socket directly
     header: bytes = b""            # the hop header towards this client, once made
+    hop_key: bytes = b""           # the client's header from the relay, once cached
 
 
 @dataclass
@@ -91,11 +112,14 @@ class SharedSocket(asyncio.DatagramProtocol):
         self.counters = MuxCounters()
         self._by_ufrag: dict[str, MuxPort] = {}
         self._by_addr: dict[tuple[str, int], _Learned] = {}
-        self._addrs_of: dict[int, set[tuple[str, int]]] = {}  # id(port) -> learned addresses
+        # id(port) -> its learned addresses, least recently authenticated first
+        self._addrs_of: dict[int, dict[tuple[str, int], None]] = {}
         self._parked: dict[int, _Parked] = {}
+        self._swept_at = time.monotonic()
         # Parsing a hop header makes an ipaddress object, each way, per datagram: instead,
-        # a client's header bytes map to its address, and a learned address keeps the
-        # header towards it.
+        # a learned client's header bytes map to its address, and a learned address keeps
+        # the header towards it. Only learned clients: a flood of headers naming unknown
+        # clients must neither grow this nor push the real clients out.
         self._hop_clients: dict[bytes, tuple[str, int]] = {}
 
     @classmethod
@@ -146,22 +170,37 @@ class SharedSocket(asyncio.DatagramProtocol):
         if port.ufrag in self._by_ufrag:
             raise ValueError(f"ufrag {port.ufrag} is already registered")
         self._by_ufrag[port.ufrag] = port
-        self._addrs_of[id(port)] = set()
+        self._addrs_of[id(port)] = {}
 
     def unregister(self, port: MuxPort) -> None:
-        self._by_ufrag.pop(port.ufrag, None)
-        for addr in self._addrs_of.pop(id(port), set()):
-            self._by_addr.pop(addr, None)
-        self._parked.pop(id(port), None)
+        if self._by_ufrag.get(port.ufrag) is port:
+            del self._by_ufrag[port.ufrag]
+        for addr in self._addrs_of.pop(id(port), {}):
+            self._forget(addr)
+        parked = self._parked.pop(id(port), None)
+        if parked is not None:
+            self.counters.parked_expired += len(parked.items)
 
     @property
     def sessions(self) -> int:
         return len(self._by_ufrag)
 
+    def state_sizes(self) -> dict[str, int]:
+        """What the mux holds now; each is bounded by the registered sessions."""
+        return {"learned_addresses": len(self._by_addr), "ufrags": len(self._by_ufrag),
+                "parked": sum(len(p.items) for p in self._parked.values()),
+                "parked_lists": len(self._parked), "hop_cache": len(self._hop_clients)}
+
+    def _forget(self, addr: tuple[str, int]) -> None:
+        learned = self._by_addr.pop(addr, None)
+        if learned is not None and learned.hop_key:
+            self._hop_clients.pop(learned.hop_key, None)
+
     # ------------------------------------------------------------ receive
 
     def datagram_received(self, data: bytes, addr: tuple) -> None:
-        self.counters.datagrams_in += 1
+        counters = self.counters
+        counters.datagrams_in += 1
         relay = None
         if data and data[0] == hop.MAGIC:
             key = data[:hop.IPV4_LENGTH]
@@ -172,35 +211,39 @@ class SharedSocket(asyncio.DatagramProtocol):
                 try:
                     header, payload = hop.decode(data)
                 except hop.HopHeaderError:
-                    self.counters.bad_hop_header += 1
+                    counters.bad_hop_header += 1
                     return
                 if header.direction != hop.TO_SERVER:
-                    self.counters.bad_hop_header += 1
+                    counters.bad_hop_header += 1
                     return
                 client, data = header.client, bytes(payload)
-                if header.length == hop.IPV4_LENGTH:
-                    if len(self._hop_clients) >= _HOP_CACHE_LIMIT:
-                        self._hop_clients.clear()
+                learned = self._by_addr.get(client)
+                if learned is not None and header.length == hop.IPV4_LENGTH:
                     self._hop_clients[key] = client
-            self.counters.from_relays += 1
+                    learned.hop_key = key
+            counters.from_relays += 1
             relay = (addr[0], addr[1])
         else:
             client = (addr[0], addr[1])
 
-        if data and data[0] < 4:
+        if not data:
+            counters.empty += 1
+            return
+        if data[0] < 4:
             try:
                 message = stun.parse_message(data)
-            except ValueError:
-                message = None
-            if message is not None:
-                self._stun_received(message, data, client, relay)
+            except (ValueError, struct.error):  # aioice: struct.error for short attributes
+                counters.stun_malformed += 1
                 return
+            self._stun_received(message, data, client, relay)
+            return
         learned = self._by_addr.get(client)
         if learned is None:
-            self.counters.unknown_address += 1
+            counters.unknown_address += 1
             return
         if relay is not None:
             learned.relay = relay  # answers follow the relay that last delivered the client
+        counters.delivered += 1
         learned.port.media_received(data)
 
     def _stun_received(self, message: stun.Message, data: bytes, client, relay) -> None:
@@ -214,23 +257,34 @@ class SharedSocket(asyncio.DatagramProtocol):
                 self.counters.stun_unauthenticated += 1
                 return
             self._learn(port, client, relay)
+            self.counters.delivered += 1
             port.datagram_received(data, client)
             return
         learned = self._by_addr.get(client)
         if learned is None:
-            self.counters.unknown_address += 1
+            self.counters.stun_unknown_address += 1
             return
+        self.counters.delivered += 1
         learned.port.datagram_received(data, client)
 
     def _learn(self, port: MuxPort, client: tuple[str, int], relay) -> None:
+        addrs = self._addrs_of[id(port)]
         known = self._by_addr.get(client)
         if known is not None and known.port is port:
             known.relay = relay
+            del addrs[client]  # most recently authenticated last
+            addrs[client] = None
             return
         if known is not None:  # the address moved to another session: forget it there
-            self._addrs_of.get(id(known.port), set()).discard(client)
+            self._addrs_of.get(id(known.port), {}).pop(client, None)
+            self._forget(client)
+        while len(addrs) >= _ADDR_LIMIT:
+            oldest = next(iter(addrs))
+            del addrs[oldest]
+            self._forget(oldest)
+            self.counters.addresses_evicted += 1
         self._by_addr[client] = _Learned(port, relay)
-        self._addrs_of[id(port)].add(client)
+        addrs[client] = None
         parked = self._parked.get(id(port))
         if parked:
             now, keep = time.monotonic(), []
@@ -243,6 +297,8 @@ class SharedSocket(asyncio.DatagramProtocol):
                 else:
                     self.counters.parked_expired += 1
             parked.items = keep
+            if not keep:
+                del self._parked[id(port)]
 
     # ------------------------------------------------------------ send
 
@@ -251,10 +307,34 @@ class SharedSocket(asyncio.DatagramProtocol):
         if learned is not None and learned.port is port:
             self._send(data, addr, learned.relay, learned)
             return
+        if id(port) not in self._addrs_of:
+            self.counters.send_unregistered += 1
+            return
+        now = time.monotonic()
+        if now - self._swept_at >= _PARK_TTL:
+            self._sweep_parked(now)
         parked = self._parked.setdefault(id(port), _Parked())
+        if len(parked.items) >= _PARK_LIMIT:
+            self._expire(parked, now)
         if len(parked.items) < _PARK_LIMIT:
-            parked.items.append((time.monotonic(), data, addr))
+            parked.items.append((now, data, addr))
             self.counters.parked += 1
+        else:
+            self.counters.parked_dropped += 1
+
+    def _expire(self, parked: _Parked, now: float) -> None:
+        keep = [item for item in parked.items if now - item[0] < _PARK_TTL]
+        self.counters.parked_expired += len(parked.items) - len(keep)
+        parked.items = keep
+
+    def _sweep_parked(self, now: float) -> None:
+        """Expire every session's parked datagrams; drop the lists left empty (sessions whose
+        checks went nowhere would otherwise each keep one until they end)."""
+        self._swept_at = now
+        for key, parked in list(self._parked.items()):
+            self._expire(parked, now)
+            if not parked.items:
+                del self._parked[key]
 
     def _send(self, data: bytes, client: tuple[str, int], relay, learned=None) -> None:
         if self.transport is None or self.transport.is_closing():

@@ -7,8 +7,10 @@ Control API (HTTP, internal):
   region; shared mode only): ``201`` with the SDP answer and ``Location: /sessions/{id}``;
   ``4xx`` with a one-line reason for a bad offer; ``503`` when at capacity.
 - ``DELETE /sessions/{id}``: ``204``, or ``404``.
-- ``GET /status``: JSON (ids, mode, sessions, capacity, UDP sockets held by this process).
-- ``GET /metrics``: Prometheus text.
+- ``GET /status``: JSON (ids, mode, sessions, capacity, UDP sockets held by this process, the
+  process's open fds, asyncio tasks and memory (services/introspect.py; ``?gc=1``: after a full
+  garbage collection, for leak hunting), the shared socket's state sizes).
+- ``GET /metrics``: Prometheus text (the same process gauges and mux state sizes included).
 - ``GET /ping``: ``204``, nothing else: signaling fronts open and refresh their warm keep-alive
   connections with it (services/signaling/pool.py). Idle connections are kept an hour.
 """
@@ -22,10 +24,12 @@ import time
 from dataclasses import dataclass
 
 import aiohttp
+import aioice.ice
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from services import introspect
 from services.config import parse_hostport
 from services.logs import log_event
 from services.transceiver import ice
@@ -39,6 +43,10 @@ from voiceedge.errors import ConfigError
 
 log = logging.getLogger("voiceedge.transceiver")
 _KEEPALIVE_S = 3600.0  # idle control-API connections are kept this long
+# Test-only (bench/hostile/hygiene.py's quick run): aioice's consent-check interval in seconds
+# instead of its 5, so that a vanished client's session is reaped in seconds. Process-wide:
+# every ICE agent of a transceiver process is one of its sessions. Never set in production.
+TEST_CONSENT_ENV = "VOICEEDGE_TEST_CONSENT_INTERVAL_S"
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,9 @@ class TransceiverServer:
     async def start(self) -> None:
         ice.install()
         cfg = self.config
+        consent = float(os.environ.get(TEST_CONSENT_ENV, "0") or 0)
+        if consent > 0:
+            aioice.ice.CONSENT_INTERVAL = consent
         self.certificates.fill()  # off every call's path from the first one on
         if cfg.mode == ice.SHARED:
             self.mux = await SharedSocket.open(cfg.media_host, cfg.media_port)
@@ -244,7 +255,9 @@ class TransceiverServer:
         await session.close("deleted")
         return web.Response(status=204)
 
-    def status(self) -> dict:
+    def status(self, collect: bool = False) -> dict:
+        """What /status says; ``collect``: a full garbage collection before the process's
+        figures."""
         cfg = self.config
         if self.mux is not None:
             self.mux.read_kernel_drops()
@@ -255,6 +268,8 @@ class TransceiverServer:
             "ufrag_dev_secret": self.dev_secret,
             "media": list(self.media_address) if self.mux else None,
             "mux": vars(self.mux.counters) if self.mux else None,
+            "mux_state": self.mux_state(),
+            "process": introspect.snapshot(collect),
             "session_details": [
                 {"id": sid, "state": sess.state, "ufrag": sess.plan.ufrag,
                  "age_s": round(time.monotonic() - sess.stats.created, 3),
@@ -266,8 +281,15 @@ class TransceiverServer:
                 for sid, sess in self.sessions.items()],
         }
 
+    def mux_state(self) -> dict[str, int] | None:
+        """What the shared socket holds now (learned addresses, ufrags, parked datagrams, hop
+        cache entries), if this mux can say."""
+        if self.mux is None or not hasattr(self.mux, "state_sizes"):
+            return None
+        return self.mux.state_sizes()
+
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.status())
+        return web.json_response(self.status(request.query.get("gc") == "1"))
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self._registry),
@@ -310,3 +332,9 @@ class _Collector:
                 m = CounterMetricFamily(f"voiceedge_transceiver_mux_{name}", f"shared socket: {name}")
                 m.add_metric([], value)
                 yield m
+        for name, value in (s.mux_state() or {}).items():
+            m = GaugeMetricFamily(f"voiceedge_transceiver_mux_state_{name}",
+                                  f"shared socket, held now: {name}")
+            m.add_metric([], value)
+            yield m
+        yield from introspect.metric_families("voiceedge_transceiver")

@@ -55,3 +55,8 @@ def binding_request(username: bytes, transaction_id: bytes | None = None) -> byt
     tid = transaction_id if transaction_id is not None else os.urandom(12)
     attr = struct.pack("!HH", ATTR_USERNAME, len(username)) + username + bytes(-len(username) % 4)
     return struct.pack("!HHI", 0x0001, len(attr), MAGIC_COOKIE) + tid + attr
+
+
+def binding_success(transaction_id: bytes = bytes(12)) -> bytes:
+    """An empty STUN binding success response (stand-in next hops answer checks with it)."""
+    return struct.pack("!HHI", 0x0101, 0, MAGIC_COOKIE) + transaction_id

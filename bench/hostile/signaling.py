@@ -1,0 +1,577 @@
+"""Signaling abuse: hostile HTTP against a live front, with real calls through it meanwhile.
+
+The edge of ``voiceedge demo edge`` (Redis, relay, transceiver, agent) in a lab namespace, and
+a signaling front in front of it started with the configured limits. After a warm-up burst
+(the same junk as the measured one: allocator arenas and buffers grown once), the front's file
+descriptors and RSS are the baseline; then all at once:
+
+- ``oversized``: bodies over the cap, declared (``Content-Length``), chunked, or a lying
+  ``Content-Length``: 413.
+- ``content_type``: anything but ``application/sdp``, or none: 415.
+- ``pathological_sdp``: 5,000 candidates, 500 m-lines, a 100 KiB attribute, binary garbage,
+  NUL bytes, 20,000 lines, invalid UTF-8, no audio...: 400, or 413 where the case is bigger
+  than the body cap (5,000 candidates and a 100 KiB attribute cannot fit in 64 KiB).
+- ``slow_upload``: headers, then the body a byte every ``byte_interval_s``: 408 within the
+  front's read timeout (+ ``answer_slack_s``).
+- ``slow_headers``: the request itself a byte at a time: closed within the front's idle
+  timeout (+ ``answer_slack_s``).
+- ``junk_burst``: ``junk_posts`` concurrent requests, each on its own connection: junk
+  bodies through aiohttp's client, and raw junk (not HTTP, header bombs, a line over aiohttp's
+  cap, a request abandoned half sent): a 4xx, or closed, or (counted) a timeout; never a 5xx.
+- ``real_calls``: aiortc clients (services/client) calling through the front as the burst
+  starts: each must succeed.
+
+Then the front's descriptors must come back to within ``fd_slack`` of the baseline and its RSS
+to within ``rss_slack_mib``; ``violations`` lists what did not hold. Everything started is
+stopped, the namespace removed.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from scenarios.demo_edge import demo_plan
+from scenarios.edge import Edge
+from scenarios.processes import http_ok, voiceedge_cmd
+from services.client.config import ClientConfig
+from services.client.runner import run_sessions
+from services.transceiver.ice import SHARED
+from topology.netns import in_namespace, lab_namespace
+
+KINDS = ("oversized", "content_type", "pathological_sdp", "slow_upload", "slow_headers",
+         "junk_burst")
+ENDED = ("closed", "reset")  # the connection ended without an answer (raw junk, slow headers)
+
+
+@dataclass(frozen=True)
+class SignalingAbuseConfig:
+    junk_posts: int = 1000          # the concurrent burst (warm-up: the same again, before)
+    slow_uploads: int = 20          # concurrent clients, body a byte at a time
+    slow_headers: int = 20          # concurrent clients, headers a byte at a time
+    byte_interval_s: float = 1.0    # one byte a second
+    repeats: int = 3                # each oversized / content-type / pathological case
+    real_calls: int = 3
+    call_duration_s: float = 3.0
+    answer_timeout_s: float = 15.0  # no answer by then: a timeout
+    answer_slack_s: float = 1.5     # slow clients: ended within the front's timeout + this
+    # the front's limits (voiceedge signaling flags); the body cap stays its default, 64 KiB
+    read_timeout_s: float = 5.0
+    idle_timeout_s: float = 5.0
+    fd_slack: int = 5               # descriptors above the baseline once connections closed
+    rss_slack_mib: float = 4.0      # RSS growth allowed after the warm-up burst
+    settle_s: float = 8.0           # how long to wait for descriptors to come back
+    seed: int = 1
+    workdir: Path | None = None
+
+    @classmethod
+    def quick(cls) -> "SignalingAbuseConfig":
+        """The same burst, shorter slow clients and calls: for tests."""
+        return cls(slow_uploads=4, slow_headers=4, byte_interval_s=0.25, repeats=1,
+                   real_calls=1, call_duration_s=1.0, read_timeout_s=1.5, idle_timeout_s=1.5,
+                   answer_slack_s=2.0, answer_timeout_s=10.0, settle_s=5.0)
+
+    def front_args(self) -> list[str]:
+        return ["--read-timeout", f"{self.read_timeout_s:g}",
+                "--idle-timeout", f"{self.idle_timeout_s:g}"]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one hostile request got: an HTTP status ("413"), ``closed`` / ``reset`` (the
+    connection ended without an answer), ``timeout``, ``abandoned`` (the client left first)
+    or ``error:<what>`` (e.g. the connection was refused)."""
+
+    kind: str
+    case: str
+    outcome: str
+    seconds: float
+    ok: bool
+
+
+# ------------------------------------------------------------ offers
+
+def _sdp(*lines: str) -> bytes:
+    return ("\r\n".join(lines) + "\r\n").encode()
+
+
+_HEAD = ("v=0", "o=- 1 1 IN IP4 0.0.0.0", "s=-", "t=0 0", "a=group:BUNDLE 0")
+_AUDIO = ("m=audio 9 UDP/TLS/RTP/SAVPF 111", "c=IN IP4 0.0.0.0", "a=sendrecv", "a=mid:0",
+          "a=rtcp-mux", "a=rtpmap:111 opus/48000/2", "a=ice-ufrag:abcd",
+          "a=ice-pwd:" + "p" * 24, "a=fingerprint:sha-256 " + ":".join(["AB"] * 32),
+          "a=setup:actpass")
+OFFER = _sdp(*_HEAD, *_AUDIO)  # well formed: what a front would forward
+
+
+def pathological_offers(rng: random.Random) -> list[tuple[str, bytes, int]]:
+    """(case, body, status the default limits give it)."""
+    cand = "a=candidate:{0} 1 udp 2130706431 10.{1}.{2}.{3} {4} typ host"
+    short = "a=candidate:0 1 udp 1 10.0.0.1 1 typ host"
+    return [
+        ("5,000 candidates", _sdp(*_HEAD, *_AUDIO, *(
+            cand.format(i, i >> 16 & 255, i >> 8 & 255, i & 255, 1024 + i) for i in range(5000))),
+         413),
+        ("500 m-lines", _sdp(*_HEAD, *(f"m=audio 9 RTP/AVP 0\r\na=mid:{i}" for i in range(500))),
+         400),
+        ("100 KiB attribute", _sdp(*_HEAD, *_AUDIO, "a=x-huge:" + "y" * 100 * 1024), 413),
+        ("1,000 candidates (under the cap)", _sdp(*_HEAD, *_AUDIO, *[short] * 1000), 400),
+        ("8 KiB attribute", _sdp(*_HEAD, *_AUDIO, "a=fmtp:111 " + "z" * 8192), 400),
+        ("20,000 lines", _sdp(*_HEAD, *_AUDIO) + b"a=\n" * 20_000, 400),
+        ("64 KiB binary garbage", rng.randbytes(64 * 1024), 400),
+        ("NUL bytes", OFFER.replace(b"s=-", b"s=\x00\x00\x00"), 400),
+        ("invalid UTF-8", OFFER.replace(b"s=-", b"s=\xff\xfe\xfd"), 400),
+        ("no audio", _sdp(*_HEAD, "m=video 9 RTP/AVP 96", "a=mid:0"), 400),
+        ("not SDP", b"hello, edge", 400),
+        ("empty", b"", 400),
+    ]
+
+
+# ------------------------------------------------------------ requests
+
+async def post(http: aiohttp.ClientSession, url: str, body, content_type: str | None,
+               timeout_s: float) -> tuple[str, float]:
+    """POST through aiohttp's client: (outcome, seconds)."""
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    started = time.monotonic()
+    try:
+        async with http.post(url, data=body, headers=headers,
+                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            await r.read()
+            outcome = str(r.status)
+    except asyncio.TimeoutError:
+        outcome = "timeout"
+    except aiohttp.ServerDisconnectedError:
+        outcome = "closed"
+    except (aiohttp.ClientOSError, ConnectionError) as exc:
+        outcome = "reset" if isinstance(getattr(exc, "os_error", exc), ConnectionResetError) \
+            else f"error:{type(exc).__name__}"
+    except aiohttp.ClientError as exc:
+        outcome = f"error:{type(exc).__name__}"
+    return outcome, time.monotonic() - started
+
+
+async def raw(host: str, port: int, chunks: list[bytes], timeout_s: float,
+              interval_s: float = 0.0, abandon: bool = False) -> tuple[str, float]:
+    """Write ``chunks`` on a fresh TCP connection, ``interval_s`` apart, while reading the
+    answer's status line: (outcome, seconds). ``abandon``: close right after writing."""
+    started = time.monotonic()
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    except (OSError, asyncio.TimeoutError) as exc:
+        return f"error:{type(exc).__name__}", time.monotonic() - started
+
+    async def send() -> None:
+        for i, chunk in enumerate(chunks):
+            if i and interval_s:
+                await asyncio.sleep(interval_s)
+            writer.write(chunk)
+            await writer.drain()
+
+    async def status() -> str:
+        line = await reader.readline()
+        if not line:
+            return "closed"
+        parts = line.split()
+        return parts[1].decode(errors="replace") if len(parts) > 1 else "garbled"
+
+    sending = asyncio.create_task(send())
+    try:
+        if abandon:
+            await asyncio.wait_for(sending, timeout_s)
+            return "abandoned", time.monotonic() - started
+        reading = asyncio.create_task(status())
+        try:
+            done, _ = await asyncio.wait({reading}, timeout=timeout_s)
+            if not done:
+                reading.cancel()
+                return "timeout", time.monotonic() - started
+            return reading.result(), time.monotonic() - started
+        except ConnectionResetError:
+            return "reset", time.monotonic() - started
+    except (ConnectionError, asyncio.TimeoutError):
+        return "reset", time.monotonic() - started
+    finally:
+        sending.cancel()
+        await asyncio.gather(sending, return_exceptions=True)
+        writer.close()
+
+
+def _request(body_length: int | str, content_type: str = "application/sdp",
+             extra: str = "") -> bytes:
+    return (f"POST /v1/calls HTTP/1.1\r\nHost: edge\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {body_length}\r\n{extra}\r\n").encode()
+
+
+# ------------------------------------------------------------ the abuse
+
+@dataclass(frozen=True)
+class Front:
+    """Where the front listens and how long a slow client may last there."""
+
+    host: str
+    port: int
+    read_timeout_s: float
+    idle_timeout_s: float
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1/calls"
+
+
+def _status_ok(outcome: str, want: int | None = None) -> bool:
+    if want is not None:
+        return outcome == str(want)
+    return outcome.isdigit() and 400 <= int(outcome) < 500
+
+
+async def fixed_cases(front: Front, cfg: SignalingAbuseConfig,
+                      http: aiohttp.ClientSession) -> list[Answer]:
+    """The oversized, content-type and pathological cases, ``cfg.repeats`` times each."""
+    rng = random.Random(cfg.seed)
+    big = b"a=" + b"x" * (1 << 20)
+
+    async def chunked():
+        for _ in range(50):
+            yield b"a=" + b"c" * 4094
+
+    cases = [("oversized", "1 MiB", lambda: post(http, front.url, big, "application/sdp",
+                                                  cfg.answer_timeout_s), 413),
+             ("oversized", "100 KiB", lambda: post(http, front.url, big[:100 * 1024],
+                                                   "application/sdp", cfg.answer_timeout_s), 413),
+             ("oversized", "chunked 200 KiB", lambda: post(http, front.url, chunked(),
+                                                           "application/sdp",
+                                                           cfg.answer_timeout_s), 413),
+             ("oversized", "Content-Length 1 TB", lambda: raw(
+                 front.host, front.port, [_request(10 ** 12), OFFER], cfg.answer_timeout_s), 413)]
+    for ctype in ("text/plain", "application/json", "application/x-www-form-urlencoded",
+                  "multipart/form-data; boundary=x", "application/sdpx", None):
+        cases.append(("content_type", ctype or "none",
+                      lambda c=ctype: post(http, front.url, OFFER, c, cfg.answer_timeout_s), 415))
+    for name, body, want in pathological_offers(rng):
+        cases.append(("pathological_sdp", name,
+                      lambda b=body: post(http, front.url, b, "application/sdp",
+                                          cfg.answer_timeout_s), want))
+    cases = cases * cfg.repeats
+    got = await asyncio.gather(*(send() for _, _, send, _ in cases))
+    return [Answer(kind, name, outcome, s, _status_ok(outcome, want))
+            for (kind, name, _, want), (outcome, s) in zip(cases, got)]
+
+
+async def slow_clients(front: Front, cfg: SignalingAbuseConfig) -> list[Answer]:
+    """Bodies and headers a byte every ``cfg.byte_interval_s``: 408 / closed in time."""
+    body_bytes = [bytes([b]) for b in OFFER]
+    head = _request(len(OFFER))
+    upload = [head] + body_bytes
+    headers = [bytes([b]) for b in head] + body_bytes
+    limit_upload = front.read_timeout_s + cfg.answer_slack_s
+    limit_headers = front.idle_timeout_s + cfg.answer_slack_s
+    jobs = ([("slow_upload", upload, limit_upload)] * cfg.slow_uploads
+            + [("slow_headers", headers, limit_headers)] * cfg.slow_headers)
+    got = await asyncio.gather(*(raw(front.host, front.port, chunks, cfg.answer_timeout_s,
+                                     cfg.byte_interval_s) for _, chunks, _ in jobs))
+    out = []
+    for (kind, _, limit), (outcome, s) in zip(jobs, got):
+        ended = outcome == "408" if kind == "slow_upload" else outcome in ENDED
+        out.append(Answer(kind, "a byte every %gs" % cfg.byte_interval_s, outcome, s,
+                          ended and s <= limit))
+    return out
+
+
+def _junk(i: int, rng: random.Random) -> tuple[str, str, object]:
+    """The burst's request ``i``: (case, "http" | "raw" | "abandon", what to send)."""
+    pick = i % 10
+    if pick == 0:
+        return "random bytes as SDP", "http", (rng.randbytes(rng.randrange(0, 4096)),
+                                               "application/sdp")
+    if pick == 1:
+        cut = OFFER[:rng.randrange(1, OFFER.index(b"a=fingerprint"))]
+        return "truncated offer", "http", (cut, "application/sdp")
+    if pick == 2:
+        return "SDP as text/plain", "http", (OFFER, "text/plain")
+    if pick == 3:
+        return "70 KiB body", "http", (b"v=0\r\n" + b"a" * 70 * 1024, "application/sdp")
+    if pick == 4:
+        return "too many candidates", "http", (
+            OFFER + b"a=candidate:0 1 udp 1 10.0.0.1 1 typ host\r\n" * 100, "application/sdp")
+    if pick == 5:
+        return "not HTTP", "raw", [rng.randbytes(rng.randrange(1, 2048))]
+    if pick == 6:
+        return "200 headers", "raw", [_request(len(_JUNK_SDP), extra="".join(
+            f"X-Junk-{k}: {k}\r\n" for k in range(200))), _JUNK_SDP]
+    if pick == 7:
+        return "16 KiB header line", "raw", [_request(0, extra=f"X-Long: {'L' * 16384}\r\n")]
+    if pick == 8:
+        return "bad Content-Length", "raw", [_request("-5"), _JUNK_SDP]
+    return "abandoned half way", "abandon", [_request(len(OFFER)), OFFER[:len(OFFER) // 2]]
+
+
+# Junk never carries a whole well-formed offer: that would be a call (the transceiver's
+# capacity is a matter for rate limits, not for these checks).
+_JUNK_SDP = _sdp(*_HEAD, "m=audio 9 UDP/TLS/RTP/SAVPF 111")
+
+
+async def junk_burst(front: Front, n: int, cfg: SignalingAbuseConfig,
+                     seed: int) -> list[Answer]:
+    """``n`` junk requests at once, each on its own connection."""
+    rng = random.Random(seed)
+    jobs = [_junk(i, rng) for i in range(n)]
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        async def one(how, what):
+            if how == "http":
+                return await post(http, front.url, what[0], what[1], cfg.answer_timeout_s)
+            return await raw(front.host, front.port, what, cfg.answer_timeout_s,
+                             abandon=how == "abandon")
+        got = await asyncio.gather(*(one(how, what) for _, how, what in jobs))
+    return [Answer("junk_burst", case, outcome, s,
+                   _status_ok(outcome) or outcome in ("timeout", "abandoned", *ENDED))
+            for (case, _, _), (outcome, s) in zip(jobs, got)]
+
+
+async def real_calls(front: Front, cfg: SignalingAbuseConfig) -> list:
+    client = ClientConfig(url=front.url, duration_s=cfg.call_duration_s, start_rate=5.0,
+                          full_sessions=0, signaling_timeout_s=cfg.answer_timeout_s,
+                          setup_timeout_s=cfg.answer_timeout_s, reconnect_attempts=0)
+    return await run_sessions(client, cfg.real_calls)
+
+
+# ------------------------------------------------------------ the front, measured
+
+@dataclass(frozen=True)
+class Usage:
+    fds: int
+    rss_kib: int
+
+
+def usage(pid: int) -> Usage:
+    rss = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+    return Usage(len(os.listdir(f"/proc/{pid}/fd")), rss)
+
+
+async def steady(pid: int, within_s: float, floor: int = 0, still_s: float = 1.0) -> Usage:
+    """The front's usage once its descriptor count is down to ``floor`` or has not changed
+    for ``still_s`` (or ``within_s`` passed): the connections of what came before are gone."""
+    deadline = time.monotonic() + within_s
+    last, since = usage(pid), time.monotonic()
+    while time.monotonic() < deadline and last.fds > floor:
+        await asyncio.sleep(0.1)
+        now = usage(pid)
+        if now.fds != last.fds:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= still_s:
+            break
+    return usage(pid)
+
+
+async def metrics(url: str) -> dict[tuple[str, str], float]:
+    """The front's refusals: {("status", "413"): n, ("reason", "too_large"): n, ...}."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url) as r:
+            text = await r.text()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "voiceedge_signaling_calls_refused_total":
+                out[("status", s.labels["status"])] = s.value
+            elif s.name == "voiceedge_signaling_offers_rejected_total":
+                out[("reason", s.labels["reason"])] = s.value
+            elif s.name == "voiceedge_signaling_calls_created_total":
+                out[("created", "")] = s.value
+    return out
+
+
+class AbuseEdge:
+    """``with AbuseEdge(ns, workdir, cfg) as edge``: the demo's edge without its front, and a
+    front of its own with ``cfg``'s limits, in lab namespace ``ns`` (a LabNamespace)."""
+
+    def __init__(self, ns, workdir: Path, cfg: SignalingAbuseConfig) -> None:
+        plan = replace(demo_plan(SHARED, ns.name, *ns.addresses), fronts=())
+        self.edge = Edge(plan, workdir)
+        self.cfg = cfg
+        cluster = plan.clusters[0]
+        self.front = Front("127.0.0.1", plan.ports.signaling, cfg.read_timeout_s,
+                           cfg.idle_timeout_s)
+        self._cmd = voiceedge_cmd(
+            "signaling", "--listen", f"{self.front.host}:{self.front.port}",
+            "--transceiver", self.edge.control_url(cluster), "--advertise",
+            plan.advertise(cluster), "--region", "abuse", *cfg.front_args())
+        self._host = cluster.host
+
+    def __enter__(self) -> "AbuseEdge":
+        try:
+            self.edge.start()
+            health = f"http://{self.front.host}:{self.front.port}/healthz"
+            self.edge.add("front-abuse", self._host, self._cmd, "signaling",
+                          lambda: http_ok(health))
+        except BaseException:
+            self.edge.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.edge.stop()
+
+    @property
+    def pid(self) -> int:
+        return self.edge.services["front-abuse"].process.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self.edge.logs / "front-abuse.log"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.front.host}:{self.front.port}/metrics"
+
+
+# ------------------------------------------------------------ the run
+
+def run(config: SignalingAbuseConfig = SignalingAbuseConfig(), say=lambda msg: None) -> dict:
+    """Start it all, abuse the front, stop it all: a JSON-ready dict (module docstring)."""
+    workdir = config.workdir or Path(tempfile.mkdtemp(prefix="voiceedge-sigabuse-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    with lab_namespace("vesig") as ns:
+        say(f"starting the edge and a front in {workdir}")
+        with AbuseEdge(ns, workdir, config) as edge:
+            result = in_namespace(ns.name, asyncio.run, abuse(edge, config, say))
+        result["processes_left"] = [name for name, s in edge.edge.services.items()
+                                    if s.process.alive()]
+    if result["processes_left"]:
+        result["violations"].append(f"still running after stop: {result['processes_left']}")
+    result["logs"] = str(workdir)
+    return result
+
+
+async def abuse(edge: AbuseEdge, cfg: SignalingAbuseConfig, say=lambda msg: None) -> dict:
+    """Everything of ``run`` against a started ``edge``; runs inside its namespace."""
+    front, pid = edge.front, edge.pid
+    say(f"warm-up: {cfg.junk_posts} junk requests at once and a call")
+    await asyncio.gather(junk_burst(front, cfg.junk_posts, cfg, cfg.seed + 1),
+                         real_calls(front, replace(cfg, real_calls=1)))
+    baseline = await steady(pid, cfg.settle_s)
+    before_metrics = await metrics(edge.metrics_url)
+    log_lines = _lines_of(edge.log_path)
+    say(f"front: {baseline.fds} fds, {baseline.rss_kib / 1024:.1f} MiB; the abuse: "
+        f"{cfg.junk_posts} junk at once, {cfg.slow_uploads} + {cfg.slow_headers} slow "
+        f"clients, oversized / content type / pathological offers, {cfg.real_calls} real calls")
+    peak = [baseline.fds]
+
+    async def watch() -> None:
+        while True:
+            peak[0] = max(peak[0], usage(pid).fds)
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(watch())
+    http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
+    try:
+        slow = asyncio.create_task(slow_clients(front, cfg))
+        calls = asyncio.create_task(real_calls(front, cfg))
+        burst, fixed = await asyncio.gather(junk_burst(front, cfg.junk_posts, cfg, cfg.seed),
+                                            fixed_cases(front, cfg, http))
+        answers = burst + fixed + await slow
+        sessions = await calls
+    finally:
+        await http.close()
+        watcher.cancel()
+    after = await steady(pid, cfg.settle_s, floor=baseline.fds)
+    after_metrics = await metrics(edge.metrics_url)
+    return summarise(cfg, answers, sessions, baseline, after, peak[0],
+                     {k: int(v - before_metrics.get(k, 0)) for k, v in after_metrics.items()
+                      if v - before_metrics.get(k, 0)},
+                     _lines_of(edge.log_path) - log_lines)
+
+
+def _lines_of(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def summarise(cfg: SignalingAbuseConfig, answers: list[Answer], sessions: list,
+              baseline: Usage, after: Usage, peak_fds: int, refusals: dict,
+              log_lines: int) -> dict:
+    kinds = {}
+    violations = []
+    for kind in KINDS:
+        mine = [a for a in answers if a.kind == kind]
+        if not mine:
+            continue
+        kinds[kind] = {"requests": len(mine),
+                       "outcomes": dict(sorted(Counter(a.outcome for a in mine).items())),
+                       "timeouts": sum(a.outcome == "timeout" for a in mine),
+                       "max_answer_s": round(max(a.seconds for a in mine), 3)}
+        bad = Counter(f"{a.case}: {a.outcome} after {a.seconds:.1f} s"
+                      for a in mine if not a.ok)
+        for what, n in sorted(bad.items()):
+            violations.append(f"{kind}: {what}" + (f" (x{n})" if n > 1 else ""))
+    fivexx = sum(1 for a in answers if a.outcome.startswith("5"))
+    if fivexx:
+        violations.append(f"{fivexx} requests answered 5xx")
+    ok = [s for s in sessions if s.ok]
+    if len(ok) < len(sessions):
+        violations.append(f"real calls: {len(sessions) - len(ok)} of {len(sessions)} failed: "
+                          + "; ".join(sorted({s.error or "?" for s in sessions if not s.ok})))
+    if after.fds > baseline.fds + cfg.fd_slack:
+        violations.append(f"front fds {baseline.fds} -> {after.fds} (more than "
+                          f"+{cfg.fd_slack})")
+    growth_mib = (after.rss_kib - baseline.rss_kib) / 1024
+    if growth_mib > cfg.rss_slack_mib:
+        violations.append(f"front RSS grew {growth_mib:.1f} MiB (more than "
+                          f"{cfg.rss_slack_mib:g})")
+    return {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+        "kinds": kinds,
+        "front": {"fds_before": baseline.fds, "fds_peak": peak_fds, "fds_after": after.fds,
+                  "rss_mib_before": round(baseline.rss_kib / 1024, 1),
+                  "rss_mib_after": round(after.rss_kib / 1024, 1),
+                  "log_lines_during": log_lines},
+        "refusals": {f"{a}={b}" if b else a: n for (a, b), n in sorted(refusals.items())},
+        "real_calls": {"attempted": len(sessions), "succeeded": len(ok),
+                       "setup_ms": [round(s.setup_ms, 1) for s in ok if s.setup_ms]},
+        "violations": violations,
+    }
+
+
+def lines(result: dict) -> list[str]:
+    """A short human table of ``run``'s result."""
+    out = [f"{'abuse':<18} {'requests':>8} {'max s':>7}  outcomes"]
+    for kind, k in result["kinds"].items():
+        outcomes = ", ".join(f"{o}: {n}" for o, n in k["outcomes"].items())
+        out.append(f"{kind:<18} {k['requests']:>8} {k['max_answer_s']:>7.2f}  {outcomes}")
+    f, calls = result["front"], result["real_calls"]
+    out.append(f"front: fds {f['fds_before']} -> {f['fds_after']} (peak {f['fds_peak']}), "
+               f"RSS {f['rss_mib_before']} -> {f['rss_mib_after']} MiB, "
+               f"{f['log_lines_during']} log lines")
+    out.append(f"real calls during the burst: {calls['succeeded']}/{calls['attempted']} ok")
+    if result["violations"]:
+        out += ["VIOLATIONS:"] + [f"  {v}" for v in result["violations"]]
+    else:
+        out.append("no violations")
+    return out
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    quick = "--quick" in sys.argv
+    res = run(SignalingAbuseConfig.quick() if quick else SignalingAbuseConfig(),
+              say=lambda m: print(m, file=sys.stderr, flush=True))
+    print("\n".join(lines(res)))
+    if "--json" in sys.argv:
+        print(json.dumps(res, indent=2))
+    sys.exit(1 if res["violations"] else 0)
