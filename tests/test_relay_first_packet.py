@@ -57,22 +57,18 @@ def test_first_packets_are_forwarded_before_they_are_logged_and_written_to_redis
                                      hop_bind="127.0.0.1", metrics=None))
     calls: list = []
     worker.cache = RecordingCache(calls)
-    flush = worker.tx_hop.flush
+    def recorded(batch, label: str) -> None:
+        flush = batch.flush
 
-    def recorded_flush(fd: int) -> int:
-        sent = flush(fd)
-        calls.append(("sent", sent))
-        return sent
+        def recorded_flush(fd: int) -> int:
+            sent = flush(fd)
+            calls.append((label, sent))
+            return sent
 
-    worker.tx_hop.flush = recorded_flush
-    flush_out = worker.tx_out.flush
+        batch.flush = recorded_flush
 
-    def recorded_flush_out(fd: int) -> int:
-        sent = flush_out(fd)
-        calls.append(("answered", sent))
-        return sent
-
-    worker.tx_out.flush = recorded_flush_out
+    recorded(worker.tx_hop, "sent")       # towards the next hop
+    recorded(worker.tx_out, "answered")   # towards clients
     handler = logging.Handler()
     handler.emit = lambda record: calls.append(("logged", record.msg.name)) \
         if isinstance(record.msg, Event) else None
