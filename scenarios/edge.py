@@ -112,6 +112,7 @@ class EdgePlan:
     max_sessions: int = 500            # per transceiver
     relay_vip: str | None = None       # the global relay's anycast address (answers carry it)
     relay_args: tuple[str, ...] = ()   # extra options of every relay (benchmarks' variants)
+    transceiver_args: tuple[str, ...] = ()  # ... and of every transceiver
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -272,6 +273,7 @@ class Edge:
             cmd += ["--media", f"{cluster.internal}:{self.media_port(tid)}"]
         else:
             cmd += ["--mode", "port-per-session", "--media", f"{cluster.public}:0"]
+        cmd += self.plan.transceiver_args
         return self.add(cluster.transceiver_name(tid), cluster.host, voiceedge_cmd(*cmd),
                         "transceiver", lambda: http_ok(f"{control}/status"))
 

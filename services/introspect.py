@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import sys
 
 from prometheus_client.core import GaugeMetricFamily
+
+from services import procfs
 
 HELP = {
     "open_fds": "file descriptors open in this process",
@@ -27,15 +28,6 @@ HELP = {
 }
 
 
-def _status_fields() -> dict[str, str]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            out[key] = value.strip()
-    return out
-
-
 def snapshot(collect: bool = False) -> dict[str, int | None]:
     """This process now: ``open_fds``, ``asyncio_tasks`` (None outside a running loop),
     ``rss_bytes``, ``rss_peak_bytes``, ``threads``, ``python_blocks`` (after a full garbage
@@ -46,11 +38,13 @@ def snapshot(collect: bool = False) -> dict[str, int | None]:
         tasks: int | None = len(asyncio.all_tasks(asyncio.get_running_loop()))
     except RuntimeError:
         tasks = None
-    status = _status_fields()
-    def in_bytes(key: str) -> int | None:
-        return int(status[key].split()[0]) * 1024 if key in status else None
+    status = procfs.status_fields()
 
-    return {"open_fds": len(os.listdir("/proc/self/fd")), "asyncio_tasks": tasks,
+    def in_bytes(key: str) -> int | None:
+        value = procfs.kib(status, key)
+        return None if value is None else value * 1024
+
+    return {"open_fds": procfs.open_fds(), "asyncio_tasks": tasks,
             "rss_bytes": in_bytes("VmRSS"), "rss_peak_bytes": in_bytes("VmHWM"),
             "threads": int(status.get("Threads", 0)) or None,
             "python_blocks": sys.getallocatedblocks()}

@@ -1,7 +1,8 @@
 """Facts about processes and their UDP sockets, read from /proc (no tools, any namespace).
 
 Shared by the relay (who else holds my port?), the edge launcher (which public ports does a
-service hold?) and the demo (CPU of a process and its children).
+service hold?), the demo (CPU of a process and its children) and the services' and benchmarks'
+view of what a process holds (open fds, memory).
 """
 from __future__ import annotations
 
@@ -52,6 +53,25 @@ def descendants(pid: int | None) -> list[int]:
         out.append(p)
         todo.extend(sorted(children.get(p, ())))
     return out
+
+
+def status_fields(pid: int | str = "self") -> dict[str, str]:
+    """``/proc/PID/status`` as name -> value (``VmRSS`` -> ``"1234 kB"``)."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            out[key] = value.strip()
+    return out
+
+
+def kib(status: dict[str, str], key: str) -> int | None:
+    """A ``... kB`` field of ``status_fields`` in KiB (None when absent: a zombie)."""
+    return int(status[key].split()[0]) if key in status else None
+
+
+def open_fds(pid: int | str = "self") -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def cpu_seconds(fields: list[str]) -> float:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import tempfile
 import time
 import urllib.request
@@ -60,10 +59,9 @@ from services.client.config import ClientConfig
 from services.client.runner import run_sessions
 from services.client.session import DATA_CHANNEL
 from services.client.signaling import SignalingError, post_offer
-from services.procfs import descendants
+from services.procfs import descendants, kib, open_fds, status_fields
 from services.relay.counters import scrape
 from services.transceiver.ice import SHARED
-from services.transceiver.server import TEST_CONSENT_ENV
 from topology.netns import in_namespace, lab_namespace
 
 NO_ICE, NO_DTLS, VANISHED = "no-ice", "no-dtls", "vanished"
@@ -281,11 +279,11 @@ def _proc(root: int | None) -> dict[str, int | None]:
     pids = descendants(root)
     for pid in pids:
         try:
-            fds += len(os.listdir(f"/proc/{pid}/fd"))
-            with open(f"/proc/{pid}/status") as f:
-                rss += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        except (OSError, StopIteration):  # gone meanwhile, or a zombie
+            pid_fds, pid_rss = open_fds(pid), kib(status_fields(pid), "VmRSS")
+        except OSError:  # gone meanwhile
             continue
+        if pid_rss is not None:  # not a zombie
+            fds, rss = fds + pid_fds, rss + pid_rss
     return {"fds": fds, "rss_kib": rss} if pids else {"fds": None, "rss_kib": None}
 
 
@@ -387,34 +385,25 @@ async def reap(probe: Probe, baseline: dict | None, cfg: HygieneConfig) -> tuple
 
 # ------------------------------------------------------------------ the run
 
-class _Edge(Edge):
-    """The demo edge with the transceiver's reaping timeouts of a ``HygieneConfig``."""
-
-    def __init__(self, plan, logs: Path, cfg: HygieneConfig) -> None:
-        super().__init__(plan, logs)
-        self.transceiver_args = ([] if cfg.setup_timeout_s is None
-                                 else ["--setup-timeout", str(cfg.setup_timeout_s)])
-        self.transceiver_env = ([] if cfg.consent_interval_s is None
-                                else ["env", f"{TEST_CONSENT_ENV}={cfg.consent_interval_s}"])
-
-    def add(self, name, host, cmd, role, ready):
-        if role == "transceiver":
-            cmd = [*self.transceiver_env, *cmd, *self.transceiver_args]
-        return super().add(name, host, cmd, role, ready)
-
-
 def run(config: HygieneConfig = HygieneConfig(), say=lambda msg: None, progress=None) -> dict:
     """The whole measurement (needs root: a lab namespace); JSON-ready. ``progress(done,
     total)`` is called as sessions end."""
     workdir = config.workdir or Path(tempfile.mkdtemp(prefix="voiceedge-hygiene-"))
     workdir.mkdir(parents=True, exist_ok=True)
     with lab_namespace("vehyg") as ns:
-        plan = demo_plan(SHARED, ns.name, *ns.addresses)
-        if config.relay_idle_timeout_s is not None:
-            plan = replace(plan, relay_args=("--idle-timeout", str(config.relay_idle_timeout_s)))
+        plan = replace(demo_plan(SHARED, ns.name, *ns.addresses),
+                       relay_args=_option("--idle-timeout", config.relay_idle_timeout_s),
+                       transceiver_args=(*_option("--setup-timeout", config.setup_timeout_s),
+                                         *_option("--test-consent-interval",
+                                                  config.consent_interval_s)))
         result = in_namespace(ns.name, asyncio.run, _run(config, plan, workdir, say, progress))
     result["violations"] = violations(result, config)
     return result
+
+
+def _option(flag: str, value) -> tuple[str, ...]:
+    """``(flag, value)``, or nothing for None (the service's default)."""
+    return () if value is None else (flag, str(value))
 
 
 def _split(n: int, parts: int) -> list[int]:
@@ -448,7 +437,7 @@ async def _run(cfg: HygieneConfig, plan, workdir: Path, say, progress) -> dict:
     from scenarios.timeline import merge_timeline
 
     loop = asyncio.get_running_loop()
-    edge = _Edge(plan, workdir, cfg)
+    edge = Edge(plan, workdir)
     probe = Probe(edge)
     url = edge.signaling_url(plan.fronts[0])
     total, done = cfg.complete + cfg.halfway, 0

@@ -28,7 +28,6 @@ stopped, the namespace removed.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import tempfile
 import time
@@ -42,6 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from scenarios.demo_edge import demo_plan
 from scenarios.edge import Edge
 from scenarios.processes import http_ok, voiceedge_cmd
+from services import procfs
 from services.client.config import ClientConfig
 from services.client.runner import run_sessions
 from services.transceiver.ice import SHARED
@@ -352,12 +352,7 @@ class Usage:
 
 
 def usage(pid: int) -> Usage:
-    rss = 0
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1])
-    return Usage(len(os.listdir(f"/proc/{pid}/fd")), rss)
+    return Usage(procfs.open_fds(pid), procfs.kib(procfs.status_fields(pid), "VmRSS") or 0)
 
 
 async def steady(pid: int, within_s: float, floor: int = 0, still_s: float = 1.0) -> Usage:

@@ -358,8 +358,9 @@ class RelayWorker:
             self.drops.add("oversize")
             return
         client_raw = rx.source(i)
-        if sockaddr_key(client_raw) in self.flows:
-            self._public_slow(rx, i, client_raw, now)
+        key = sockaddr_key(client_raw)
+        if key in self.flows:
+            self._public_slow(rx, i, client_raw, key, now)
         elif self.cache is None and (not rx.length(i) or rx.data[i * rx.slot] > 3):
             self.drops.add("unknown_not_stun")  # not STUN, and no Redis to ask: no more work
         elif not self.backlog.push(rx, i, client_raw):
@@ -370,13 +371,14 @@ class RelayWorker:
         backlog, now = self.backlog, time.monotonic_ns()
         for _ in range(min(_BACKLOG_CHUNK, len(backlog))):
             k = backlog.pop()
-            self._public_slow(backlog, k, backlog.source(k), now)
+            client_raw = backlog.source(k)
+            self._public_slow(backlog, k, client_raw, sockaddr_key(client_raw), now)
         self.tx_hop.flush(self._hop_fd)
         self._log_created()
 
-    def _public_slow(self, rx, i: int, client_raw: bytes, now: int) -> None:
-        """A client datagram in slot i of ``rx`` (the receive batch or the backlog)."""
-        key = sockaddr_key(client_raw)
+    def _public_slow(self, rx, i: int, client_raw: bytes, key, now: int) -> None:
+        """A client datagram in slot i of ``rx`` (the receive batch or the backlog), from
+        ``client_raw`` (its sockaddr; ``key`` its flow key)."""
         datagram = self._datagram(i, rx)
         flow = self.flows.get(key)
         if flow is not None and flow.prev is None:
@@ -405,7 +407,8 @@ class RelayWorker:
             self.drops.add(routed)
             return
         cluster_id, transceiver_id, nxt = routed
-        flow = self._create(key, client, nxt, None, cluster_id, transceiver_id, now, "stun")
+        flow = self._create(key, client, nxt, None, cluster_id, transceiver_id, now, "stun",
+                            client_raw)
         if flow is not None:
             self._send_up(flow, rx, i, len(datagram), len(datagram), True, now)
 
@@ -465,7 +468,8 @@ class RelayWorker:
                 return
             self._send_up(flow, self.rx, i, len(datagram), len(payload), False, now)
             return
-        ip = source_keys(mmsg.sockaddr(*header.client))[0]
+        name = mmsg.sockaddr(*header.client)
+        ip = source_keys(name)[0]
         if not payload or payload[0] > 3:  # not STUN: only Redis may know the client
             if flow is not None:
                 self.drops.add("wrong_prev_hop")
@@ -488,7 +492,7 @@ class RelayWorker:
             flow.route(nxt, prev)
         else:
             flow = self._create(key, header.client, nxt, prev, cluster_id, transceiver_id, now,
-                                "stun")
+                                "stun", name)
         if flow is not None:
             self._send_up(flow, self.rx, i, len(datagram), len(payload), False, now)
 
@@ -531,11 +535,13 @@ class RelayWorker:
         return hop
 
     def _create(self, key, client, nxt: Hop, prev: Hop | None, cluster_id: int,
-                transceiver_id: int, now: int, source: str) -> Flow | None:
+                transceiver_id: int, now: int, source: str,
+                name: bytes | None = None) -> Flow | None:
         """A new flow: pending when a STUN first packet opened it (unless pending flows are
-        off), established when Redis vouched for it."""
+        off), established when Redis vouched for it. ``name``: the client's sockaddr, if the
+        caller has it."""
         pending = source == "stun" and self.config.pending_flows
-        name = mmsg.sockaddr(*client)
+        name = name or mmsg.sockaddr(*client)
         if pending:
             refusal = self.pending.refusal(*source_keys(name))
             if refusal is not None:

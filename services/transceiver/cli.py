@@ -38,6 +38,8 @@ def add_parser(sub) -> None:
                         f"{opus.application}: CELT only, the least CPU; docs/transceiver.md)")
     p.add_argument("--opus-complexity", type=int, default=opus.complexity, metavar="0-10",
                    help=f"libopus complexity of the outbound encoder (default {opus.complexity})")
+    # Test-only (TransceiverConfig.test_consent_interval_s); not in --help.
+    p.add_argument("--test-consent-interval", type=float, default=0.0, help=argparse.SUPPRESS)
     p.set_defaults(func=run, service="transceiver")  # JSON logs: services/logs.py
 
 
@@ -60,7 +62,8 @@ def config_from_args(args: argparse.Namespace):
             secret=secret_from_env(os.environ.get("VOICEEDGE_UFRAG_SECRET")),
             max_sessions=args.max_sessions, setup_timeout=args.setup_timeout,
             opus=OpusSettings(application=args.opus_application,
-                              complexity=args.opus_complexity))
+                              complexity=args.opus_complexity),
+            test_consent_interval_s=max(0.0, args.test_consent_interval))
     except ConfigError as exc:
         raise UserError(str(exc)) from None
 

@@ -43,10 +43,6 @@ from voiceedge.errors import ConfigError
 
 log = logging.getLogger("voiceedge.transceiver")
 _KEEPALIVE_S = 3600.0  # idle control-API connections are kept this long
-# Test-only (bench/hostile/hygiene.py's quick run): aioice's consent-check interval in seconds
-# instead of its 5, so that a vanished client's session is reaped in seconds. Process-wide:
-# every ICE agent of a transceiver process is one of its sessions. Never set in production.
-TEST_CONSENT_ENV = "VOICEEDGE_TEST_CONSENT_INTERVAL_S"
 
 
 @dataclass(frozen=True)
@@ -64,6 +60,10 @@ class TransceiverConfig:
     setup_timeout: float = 10.0
     certificates_ahead: int = 32                # DTLS certificates made before the calls
     opus: OpusSettings = OpusSettings()         # the outbound encoder
+    # Test-only (bench/hostile/hygiene.py's quick run): aioice's consent-check interval in
+    # seconds instead of its 5 (0: aioice's), so that a vanished client's session is reaped in
+    # seconds. Process-wide: every ICE agent of a transceiver process is one of its sessions.
+    test_consent_interval_s: float = 0.0
 
 
 def udp_sockets_of_this_process() -> int:
@@ -125,9 +125,8 @@ class TransceiverServer:
     async def start(self) -> None:
         ice.install()
         cfg = self.config
-        consent = float(os.environ.get(TEST_CONSENT_ENV, "0") or 0)
-        if consent > 0:
-            aioice.ice.CONSENT_INTERVAL = consent
+        if cfg.test_consent_interval_s > 0:
+            aioice.ice.CONSENT_INTERVAL = cfg.test_consent_interval_s
         self.certificates.fill()  # off every call's path from the first one on
         if cfg.mode == ice.SHARED:
             self.mux = await SharedSocket.open(cfg.media_host, cfg.media_port)
@@ -283,10 +282,8 @@ class TransceiverServer:
 
     def mux_state(self) -> dict[str, int] | None:
         """What the shared socket holds now (learned addresses, ufrags, parked datagrams, hop
-        cache entries), if this mux can say."""
-        if self.mux is None or not hasattr(self.mux, "state_sizes"):
-            return None
-        return self.mux.state_sizes()
+        cache entries); None in port-per-session mode."""
+        return self.mux.state_sizes() if self.mux is not None else None
 
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response(self.status(request.query.get("gc") == "1"))
