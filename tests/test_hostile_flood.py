@@ -119,9 +119,9 @@ def test_quick_flood_keeps_the_table_and_the_calls(quick_flood):
 
 @pytest.mark.root
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="on this 2-core host the relay, CPU-bound under the "
-                   "flood, loses the scheduler's wake-up preference: calls' p99 transit is "
-                   "3-6x the quiet one (docs/hostile.md, Flood)")
+@pytest.mark.xfail(strict=False, reason="on this loaded 2-core VM the relay, ~75% of a core "
+                   "under the flood, stalls for milliseconds at a time (the quiet window too): "
+                   "calls' p99 transit is 1.3-6x the quiet one (docs/hostile.md, Flood)")
 def test_quick_flood_keeps_the_calls_transit_under_twice_the_quiet_one(quick_flood):
     _, result = quick_flood
     assert [v for v in result["violations"] if v.startswith(TRANSIT)] == []

@@ -400,3 +400,59 @@ def test_learned_addresses_per_session_are_capped_least_recently_checked_first()
     assert forgotten == 4  # clients[1:5], not clients[0], which checked again
     assert empty == {"learned_addresses": 0, "ufrags": 0, "parked": 0, "parked_lists": 0,
                      "hop_cache": 0}
+
+
+def test_checks_for_no_session_are_dropped_before_aioice_parses_them(monkeypatch):
+    """The routing ufrag is public: a flood of checks that route here but name no session must
+    cost a walk to USERNAME, not aioice's parse of every attribute; a session's checks still
+    get the full parse (and the integrity check)."""
+    parsed = []
+    real_parse = mux_module.stun.parse_message
+    monkeypatch.setattr(mux_module.stun, "parse_message",
+                        lambda data, **kw: parsed.append(bytes(data)) or real_parse(data, **kw))
+
+    async def scenario():
+        mux = await SharedSocket.open("127.0.0.1", 0)
+        port = RecordingPort("ufragK", "k" * 22)
+        mux.register(port)
+        client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        client.bind(("127.0.0.1", 0))
+        strangers = [check(f"nobody{k}", "k" * 22) for k in range(50)]
+        for data in strangers:
+            client.sendto(data, mux.address)
+        client.sendto(check("ufragK", "x" * 22), mux.address)  # its ufrag, bad integrity
+        client.sendto(check("ufragK", "k" * 22), mux.address)
+        await until(lambda: mux.counters.datagrams_in == 52)
+        client.close()
+        mux.close()
+        return mux.counters, port
+
+    counters, port = run(scenario())
+    assert counters.stun_unknown_ufrag == 50 and counters.stun_unauthenticated == 1
+    assert len(port.stun) == 1 and counters.delivered == 1
+    assert len(parsed) == 2  # only the two checks for the session
+
+
+def test_the_socket_is_read_in_bounded_batches():
+    """One readiness event reads up to _READ_BATCH datagrams (asyncio's transport reads one per
+    turn of the loop, and a turn runs every session's callbacks); the rest wait for the next."""
+    import time
+
+    async def scenario():
+        mux = await SharedSocket.open("127.0.0.1", 0)
+        client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        client.bind(("127.0.0.1", 0))
+        for k in range(100):
+            client.sendto(b"\x80media%d" % k, mux.address)
+        time.sleep(0.05)  # blocking: the loop does not read meanwhile
+        data, addr = mux._sock.recvfrom(2048)  # as the transport would, once
+        mux.datagram_received(data, addr)
+        first = mux.counters.datagrams_in
+        await until(lambda: mux.counters.datagrams_in == 100)
+        client.close()
+        mux.close()
+        return first, mux.counters
+
+    first, counters = run(scenario())
+    assert first == mux_module._READ_BATCH
+    assert counters.unknown_address == 100

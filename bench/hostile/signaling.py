@@ -1,9 +1,8 @@
 """Signaling abuse: hostile HTTP against a live front, with real calls through it meanwhile.
 
 The edge of ``voiceedge demo edge`` (Redis, relay, transceiver, agent) in a lab namespace, and
-a signaling front in front of it started with the configured limits. After a warm-up burst
-(the same junk as the measured one: allocator arenas and buffers grown once), the front's file
-descriptors and RSS are the baseline; then all at once:
+a signaling front in front of it started with the configured limits. After a warm-up, the
+front's file descriptors, tasks and memory are the baseline; then, all at once:
 
 - ``oversized``: bodies over the cap, declared (``Content-Length``), chunked, or a lying
   ``Content-Length``: 413.
@@ -21,9 +20,20 @@ descriptors and RSS are the baseline; then all at once:
 - ``real_calls``: aiortc clients (services/client) calling through the front as the burst
   starts: each must succeed.
 
-Then the front's descriptors must come back to within ``fd_slack`` of the baseline and its RSS
-to within ``rss_slack_mib``; ``violations`` lists what did not hold. Everything started is
-stopped, the namespace removed.
+The warm-up before the baseline is the same abuse (every kind, one call), so that first uses
+(code paths, metric labels, caches, the allocators' high-water marks) are paid before it; the
+abuse then runs ``rounds`` times. After each round, once the front's descriptors are back
+(within ``fd_slack`` of the baseline) and its asyncio tasks too (to their count before any
+abuse), the front says what its memory is after a full garbage collection and malloc_trim
+(``/metrics?gc=1&trim=1``, services/introspect.py). A leak grows memory in every round, so the
+smallest growth of a round must stay within a slack: the heap malloc has handed out
+(``heap_slack_kib``: native memory, and Python's objects over 512 bytes), Python's blocks
+(``blocks_slack``), RSS once malloc has given its free memory back (``rss_slack_mib``: what is
+left of RSS noise is Python's own allocator keeping 1 MiB arenas that a few live objects pin,
+now and then a few MiB in one round). RSS as the allocators keep it, and the heap's free
+memory, are reported, not bounded: glibc keeps several MiB that a burst freed, more or less
+from one round to the next, which is not a leak. ``violations`` lists what did not hold.
+Everything started is stopped, the namespace removed.
 """
 from __future__ import annotations
 
@@ -47,6 +57,7 @@ from services.client.runner import run_sessions
 from services.transceiver.ice import SHARED
 from topology.netns import in_namespace, lab_namespace
 
+MEMORY = ("heap_kib", "heap_free_kib", "py_blocks", "rss_trimmed_kib", "rss_kib")
 KINDS = ("oversized", "content_type", "pathological_sdp", "slow_upload", "slow_headers",
          "junk_burst")
 ENDED = ("closed", "reset")  # the connection ended without an answer (raw junk, slow headers)
@@ -67,8 +78,11 @@ class SignalingAbuseConfig:
     read_timeout_s: float = 5.0
     idle_timeout_s: float = 5.0
     fd_slack: int = 5               # descriptors above the baseline once connections closed
-    rss_slack_mib: float = 4.0      # RSS growth allowed after the warm-up burst
-    settle_s: float = 8.0           # how long to wait for descriptors to come back
+    heap_slack_kib: int = 128       # growth allowed after the warm-up: malloc's heap in use,
+    blocks_slack: int = 200         # Python's blocks (both after a collection)
+    rss_slack_mib: float = 4.0      # and RSS after malloc_trim, in one round at least
+    rounds: int = 2                 # the abuse, measured, after the warm-up
+    settle_s: float = 8.0           # how long to wait for descriptors, and tasks, to come back
     seed: int = 1
     workdir: Path | None = None
 
@@ -347,12 +361,34 @@ async def real_calls(front: Front, cfg: SignalingAbuseConfig) -> list:
 
 @dataclass(frozen=True)
 class Usage:
+    """The front's descriptors and RSS (as the allocators keep it), from /proc."""
+
     fds: int
     rss_kib: int
 
 
 def usage(pid: int) -> Usage:
     return Usage(procfs.open_fds(pid), procfs.kib(procfs.status_fields(pid), "VmRSS") or 0)
+
+
+async def memory(url: str) -> dict[str, int | None]:
+    """The front's own memory figures (KiB, blocks) from its ``/metrics`` at ``url``, after a
+    full garbage collection and malloc_trim (read after ``usage``: trimming lowers RSS):
+    ``heap_kib`` (malloc's heap in use), ``heap_free_kib`` (freed, still kept),
+    ``py_blocks``, ``rss_trimmed_kib``; None where the front does not report one."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url + "?gc=1&trim=1") as r:
+            text = await r.text()
+    got = {s.name: int(s.value) for family in text_string_to_metric_families(text)
+           for s in family.samples if s.name.startswith("voiceedge_signaling_process_")}
+
+    def kib(name: str) -> int | None:
+        value = got.get(f"voiceedge_signaling_process_{name}")
+        return None if value is None else value // 1024
+
+    return {"heap_kib": kib("heap_in_use_bytes"), "heap_free_kib": kib("heap_free_bytes"),
+            "py_blocks": got.get("voiceedge_signaling_process_python_blocks"),
+            "rss_trimmed_kib": kib("rss_bytes")}
 
 
 async def steady(pid: int, within_s: float, floor: int = 0, still_s: float = 1.0) -> Usage:
@@ -368,6 +404,25 @@ async def steady(pid: int, within_s: float, floor: int = 0, still_s: float = 1.0
         elif time.monotonic() - since >= still_s:
             break
     return usage(pid)
+
+
+async def quiet(url: str, tasks: int, within_s: float) -> int:
+    """Wait until the front (``/metrics`` at ``url``) runs no more than ``tasks`` asyncio
+    tasks, at most ``within_s``: a request's handler can outlive its connection by a second or
+    two (aiohttp's lingering close), holding its objects. The count then."""
+    deadline = time.monotonic() + within_s
+    while (now := await _gauge(url, "process_asyncio_tasks")) > tasks and \
+            time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return now
+
+
+async def _gauge(url: str, name: str) -> int:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url) as r:
+            text = await r.text()
+    return sum(int(s.value) for family in text_string_to_metric_families(text)
+               for s in family.samples if s.name == f"voiceedge_signaling_{name}")
 
 
 async def metrics(url: str) -> dict[tuple[str, str], float]:
@@ -452,40 +507,61 @@ def run(config: SignalingAbuseConfig = SignalingAbuseConfig(), say=lambda msg: N
 async def abuse(edge: AbuseEdge, cfg: SignalingAbuseConfig, say=lambda msg: None) -> dict:
     """Everything of ``run`` against a started ``edge``; runs inside its namespace."""
     front, pid = edge.front, edge.pid
-    say(f"warm-up: {cfg.junk_posts} junk requests at once and a call")
-    await asyncio.gather(junk_burst(front, cfg.junk_posts, cfg, cfg.seed + 1),
-                         real_calls(front, replace(cfg, real_calls=1)))
-    baseline = await steady(pid, cfg.settle_s)
+    idle_tasks = await _gauge(edge.metrics_url, "process_asyncio_tasks")
+    say("warm-up: the same abuse and a call")
+    await all_at_once(front, replace(cfg, real_calls=1), cfg.seed)
+    points = [await settle(edge, cfg, idle_tasks)]
     before_metrics = await metrics(edge.metrics_url)
     log_lines = _lines_of(edge.log_path)
-    say(f"front: {baseline.fds} fds, {baseline.rss_kib / 1024:.1f} MiB; the abuse: "
-        f"{cfg.junk_posts} junk at once, {cfg.slow_uploads} + {cfg.slow_headers} slow "
-        f"clients, oversized / content type / pathological offers, {cfg.real_calls} real calls")
-    peak = [baseline.fds]
+    say(f"front: {points[0]['fds']} fds, {points[0]['rss_kib'] / 1024:.1f} MiB; the abuse, "
+        f"{cfg.rounds} times: {cfg.junk_posts} junk at once, {cfg.slow_uploads} + "
+        f"{cfg.slow_headers} slow clients, oversized / content type / pathological offers, "
+        f"{cfg.real_calls} real calls")
+    peak = [points[0]["fds"]]
 
     async def watch() -> None:
         while True:
             peak[0] = max(peak[0], usage(pid).fds)
             await asyncio.sleep(0.05)
 
-    watcher = asyncio.create_task(watch())
+    answers, sessions = [], []
+    for i in range(cfg.rounds):
+        watcher = asyncio.create_task(watch())
+        try:
+            got, calls = await all_at_once(front, cfg, cfg.seed + 1 + i)
+        finally:
+            watcher.cancel()
+        answers, sessions = answers + got, sessions + calls
+        points.append(await settle(edge, cfg, idle_tasks, points[0]["fds"]))
+    after_metrics = await metrics(edge.metrics_url)
+    return summarise(cfg, answers, sessions, points, peak[0], idle_tasks,
+                     {k: int(v - before_metrics.get(k, 0)) for k, v in after_metrics.items()
+                      if v - before_metrics.get(k, 0)},
+                     _lines_of(edge.log_path) - log_lines)
+
+
+async def settle(edge: AbuseEdge, cfg: SignalingAbuseConfig, idle_tasks: int,
+                 fds: int = 0) -> dict[str, int | None]:
+    """The front once what came before is gone (``steady``, ``quiet``): its fds, RSS, asyncio
+    tasks and ``memory``."""
+    now = await steady(edge.pid, cfg.settle_s, floor=fds)
+    tasks = await quiet(edge.metrics_url, idle_tasks, cfg.settle_s)
+    return {"fds": now.fds, "rss_kib": now.rss_kib, "tasks": tasks,
+            **await memory(edge.metrics_url)}
+
+
+async def all_at_once(front: Front, cfg: SignalingAbuseConfig, seed: int) -> tuple[list, list]:
+    """Every kind of abuse and ``cfg.real_calls`` calls at the same time: (answers, the calls'
+    results)."""
     http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
     try:
         slow = asyncio.create_task(slow_clients(front, cfg))
         calls = asyncio.create_task(real_calls(front, cfg))
-        burst, fixed = await asyncio.gather(junk_burst(front, cfg.junk_posts, cfg, cfg.seed),
+        burst, fixed = await asyncio.gather(junk_burst(front, cfg.junk_posts, cfg, seed),
                                             fixed_cases(front, cfg, http))
-        answers = burst + fixed + await slow
-        sessions = await calls
+        return burst + fixed + await slow, await calls
     finally:
         await http.close()
-        watcher.cancel()
-    after = await steady(pid, cfg.settle_s, floor=baseline.fds)
-    after_metrics = await metrics(edge.metrics_url)
-    return summarise(cfg, answers, sessions, baseline, after, peak[0],
-                     {k: int(v - before_metrics.get(k, 0)) for k, v in after_metrics.items()
-                      if v - before_metrics.get(k, 0)},
-                     _lines_of(edge.log_path) - log_lines)
 
 
 def _lines_of(path: Path) -> int:
@@ -497,8 +573,10 @@ def _lines_of(path: Path) -> int:
 
 
 def summarise(cfg: SignalingAbuseConfig, answers: list[Answer], sessions: list,
-              baseline: Usage, after: Usage, peak_fds: int, refusals: dict,
+              points: list[dict], peak_fds: int, idle_tasks: int, refusals: dict,
               log_lines: int) -> dict:
+    """The result of ``run``; ``points`` are the front after the warm-up and after each round
+    (``settle``), ``idle_tasks`` its asyncio tasks before any abuse."""
     kinds = {}
     violations = []
     for kind in KINDS:
@@ -520,25 +598,42 @@ def summarise(cfg: SignalingAbuseConfig, answers: list[Answer], sessions: list,
     if len(ok) < len(sessions):
         violations.append(f"real calls: {len(sessions) - len(ok)} of {len(sessions)} failed: "
                           + "; ".join(sorted({s.error or "?" for s in sessions if not s.ok})))
-    if after.fds > baseline.fds + cfg.fd_slack:
-        violations.append(f"front fds {baseline.fds} -> {after.fds} (more than "
-                          f"+{cfg.fd_slack})")
-    growth_mib = (after.rss_kib - baseline.rss_kib) / 1024
-    if growth_mib > cfg.rss_slack_mib:
-        violations.append(f"front RSS grew {growth_mib:.1f} MiB (more than "
-                          f"{cfg.rss_slack_mib:g})")
+    baseline = points[0]
+    for i, now in enumerate(points[1:], 1):
+        if now["fds"] > baseline["fds"] + cfg.fd_slack:
+            violations.append(f"round {i}: front fds {baseline['fds']} -> {now['fds']} (more "
+                              f"than +{cfg.fd_slack})")
+        if now["tasks"] > idle_tasks:
+            violations.append(f"round {i}: front asyncio tasks {idle_tasks} when idle, still "
+                              f"{now['tasks']} {cfg.settle_s:g} s after the abuse")
+    growth = {key: [None if None in (a[key], b[key]) else b[key] - a[key]
+                    for a, b in zip(points, points[1:])] for key in MEMORY}
+    for key, slack in (("heap_kib", cfg.heap_slack_kib), ("py_blocks", cfg.blocks_slack),
+                       ("rss_trimmed_kib", cfg.rss_slack_mib * 1024)):
+        if None in growth[key]:
+            violations.append(f"front {key}: not reported")
+        elif min(growth[key]) > slack:
+            violations.append(f"front {key} grew in every round: "
+                              f"{' / '.join(map(str, growth[key]))} (more than +{slack:g})")
+    front = {"fds_before": baseline["fds"], "fds_peak": peak_fds,
+             "fds_after": points[-1]["fds"], "tasks_idle": idle_tasks,
+             "tasks_after": max(p["tasks"] for p in points[1:]),
+             "rss_mib_before": round(baseline["rss_kib"] / 1024, 1),
+             "rss_mib_after": round(points[-1]["rss_kib"] / 1024, 1),
+             "memory": points, "growth": growth}
     return {
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
         "kinds": kinds,
-        "front": {"fds_before": baseline.fds, "fds_peak": peak_fds, "fds_after": after.fds,
-                  "rss_mib_before": round(baseline.rss_kib / 1024, 1),
-                  "rss_mib_after": round(after.rss_kib / 1024, 1),
-                  "log_lines_during": log_lines},
+        "front": {**front, "log_lines_during": log_lines},
         "refusals": {f"{a}={b}" if b else a: n for (a, b), n in sorted(refusals.items())},
         "real_calls": {"attempted": len(sessions), "succeeded": len(ok),
                        "setup_ms": [round(s.setup_ms, 1) for s in ok if s.setup_ms]},
         "violations": violations,
     }
+
+
+def _signed(value: int | None) -> str:
+    return "-" if value is None else f"{value:+d}"
 
 
 def lines(result: dict) -> list[str]:
@@ -551,6 +646,12 @@ def lines(result: dict) -> list[str]:
     out.append(f"front: fds {f['fds_before']} -> {f['fds_after']} (peak {f['fds_peak']}), "
                f"RSS {f['rss_mib_before']} -> {f['rss_mib_after']} MiB, "
                f"{f['log_lines_during']} log lines")
+    out.append("front, growth in each round (collected): " + "; ".join(
+        f"{what} {' / '.join(_signed(g) for g in f['growth'][key])}"
+        for key, what in (("heap_kib", "heap in use KiB"), ("heap_free_kib", "heap free KiB"),
+                          ("py_blocks", "Python blocks"),
+                          ("rss_trimmed_kib", "RSS after malloc_trim KiB"),
+                          ("rss_kib", "RSS KiB"))))
     out.append(f"real calls during the burst: {calls['succeeded']}/{calls['attempted']} ok")
     if result["violations"]:
         out += ["VIOLATIONS:"] + [f"  {v}" for v in result["violations"]]

@@ -1,7 +1,8 @@
 """The agent's HTTP/WebSocket server: one WebSocket per call session, plus health and metrics.
 
 ``/metrics`` also says what the process holds (open fds, asyncio tasks, memory:
-services/introspect.py; ``/metrics?gc=1``: after a full garbage collection, for leak hunting)."""
+services/introspect.py; ``/metrics?gc=1``: after a full garbage collection, ``&trim=1``: and
+malloc_trim, for leak hunting)."""
 from __future__ import annotations
 
 import asyncio
@@ -179,6 +180,7 @@ class AgentServer:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         self._process.collect_garbage = request.query.get("gc") == "1"
+        self._process.trim_heap = request.query.get("trim") == "1"
         return web.Response(body=metrics.render(self._registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -199,12 +201,14 @@ class _WebSocket(web.WebSocketResponse):
 
 class _ProcessCollector:
     """The agent process's open fds, asyncio tasks and memory, at scrape time (after a full
-    garbage collection when ``collect_garbage``)."""
+    garbage collection when ``collect_garbage``, malloc's free memory handed back when
+    ``trim_heap``)."""
 
-    collect_garbage = False
+    collect_garbage = trim_heap = False
 
     def collect(self):
-        yield from introspect.metric_families("voiceedge_agent", self.collect_garbage)
+        yield from introspect.metric_families("voiceedge_agent", self.collect_garbage,
+                                              self.trim_heap)
 
 
 def _refuse(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:

@@ -28,7 +28,9 @@
   before a transceiver (by reason), steered (by
   cluster, and whether that was the nearest by RTT), clusters passed over (by why), changes
   of the preferred cluster, each cluster's RTT, each transceiver's probed health and load,
-  and the front's warm connections to it.
+  and the front's warm connections to it; the process's fds, tasks and memory
+  (services/introspect.py; ``?gc=1``: after a full garbage collection, ``&trim=1``: and
+  malloc_trim, for leak hunting).
 - Connections to transceivers: calls go over keep-alive connections opened ahead of them
   (services/signaling/pool.py), so a call does not pay a TCP handshake across the backbone;
   the ``/status`` probes have a connection of their own. ``call_created`` says how long the
@@ -134,6 +136,7 @@ class SignalingServer:
         self._refusal_log = LogBudget()
         self.steering = Steering({c.name: c.rtt_ms for c in config.clusters if c.transceivers},
                                  config.steering)
+        self._process_query = (False, False)  # /metrics?gc=1&trim=1 (services/introspect.py)
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(_Collector(self))
         self.port: int | None = None
@@ -416,6 +419,7 @@ class SignalingServer:
         return web.json_response(body, status=503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        self._process_query = (request.query.get("gc") == "1", request.query.get("trim") == "1")
         return web.Response(body=generate_latest(self._registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -500,7 +504,7 @@ class _Collector:
             opened.add_metric([b.cluster.name, b.url, "on_call"], b.pool.opened_on_call)
         yield from gauges.values()
         yield opened
-        yield from introspect.metric_families("voiceedge_signaling")
+        yield from introspect.metric_families("voiceedge_signaling", *s._process_query)
 
 
 async def _connection_opened(session, ctx, params) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from aioice import stun
 
 from services.wire import hop
+from services.wire.stun import StunError, read_username, server_ufrag
 
 log = logging.getLogger("voiceedge.transceiver")
 
@@ -44,6 +45,13 @@ _SO_MEMINFO, _SK_MEMINFO_DROPS = 55, 8  # linux/sock_diag.h: the socket's kernel
 # stall of the event loop must not overflow it (the relay's sockets have the same).
 _BUFFER_BYTES = 4 << 20
 _SO_RCVBUFFORCE, _SO_SNDBUFFORCE = 33, 32
+# Datagrams read per readiness event. asyncio's datagram transport reads one per turn of the
+# event loop, and a turn runs every ready callback of every session: under the hostile flood
+# (~6,000 checks a second for no session, besides the calls' media) the socket's queue
+# overflowed while the loop turned. So the mux reads on, from the same socket, after the
+# transport's datagram; the bound keeps the sessions' own callbacks running between batches.
+_READ_BATCH = 64
+_MAX_DATAGRAM = 65535
 
 
 class MuxPort:
@@ -109,6 +117,7 @@ class SharedSocket(asyncio.DatagramProtocol):
 
     def __init__(self) -> None:
         self.transport: asyncio.DatagramTransport | None = None
+        self._sock: socket.socket | None = None  # the transport's, for batched reads
         self.counters = MuxCounters()
         self._by_ufrag: dict[str, MuxPort] = {}
         self._by_addr: dict[tuple[str, int], _Learned] = {}
@@ -140,6 +149,7 @@ class SharedSocket(asyncio.DatagramProtocol):
             raise
         loop = asyncio.get_running_loop()
         _, mux = await loop.create_datagram_endpoint(cls, sock=sock)
+        mux._sock = sock
         return mux
 
     @property
@@ -147,6 +157,7 @@ class SharedSocket(asyncio.DatagramProtocol):
         return self.transport.get_extra_info("sockname")[:2]
 
     def close(self) -> None:
+        self._sock = None
         if self.transport is not None:
             self.transport.close()
 
@@ -163,6 +174,7 @@ class SharedSocket(asyncio.DatagramProtocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+
 
     # ------------------------------------------------------------ registration
 
@@ -199,6 +211,22 @@ class SharedSocket(asyncio.DatagramProtocol):
     # ------------------------------------------------------------ receive
 
     def datagram_received(self, data: bytes, addr: tuple) -> None:
+        """The transport's datagram, then up to _READ_BATCH - 1 more read at once."""
+        self._receive(data, addr)
+        sock, transport = self._sock, self.transport
+        for _ in range(_READ_BATCH - 1):
+            if sock is None or transport.is_closing():
+                return
+            try:
+                data, addr = sock.recvfrom(_MAX_DATAGRAM)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # an ICMP error queued on the socket, as the transport does
+                self.error_received(exc)
+                continue
+            self._receive(data, addr)
+
+    def _receive(self, data: bytes, addr: tuple) -> None:
         counters = self.counters
         counters.datagrams_in += 1
         relay = None
@@ -230,6 +258,8 @@ class SharedSocket(asyncio.DatagramProtocol):
             counters.empty += 1
             return
         if data[0] < 4:
+            if not data[0] & 0x01 and not data[1] & 0x10 and not self._ufrag_known(data):
+                return  # a request for no session: counted, and not parsed any further
             try:
                 message = stun.parse_message(data)
             except (ValueError, struct.error):  # aioice: struct.error for short attributes
@@ -245,6 +275,21 @@ class SharedSocket(asyncio.DatagramProtocol):
             learned.relay = relay  # answers follow the relay that last delivered the client
         counters.delivered += 1
         learned.port.media_received(data)
+
+    def _ufrag_known(self, data: bytes) -> bool:
+        """Whether a STUN request names a registered session's ufrag, read with a walk to its
+        USERNAME: a flood of checks for ufrags that route here (the ufrag is public) but name
+        no session costs a dict lookup, not aioice's parse of every attribute."""
+        try:
+            username = read_username(data)
+        except StunError:
+            self.counters.stun_malformed += 1
+            return False
+        if username is None or server_ufrag(username).decode("utf-8", "replace") \
+                not in self._by_ufrag:
+            self.counters.stun_unknown_ufrag += 1
+            return False
+        return True
 
     def _stun_received(self, message: stun.Message, data: bytes, client, relay) -> None:
         if message.message_class == stun.Class.REQUEST:

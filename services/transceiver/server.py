@@ -9,7 +9,8 @@ Control API (HTTP, internal):
 - ``DELETE /sessions/{id}``: ``204``, or ``404``.
 - ``GET /status``: JSON (ids, mode, sessions, capacity, UDP sockets held by this process, the
   process's open fds, asyncio tasks and memory (services/introspect.py; ``?gc=1``: after a full
-  garbage collection, for leak hunting), the shared socket's state sizes).
+  garbage collection, ``&trim=1``: and malloc_trim, for leak hunting), the shared socket's
+  state sizes).
 - ``GET /metrics``: Prometheus text (the same process gauges and mux state sizes included).
 - ``GET /ping``: ``204``, nothing else: signaling fronts open and refresh their warm keep-alive
   connections with it (services/signaling/pool.py). Idle connections are kept an hour.
@@ -254,9 +255,9 @@ class TransceiverServer:
         await session.close("deleted")
         return web.Response(status=204)
 
-    def status(self, collect: bool = False) -> dict:
+    def status(self, collect: bool = False, trim: bool = False) -> dict:
         """What /status says; ``collect``: a full garbage collection before the process's
-        figures."""
+        figures, ``trim``: and malloc's free memory handed back."""
         cfg = self.config
         if self.mux is not None:
             self.mux.read_kernel_drops()
@@ -268,7 +269,7 @@ class TransceiverServer:
             "media": list(self.media_address) if self.mux else None,
             "mux": vars(self.mux.counters) if self.mux else None,
             "mux_state": self.mux_state(),
-            "process": introspect.snapshot(collect),
+            "process": introspect.snapshot(collect, trim),
             "session_details": [
                 {"id": sid, "state": sess.state, "ufrag": sess.plan.ufrag,
                  "age_s": round(time.monotonic() - sess.stats.created, 3),
@@ -286,7 +287,8 @@ class TransceiverServer:
         return self.mux.state_sizes() if self.mux is not None else None
 
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.status(request.query.get("gc") == "1"))
+        return web.json_response(self.status(request.query.get("gc") == "1",
+                                             request.query.get("trim") == "1"))
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self._registry),
