@@ -232,6 +232,7 @@ def test_every_datagram_is_delivered_or_counted_under_exactly_one_drop_reason():
         ("empty", None, b"", "empty"),
         ("stun range garbage", learned, b"\x00\x01garbage", "stun_malformed"),
         ("stun range garbage, direct", None, b"\x03" * 40, "stun_malformed"),
+        ("one byte in stun range", None, b"\x00", "stun_malformed"),
         ("unknown ufrag", stranger, check("nobody", "k" * 22), "stun_unknown_ufrag"),
         ("no integrity", stranger, check("ufragK", None), "stun_unauthenticated"),
         ("bad integrity", stranger, check("ufragK", "x" * 22), "stun_unauthenticated"),

@@ -258,7 +258,8 @@ class SharedSocket(asyncio.DatagramProtocol):
             counters.empty += 1
             return
         if data[0] < 4:
-            if not data[0] & 0x01 and not data[1] & 0x10 and not self._ufrag_known(data):
+            if len(data) > 1 and not data[0] & 0x01 and not data[1] & 0x10 \
+                    and not self._ufrag_known(data):
                 return  # a request for no session: counted, and not parsed any further
             try:
                 message = stun.parse_message(data)
