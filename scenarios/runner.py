@@ -276,8 +276,9 @@ class ScenarioRunner:
                        if sc.calibration_at_load and not sc.faults else None)
             # The plan only bounds the progress bar and the deadline (a fault run's calls may
             # each call again: 10 s set-up and 1 s wait per attempt, the client's own bounds);
-            # what ran is counted from the clients' results, live sessions from the edge.
-            planned = sc.sessions_per_region * len(self.client_regions)
+            # what ran is counted from the clients' results, live sessions from the edge. It
+            # counts the client processes started, one per front, not the configured regions.
+            planned = sc.sessions_per_region * len(clients)
             deadline = (time.monotonic() + planned / sc.start_rate + sc.call_duration_s + 90
                         + 11 * sc.reconnect_attempts * bool(sc.faults))
             while any(c.alive() for c in clients):
