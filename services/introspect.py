@@ -106,6 +106,12 @@ def snapshot(collect: bool = False, trim: bool = False) -> dict[str, int | None]
             "heap_in_use_bytes": in_use, "heap_free_bytes": free}
 
 
+def query_flags(query) -> tuple[bool, bool]:
+    """(``collect``, ``trim``) as a status or metrics request asks for them: ``?gc=1``,
+    ``&trim=1``."""
+    return query.get("gc") == "1", query.get("trim") == "1"
+
+
 def metric_families(prefix: str, collect: bool = False, trim: bool = False):
     """``snapshot(collect, trim)`` as Prometheus gauges named ``{prefix}_process_{name}``
     (a collector's ``collect`` can ``yield from`` this)."""

@@ -41,6 +41,12 @@ def check(ufrag: str, password: str | None, response: bool = False) -> bytes:
     return bytes(msg)
 
 
+def loopback_udp() -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    return s
+
+
 async def _settle() -> None:
     await asyncio.sleep(0.05)
 
@@ -55,8 +61,7 @@ def test_stun_routes_by_ufrag_only_after_integrity_and_media_by_learned_address(
         a, b = RecordingPort("ufragA", "p" * 22), RecordingPort("ufragB", "q" * 22)
         mux.register(a)
         mux.register(b)
-        client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        client.bind(("127.0.0.1", 0))
+        client = loopback_udp()
         client.setblocking(False)
         target = mux.address
         client.sendto(b"\x80media-before-check", target)        # unknown address: dropped
@@ -86,8 +91,7 @@ def test_relay_encapsulation_is_unwrapped_and_answers_go_back_through_the_relay(
         mux = await SharedSocket.open("127.0.0.1", 0)
         port = RecordingPort("ufragR", "r" * 22)
         mux.register(port)
-        relay = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        relay.bind(("127.0.0.1", 0))
+        relay = loopback_udp()
         relay.settimeout(1)
         real_client = ("198.51.100.7", 40000)  # only ever written into headers, never sent to
         relay.sendto(hop.encode(real_client) + check("ufragR", "r" * 22), mux.address)
@@ -113,8 +117,7 @@ def test_hop_headers_are_remembered_per_client_and_a_wrong_way_one_never_is():
     refused however often it comes."""
     async def scenario():
         mux = await SharedSocket.open("127.0.0.1", 0)
-        relay = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        relay.bind(("127.0.0.1", 0))
+        relay = loopback_udp()
         relay.settimeout(1)
         ports = {}
         for n, client in enumerate([("198.51.100.7", 40000), ("198.51.100.7", 40001)]):
@@ -154,8 +157,7 @@ def test_checks_to_unlearned_addresses_are_parked_then_sent_when_the_address_is_
         mux = await SharedSocket.open("127.0.0.1", 0)
         port = RecordingPort("ufragP", "s" * 22)
         mux.register(port)
-        client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        client.bind(("127.0.0.1", 0))
+        client = loopback_udp()
         client.settimeout(1)
         mux.sendto(port, b"parked-check", client.getsockname())
         mux.sendto(port, b"to-elsewhere", ("127.0.0.1", 9))
@@ -246,10 +248,7 @@ def test_every_datagram_is_delivered_or_counted_under_exactly_one_drop_reason():
         mux = await SharedSocket.open("127.0.0.1", 0)
         port = RecordingPort("ufragK", "k" * 22)
         mux.register(port)
-        relay, direct, other = (socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                                for _ in range(3))
-        for s in (relay, direct, other):
-            s.bind(("127.0.0.1", 0))
+        relay, direct, other = (loopback_udp() for _ in range(3))
         relay.sendto(hop.encode(learned) + check("ufragK", "k" * 22), mux.address)
         await _settle()
         out = []
@@ -291,8 +290,7 @@ def test_ten_thousand_unknown_addresses_leave_the_mux_state_unchanged():
         mux = await SharedSocket.open("127.0.0.1", 0)
         port = RecordingPort("ufragU", "u" * 22)
         mux.register(port)
-        relay = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        relay.bind(("127.0.0.1", 0))
+        relay = loopback_udp()
         relay.sendto(hop.encode(learned) + check("ufragU", "u" * 22), mux.address)
         relay.sendto(hop.encode(learned) + b"\x80first", mux.address)  # caches its header
         await _settle()
@@ -374,8 +372,7 @@ def test_learned_addresses_per_session_are_capped_least_recently_checked_first()
         mux = await SharedSocket.open("127.0.0.1", 0)
         port = RecordingPort("ufragL", "l" * 22)
         mux.register(port)
-        relay = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        relay.bind(("127.0.0.1", 0))
+        relay = loopback_udp()
         clients = [("198.51.100.7", 41000 + i) for i in range(limit + 4)]
         for i, client in enumerate(clients):
             relay.sendto(hop.encode(client) + check("ufragL", "l" * 22), mux.address)
@@ -416,8 +413,7 @@ def test_checks_for_no_session_are_dropped_before_aioice_parses_them(monkeypatch
         mux = await SharedSocket.open("127.0.0.1", 0)
         port = RecordingPort("ufragK", "k" * 22)
         mux.register(port)
-        client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        client.bind(("127.0.0.1", 0))
+        client = loopback_udp()
         strangers = [check(f"nobody{k}", "k" * 22) for k in range(50)]
         for data in strangers:
             client.sendto(data, mux.address)
@@ -441,8 +437,7 @@ def test_the_socket_is_read_in_bounded_batches():
 
     async def scenario():
         mux = await SharedSocket.open("127.0.0.1", 0)
-        client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        client.bind(("127.0.0.1", 0))
+        client = loopback_udp()
         for k in range(100):
             client.sendto(b"\x80media%d" % k, mux.address)
         time.sleep(0.05)  # blocking: the loop does not read meanwhile

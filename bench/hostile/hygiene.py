@@ -330,8 +330,9 @@ class Probe:
                             flows_pending=counters.get("flows_pending"))
         status = json.loads(_read(self.transceiver + query))
         process = status.get("process") or {}
-        out["transceiver"].update(_memory(process, trim), tasks=process.get("asyncio_tasks"),
-                                  sessions=status["sessions"], udp_sockets=status["udp_sockets"])
+        out["transceiver"].update(memory_figures(process, trim),
+                                  tasks=process.get("asyncio_tasks"), sessions=status["sessions"],
+                                  udp_sockets=status["udp_sockets"])
         mux = status.get("mux_state") or {}
         out["transceiver"].update({f"mux_{k}": v for k, v in mux.items()})
         for name, url, extra in (("agent", self.agent, "sessions_active"),
@@ -341,13 +342,16 @@ class Probe:
                        if k.startswith(prefix)}
             process = {k[len("process_"):]: v for k, v in metrics.items()
                        if k.startswith("process_")}
-            out[name].update(_memory(process, trim), tasks=process.get("asyncio_tasks"))
+            out[name].update(memory_figures(process, trim), tasks=process.get("asyncio_tasks"))
             out[name]["sessions" if name == "agent" else "warm_connections"] = metrics.get(extra)
         return out
 
 
-def _memory(process: dict, trimmed: bool) -> dict[str, int | None]:
-    """A service's own memory figures (services/introspect.py) in the probe's units."""
+def memory_figures(process: dict, trimmed: bool) -> dict[str, int | None]:
+    """A service's own memory figures (services/introspect.py's snapshot keys) in the
+    benchmarks' units: ``py_blocks``, ``heap_kib`` (malloc's heap in use), ``heap_free_kib``
+    (freed, still kept) and, when the service trimmed its heap first, ``rss_trimmed_kib``;
+    None where the service does not report one."""
     def kib(key: str) -> int | None:
         return None if process.get(key) is None else process[key] // 1024
 

@@ -48,6 +48,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.hostile.hygiene import memory_figures
 from scenarios.demo_edge import demo_plan
 from scenarios.edge import Edge
 from scenarios.processes import http_ok, voiceedge_cmd
@@ -371,24 +372,22 @@ def usage(pid: int) -> Usage:
     return Usage(procfs.open_fds(pid), procfs.kib(procfs.status_fields(pid), "VmRSS") or 0)
 
 
-async def memory(url: str) -> dict[str, int | None]:
-    """The front's own memory figures (KiB, blocks) from its ``/metrics`` at ``url``, after a
-    full garbage collection and malloc_trim (read after ``usage``: trimming lowers RSS):
-    ``heap_kib`` (malloc's heap in use), ``heap_free_kib`` (freed, still kept),
-    ``py_blocks``, ``rss_trimmed_kib``; None where the front does not report one."""
+async def _samples(url: str) -> list:
+    """The samples of the front's ``/metrics`` at ``url``."""
     async with aiohttp.ClientSession() as http:
-        async with http.get(url + "?gc=1&trim=1") as r:
+        async with http.get(url) as r:
             text = await r.text()
-    got = {s.name: int(s.value) for family in text_string_to_metric_families(text)
-           for s in family.samples if s.name.startswith("voiceedge_signaling_process_")}
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
 
-    def kib(name: str) -> int | None:
-        value = got.get(f"voiceedge_signaling_process_{name}")
-        return None if value is None else value // 1024
 
-    return {"heap_kib": kib("heap_in_use_bytes"), "heap_free_kib": kib("heap_free_bytes"),
-            "py_blocks": got.get("voiceedge_signaling_process_python_blocks"),
-            "rss_trimmed_kib": kib("rss_bytes")}
+async def memory(url: str) -> dict[str, int | None]:
+    """The front's own memory figures (hygiene.memory_figures) from its ``/metrics`` at
+    ``url``, after a full garbage collection and malloc_trim (read after ``usage``: trimming
+    lowers RSS)."""
+    prefix = "voiceedge_signaling_process_"
+    process = {s.name[len(prefix):]: int(s.value) for s in await _samples(url + "?gc=1&trim=1")
+               if s.name.startswith(prefix)}
+    return memory_figures(process, trimmed=True)
 
 
 async def steady(pid: int, within_s: float, floor: int = 0, still_s: float = 1.0) -> Usage:
@@ -418,27 +417,20 @@ async def quiet(url: str, tasks: int, within_s: float) -> int:
 
 
 async def _gauge(url: str, name: str) -> int:
-    async with aiohttp.ClientSession() as http:
-        async with http.get(url) as r:
-            text = await r.text()
-    return sum(int(s.value) for family in text_string_to_metric_families(text)
-               for s in family.samples if s.name == f"voiceedge_signaling_{name}")
+    return sum(int(s.value) for s in await _samples(url)
+               if s.name == f"voiceedge_signaling_{name}")
 
 
 async def metrics(url: str) -> dict[tuple[str, str], float]:
     """The front's refusals: {("status", "413"): n, ("reason", "too_large"): n, ...}."""
-    async with aiohttp.ClientSession() as http:
-        async with http.get(url) as r:
-            text = await r.text()
     out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "voiceedge_signaling_calls_refused_total":
-                out[("status", s.labels["status"])] = s.value
-            elif s.name == "voiceedge_signaling_offers_rejected_total":
-                out[("reason", s.labels["reason"])] = s.value
-            elif s.name == "voiceedge_signaling_calls_created_total":
-                out[("created", "")] = s.value
+    for s in await _samples(url):
+        if s.name == "voiceedge_signaling_calls_refused_total":
+            out[("status", s.labels["status"])] = s.value
+        elif s.name == "voiceedge_signaling_offers_rejected_total":
+            out[("reason", s.labels["reason"])] = s.value
+        elif s.name == "voiceedge_signaling_calls_created_total":
+            out[("created", "")] = s.value
     return out
 
 

@@ -179,8 +179,8 @@ class AgentServer:
                                  status=503 if self._stopping else 200)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        self._process.collect_garbage = request.query.get("gc") == "1"
-        self._process.trim_heap = request.query.get("trim") == "1"
+        self._process.collect_garbage, self._process.trim_heap = introspect.query_flags(
+            request.query)
         return web.Response(body=metrics.render(self._registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 

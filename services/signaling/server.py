@@ -419,7 +419,7 @@ class SignalingServer:
         return web.json_response(body, status=503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        self._process_query = (request.query.get("gc") == "1", request.query.get("trim") == "1")
+        self._process_query = introspect.query_flags(request.query)
         return web.Response(body=generate_latest(self._registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -258,15 +258,10 @@ class SharedSocket(asyncio.DatagramProtocol):
             counters.empty += 1
             return
         if data[0] < 4:
-            if len(data) > 1 and not data[0] & 0x01 and not data[1] & 0x10 \
-                    and not self._ufrag_known(data):
-                return  # a request for no session: counted, and not parsed any further
-            try:
-                message = stun.parse_message(data)
-            except (ValueError, struct.error):  # aioice: struct.error for short attributes
-                counters.stun_malformed += 1
-                return
-            self._stun_received(message, data, client, relay)
+            if len(data) > 1 and not data[0] & 0x01 and not data[1] & 0x10:  # a request
+                self._check_received(data, client, relay)
+            else:
+                self._stun_from_peer(data, client)
             return
         learned = self._by_addr.get(client)
         if learned is None:
@@ -277,34 +272,40 @@ class SharedSocket(asyncio.DatagramProtocol):
         counters.delivered += 1
         learned.port.media_received(data)
 
-    def _ufrag_known(self, data: bytes) -> bool:
-        """Whether a STUN request names a registered session's ufrag, read with a walk to its
-        USERNAME: a flood of checks for ufrags that route here (the ufrag is public) but name
-        no session costs a dict lookup, not aioice's parse of every attribute."""
+    def _check_received(self, data: bytes, client, relay) -> None:
+        """A STUN request: delivered to its session once its MESSAGE-INTEGRITY verifies."""
+        port = self._session_named(data)
+        if port is None:
+            return
+        message = self._parse(data)
+        if message is None:
+            return
+        if not message.check_message_integrity(port.password):
+            self.counters.stun_unauthenticated += 1
+            return
+        self._learn(port, client, relay)
+        self.counters.delivered += 1
+        port.datagram_received(data, client)
+
+    def _session_named(self, data: bytes) -> MuxPort | None:
+        """The session a STUN request's USERNAME names, read with a walk to it (counted as a
+        drop when none): a flood of checks for ufrags that route here (the ufrag is public)
+        but name no session costs a dict lookup, not aioice's parse of every attribute."""
         try:
             username = read_username(data)
         except StunError:
             self.counters.stun_malformed += 1
-            return False
-        if username is None or server_ufrag(username).decode("utf-8", "replace") \
-                not in self._by_ufrag:
+            return None
+        port = (self._by_ufrag.get(server_ufrag(username).decode("utf-8", "replace"))
+                if username is not None else None)
+        if port is None:
             self.counters.stun_unknown_ufrag += 1
-            return False
-        return True
+        return port
 
-    def _stun_received(self, message: stun.Message, data: bytes, client, relay) -> None:
-        if message.message_class == stun.Class.REQUEST:
-            username = message.attributes.get("USERNAME", "")
-            port = self._by_ufrag.get(username.split(":", 1)[0])
-            if port is None:
-                self.counters.stun_unknown_ufrag += 1
-                return
-            if not message.check_message_integrity(port.password):
-                self.counters.stun_unauthenticated += 1
-                return
-            self._learn(port, client, relay)
-            self.counters.delivered += 1
-            port.datagram_received(data, client)
+    def _stun_from_peer(self, data: bytes, client) -> None:
+        """A STUN response or indication (or bytes too short to say): delivered by the address
+        it came from."""
+        if self._parse(data) is None:
             return
         learned = self._by_addr.get(client)
         if learned is None:
@@ -312,6 +313,13 @@ class SharedSocket(asyncio.DatagramProtocol):
             return
         self.counters.delivered += 1
         learned.port.datagram_received(data, client)
+
+    def _parse(self, data: bytes) -> stun.Message | None:
+        try:
+            return stun.parse_message(data)
+        except (ValueError, struct.error):  # aioice: struct.error for short attributes
+            self.counters.stun_malformed += 1
+            return None
 
     def _learn(self, port: MuxPort, client: tuple[str, int], relay) -> None:
         addrs = self._addrs_of[id(port)]

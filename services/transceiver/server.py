@@ -287,8 +287,7 @@ class TransceiverServer:
         return self.mux.state_sizes() if self.mux is not None else None
 
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.status(request.query.get("gc") == "1",
-                                             request.query.get("trim") == "1"))
+        return web.json_response(self.status(*introspect.query_flags(request.query)))
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self._registry),
