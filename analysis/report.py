@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis import tables
+from analysis.pcap import tables as pcap_tables
 from analysis.compare import compare  # noqa: F401  (part of this module's API)
 from analysis.faults import FaultEffect, fault_effects
 from analysis.findings import findings, lead, saturation
@@ -215,6 +216,14 @@ def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: E
     if steered.rows:
         parts += ["<h2 id='steering'>Where each client region was steered</h2>",
                   tables.to_html(steered)]
+    wire = pcap_tables.load(results.path)
+    if wire:
+        parts += ["<h2 id='wire'>On the wire (packet captures)</h2>"]
+        parts += [f"<p class='warn'>{e(line)}</p>" for line in pcap_tables.off_hops(wire)]
+        for a in wire:
+            parts += [f"<h3>{e(a['architecture'])}: one-way delay per hop</h3>",
+                      tables.to_html(pcap_tables.hops(a))]
+        parts += [tables.to_html(pcap_tables.wire(wire)), tables.to_html(pcap_tables.cost(wire))]
     parts += ["<h2 id='failures'>Failures</h2>", tables.to_html(tables.failures(results)),
               "<h2 id='ports'>Ports and relays</h2>", tables.to_html(tables.ports(results)),
               tables.to_html(tables.relays(results)),
@@ -258,6 +267,16 @@ def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], mode
     fails = tables.failures(results)
     if fails.rows:
         lines += ["## Failures", "", tables.to_markdown(fails)]
+    wire = pcap_tables.load(results.path)
+    if wire:
+        lines += ["## On the wire (packet captures)", ""]
+        for line in pcap_tables.off_hops(wire):
+            lines += [f"> **Off:** {line}", ""]
+        for a in wire:
+            lines += [f"**{a['architecture']}**: one-way delay per hop", "",
+                      tables.to_markdown(pcap_tables.hops(a))]
+        lines += [tables.to_markdown(pcap_tables.wire(wire)),
+                  tables.to_markdown(pcap_tables.cost(wire))]
     lines += ["## Plots", ""]
     for name, path in plots.items():
         if name.startswith("fault-"):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from scenarios.spec import DEFAULT_SCENARIO
@@ -32,6 +34,15 @@ def add_parser(sub) -> None:
                    help="where the results folder goes (default ./results)")
     p.add_argument("--backend", choices=("auto", "netem", "userspace"), default="auto",
                    help="impairment backend (default: netem where the kernel has it)")
+    p.add_argument("--capture", action="store_true",
+                   help="write a pcap per host on the calls' paths (results/<run>/pcap/) and "
+                        "break each datagram's path into hops (docs/captures.md)")
+    p.add_argument("--capture-cap-mb", type=float, default=64.0, metavar="MB",
+                   help="size cap of each capture file (default 64 MB)")
+    p.add_argument("--keep-world", action="store_true",
+                   help="after the last architecture, keep the world and its services up (for "
+                        "voiceedge world exec) until Ctrl-C; the results and the report are "
+                        "written first")
     p.add_argument("--json", action="store_true", help="print only the summary as JSON")
     p.set_defaults(func=run)
 
@@ -43,15 +54,18 @@ def run(args: argparse.Namespace) -> int:
     from scenarios.processes import ServiceError
     from scenarios.progress import ProgressBars
     from scenarios.report import print_summary
-    from scenarios.runner import CalibrationFailed, ScenarioRunner
+    from scenarios.runner import CalibrationFailed, CaptureOptions, ScenarioRunner
     from scenarios.spec import Scenario
     from topology.cli import print_report
     from topology.preflight import check_world_prerequisites
 
     console = Console(stderr=True)
     scenario = Scenario.load(args.file)  # ConfigError: one line, exit 2
+    if args.capture_cap_mb <= 0:
+        raise UserError("--capture-cap-mb must be positive")
     backend = None if args.backend == "auto" else args.backend
-    check_world_prerequisites(backend, services=True)  # EnvironmentProblem: one line, exit 2, no folder
+    check_world_prerequisites(backend, services=True,  # EnvironmentProblem: one line, exit 2
+                              capture=args.capture)
     bars = ProgressBars(console, enabled=not args.json)
 
     def say(msg: str, transient: bool = False) -> None:
@@ -59,12 +73,15 @@ def run(args: argparse.Namespace) -> int:
             bars.print(f"[dim]… {escape(msg)}[/dim]")
 
     try:
-        runner = ScenarioRunner(scenario, args.region, args.results, backend, say, bars.update)
+        runner = ScenarioRunner(scenario, args.region, args.results, backend, say, bars.update,
+                                capture=CaptureOptions(args.capture_cap_mb)
+                                if args.capture else None)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     say(f"scenario {scenario.name} for clients in {', '.join(runner.client_regions)}; "
         f"results in {runner.directory}")
-    with bars:
+    written: list = []  # the report, when --keep-world wrote it before holding the world
+    with (_held_world(runner, args, bars, written) if args.keep_world else nullcontext()):
         try:
             result = runner.run()
         except CalibrationFailed as exc:
@@ -83,8 +100,11 @@ def run(args: argparse.Namespace) -> int:
     from analysis.report import write_report  # matplotlib: only once there is a run to plot
 
     summary = dict(result.summary)
-    say("writing the report")
-    html, md = write_report(result.directory)
+    if written:
+        html, md = written[0]
+    else:
+        say("writing the report")
+        html, md = write_report(result.directory)
     summary["report"] = {"html": str(html), "markdown": str(md)}
     failed = result.failed_architectures
     summary["exit_status"] = 1 if failed else 0
@@ -99,3 +119,33 @@ def run(args: argparse.Namespace) -> int:
                       f"min_success_pct ({scenario.min_success_pct:g}%)")
         return 1
     return 0
+
+
+@contextmanager
+def _held_world(runner, args, bars, written: list):
+    """The world lock for --keep-world, taken before anything is built (a `voiceedge world up`
+    meanwhile is refused, and this run refused if one is up), and the runner's ``keep_world``:
+    write the report, then hold the world with the last architecture's services until
+    Ctrl-C."""
+    from analysis.report import write_report
+    from topology.worldstate import WorldHold
+
+    with WorldHold(spec=runner.spec, say=bars.print,
+                   file=sys.stderr if args.json else None) as hold:
+        def keep(world, edge) -> None:
+            written.append(write_report(runner.directory))
+            bars.stop()
+            services = list(edge.services.values())
+            hold.add_pids(*(s.process.pid for s in services if s.process.pid))
+            lines = [f"results: {runner.directory} (report.html written)",
+                     f"{edge.plan.architecture}'s services still up: "
+                     + ", ".join(f"{s.name}@{s.host.name}" for s in services)]
+            lines += [f"a call from {f.region}: voiceedge world exec "
+                      f"client{world.index[f.region]} -- {sys.executable} -m voiceedge client "
+                      f"--url {edge.signaling_url(f)} -n 1" for f in edge.plan.fronts]
+            hold.publish(world, lines)
+            hold.wait()
+            runner.say("tearing the world down")
+
+        runner.keep_world = keep
+        yield hold

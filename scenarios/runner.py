@@ -34,6 +34,7 @@ from scenarios.spec import BASELINE, GLOBAL_RELAY, Scenario, ScenarioError
 from scenarios.saturation import LagWindows, flag
 from scenarios.timeline import TIMELINE, merge_timeline
 from topology.calibrate import CalibrationReport, calibrate, session_links
+from topology.capture import WorldCapture, capture_hosts
 from topology.loadcal import EngineWindow, LoadCalibration, calibrate_under_load, engine_stats
 from topology.netns import in_namespace
 from topology.plan import world_spec
@@ -63,6 +64,14 @@ STEERING_FIELDS = ("architecture", "client_region", "front", "event", "unix", "c
                    "cluster", "nearest", "reason")
 PORT_FIELDS = ("architecture", "concurrent_sessions", "public_udp_ports", "public_udp_ports_max",
                "bindings")
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """Packet captures of every architecture (docs/captures.md)."""
+
+    cap_mb: float = 64.0   # per capture point
+    snaplen: int = 256     # bytes kept of each frame
 
 
 class CalibrationFailed(RuntimeError):
@@ -126,9 +135,13 @@ class ScenarioRunner:
 
     def __init__(self, scenario: Scenario, region: str, results_root: Path = Path("results"),
                  backend: str | None = None, say=lambda msg, transient=False: None,
-                 progress=None) -> None:
+                 progress=None, capture: CaptureOptions | None = None,
+                 keep_world=None) -> None:
         """``say(msg, transient)`` reports progress in words; ``progress(what, done, total)``
-        drives a progress bar (calibration paths, sessions)."""
+        drives a progress bar (calibration paths, sessions). ``capture``: write pcaps of
+        every architecture and analyse them. ``keep_world(world, edge)``: called once the
+        results are written, with the world and the last architecture's services still up;
+        they are torn down when it returns."""
         self.scenario = scenario
         self.say = say
         self.progress = progress or (lambda what, done, total: None)
@@ -147,6 +160,8 @@ class ScenarioRunner:
                                     f"{exc}") from None
         self.spec = world_spec(catalog, regions, self.clusters, scenario.last_mile)
         self.backend_name = backend
+        self.capture = capture
+        self.keep_world = keep_world
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.directory = results_root / f"{scenario.name}-{region.replace(',', '+')}-{stamp}"
 
@@ -181,15 +196,27 @@ class ScenarioRunner:
             if not report.ok:
                 raise CalibrationFailed(report)
             self.say(f"calibration passed ({len(report.paths)} paths)")
-            for arch in self.scenario.architectures:
-                result.architectures.append(self._run_architecture(world, arch))
-                self._write_results(result)
-            stats = backend.stats()
-            result.timings["engine"] = {k: v for k, v in stats.items()
-                                        if not isinstance(v, (dict, list))}
-            # every impaired interface's counters over the run (seen, delayed, dropped_loss)
-            (self.directory / "impairment.json").write_text(json.dumps(
-                {k: v for k, v in stats.items() if k != "lateness_hist"}, indent=2))
+            kept = None
+            try:
+                for n, arch in enumerate(self.scenario.architectures, start=1):
+                    last = n == len(self.scenario.architectures)
+                    run, kept = self._run_architecture(
+                        world, arch, keep_edge=last and self.keep_world is not None)
+                    result.architectures.append(run)
+                    self._write_results(result)
+                stats = backend.stats()
+                result.timings["engine"] = {k: v for k, v in stats.items()
+                                            if not isinstance(v, (dict, list))}
+                # every impaired interface's counters over the run (seen, delayed, dropped_loss)
+                (self.directory / "impairment.json").write_text(json.dumps(
+                    {k: v for k, v in stats.items() if k != "lateness_hist"}, indent=2))
+                if self.capture is not None:
+                    self._analyse_captures(result)
+                if kept is not None:
+                    self.keep_world(world, kept)
+            finally:
+                if kept is not None:
+                    kept.stop()
         result.timings.update(build_s=round(world.build_seconds, 2),
                               teardown_s=round(world.teardown_seconds, 2),
                               total_s=round(time.monotonic() - started, 1))
@@ -239,7 +266,21 @@ class ScenarioRunner:
                                              addresses["backbone"]))
         return EdgePlan(arch, tuple(clusters), tuple(fronts), tuple(ingresses), relay_vip=vip)
 
-    def _run_architecture(self, world: World, arch: str) -> ArchitectureRun:
+    def _analyse_captures(self, result: RunResult) -> None:
+        from analysis.pcap.hops import analyse
+
+        self.say("analysing the captures")
+        wire = analyse(self.directory)
+        result.timings["capture_analysis_s"] = round(sum(a.cost["analysis_s"] for a in wire), 2)
+        for a in wire:
+            off = ", ".join(f"{h.direction} {h.hop}" for h in a.off)
+            self.say(f"[{a.architecture}] on the wire: {len(a.hops)} hops, "
+                     f"{'all as configured' if not off else 'OFF: ' + off}")
+
+    def _run_architecture(self, world: World, arch: str,
+                          keep_edge: bool = False) -> tuple[ArchitectureRun, Edge | None]:
+        """One architecture's run; with ``keep_edge`` its services are left running and
+        returned (the caller stops them)."""
         sc = self.scenario
         logs = self.directory / "logs" / arch
         logs.mkdir(parents=True)
@@ -251,7 +292,17 @@ class ScenarioRunner:
         injector: FaultInjector | None = None
         faults: list[FaultRecord] = []
         edge = Edge(plan, logs)
+        captures = None
+        finished = False
         try:
+            if self.capture is not None:
+                captures = WorldCapture(
+                    world, capture_hosts(world, self.client_regions, self.clusters),
+                    self.directory / "pcap" / arch, snaplen=self.capture.snaplen,
+                    cap_bytes=int(self.capture.cap_mb * 2**20),
+                    say=lambda msg: self.say(f"[{arch}] {msg}"))
+                captures.start()
+                self.say(f"[{arch}] capturing at {len(captures.points)} hosts")
             edge.start()
             for front in plan.fronts:
                 host = f"client{world.index[front.region]}"
@@ -290,6 +341,8 @@ class ScenarioRunner:
                          f"{watch.live} live, "
                          f"{time.monotonic() - started:.0f} s", transient=True)
                 watch.sample()
+                if captures is not None:
+                    captures.poll()
                 if at_load is not None:
                     at_load.poll(done)
                 time.sleep(0.5)
@@ -301,14 +354,23 @@ class ScenarioRunner:
             watch.stop()
             time.sleep(0.6)  # relays publish their counters twice a second
             relays = edge.relay_counters()
+            finished = True
         finally:
             for proc in clients:  # stopped with the services, also on Ctrl-C
                 proc.stop()
             if injector is not None:  # an error or Ctrl-C: mend links before the next run
                 faults = injector.stop()
-            edge.stop()
+            if captures is not None:
+                captures.stop()
+            if not (keep_edge and finished):
+                edge.stop()
             merge_timeline(logs)
-        sessions, samples, attempts, gaps = self._collect(world, arch, logs)
+        try:
+            sessions, samples, attempts, gaps = self._collect(world, arch, logs)
+        except BaseException:
+            if keep_edge:
+                edge.stop()
+            raise
         ok = sum(1 for s in sessions if s["ok"])
         self.progress(arch, len(sessions), len(sessions))
         self.say(f"[{arch}] {ok}/{len(sessions)} sessions ok in {time.monotonic() - started:.0f} s")
@@ -317,7 +379,8 @@ class ScenarioRunner:
                                [f"{b.service}@{b.host} {b.address}:{b.port}"
                                 for b in watch.bindings_at_peak],
                                round(time.monotonic() - started, 1), load_calibration,
-                               steering_rows(arch, logs / TIMELINE), attempts, gaps, faults)
+                               steering_rows(arch, logs / TIMELINE), attempts, gaps,
+                               faults), edge if keep_edge else None
 
     # ------------------------------------------------------------ results
 

@@ -204,28 +204,32 @@ def relay_factory(tmp_path):
 
 
 def run_scenario(path: Path, region: str, out: Path, env: dict | None = None,
-                 timeout: float = 600) -> tuple[dict, Path]:
-    """``voiceedge scenario`` as a child process; returns (summary, results folder)."""
+                 timeout: float = 600, args: tuple[str, ...] = ()) -> tuple[dict, Path]:
+    """``voiceedge scenario`` as a child process (with ``args`` added); returns (summary,
+    results folder)."""
     import json
     import os
 
     proc = subprocess.run([sys.executable, "-m", "voiceedge", "scenario", str(path), "--region",
-                           region, "--results", str(out), "--json"], capture_output=True,
+                           region, "--results", str(out), "--json", *args], capture_output=True,
                           text=True, cwd=REPO, timeout=timeout, env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
     [directory] = list(out.iterdir())
     return json.loads(proc.stdout), directory
 
 
-def shipped_scenario(tmp_path_factory, name: str, region: str) -> tuple[dict, Path]:
+def shipped_scenario(tmp_path_factory, name: str, region: str,
+                     args: tuple[str, ...] = ()) -> tuple[dict, Path]:
     """One run of ``scenarios/<name>.yaml`` for clients in ``region`` (root: Mininet)."""
     if os.geteuid() != 0:
         pytest.skip("needs root (Mininet)")
     return run_scenario(REPO / "scenarios" / f"{name}.yaml", region,
-                        tmp_path_factory.mktemp(f"{name}-results"))
+                        tmp_path_factory.mktemp(f"{name}-results"), args=args)
 
 
 @pytest.fixture(scope="session")
 def ci_results(tmp_path_factory):
-    """One run of the compact CI scenario (scenarios/ci.yaml), shared by the tests that read it."""
-    return shipped_scenario(tmp_path_factory, "ci", "apac-se")
+    """One run of the compact CI scenario (scenarios/ci.yaml), shared by the tests that read it;
+    with packet captures (tests/test_wire_world.py reads them; tcpdump's cost on this run is
+    in its report's capture table)."""
+    return shipped_scenario(tmp_path_factory, "ci", "apac-se", ("--capture",))

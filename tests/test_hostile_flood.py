@@ -12,7 +12,7 @@ from aioice import stun
 
 from bench.hostile.flood import (FloodConfig, RelayPath, Sources, binding_request,
                                  capture_filter, flood_packets, lines, relay_transits, run)
-from bench.hostile.wire import Datagram
+from analysis.pcap.reader import Datagram
 from services.wire import hop as hopwire
 from services.wire.stun import read_username, server_ufrag
 from services.wire.ufrag import DEV_SECRET, UfragCodec

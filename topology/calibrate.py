@@ -128,22 +128,34 @@ class CalibrationReport:
 FAMILY_TAIL = 0.001  # chance per run that a correct world fails its loss checks
 
 
-def judge(exp: Expectation, sent: int, delays: list[float], reordered: int, kind: str, src: str,
-          dst: str, sender: str, receiver: str, paths: int = 1) -> PathResult:
-    """Compare one probe's measurements with what the configuration implies."""
-    received = len(delays)
-    loss_pct = 100.0 * (sent - received) / sent if sent else 100.0
+def mean_tolerance_ms(exp: Expectation) -> float:
+    """How far a measured mean one-way delay may be from the configured one."""
+    return max(1.0, 0.05 * exp.mean_ms) + 0.5 * exp.hops
+
+
+def judge_delays(exp: Expectation, delays: list[float]
+                 ) -> tuple[float | None, float | None, float | None, bool, bool]:
+    """(mean, standard deviation, robust spread (IQR / 1.349), mean_ok, sd_ok) of one-way
+    delays against what ``exp`` configures."""
     mean = statistics.fmean(delays) if delays else None
     sd = statistics.pstdev(delays) if len(delays) > 1 else None
     robust = None
     if len(delays) >= 8:
         q1, q3 = np.percentile(delays, [25, 75])
         robust = float(q3 - q1) / 1.349
-    tolerance = max(1.0, 0.05 * exp.mean_ms) + 0.5 * exp.hops
-    mean_ok = mean is not None and abs(mean - exp.mean_ms) <= tolerance
+    mean_ok = mean is not None and abs(mean - exp.mean_ms) <= mean_tolerance_ms(exp)
     # A uniform delay's IQR / 1.349 is 1.284 times its standard deviation.
     expected_spread = exp.sd_ms * (1.284 if exp.distribution == "uniform" else 1.0)
     sd_ok = robust is not None and abs(robust - expected_spread) <= 0.25 * expected_spread + 0.5
+    return mean, sd, robust, mean_ok, sd_ok
+
+
+def judge(exp: Expectation, sent: int, delays: list[float], reordered: int, kind: str, src: str,
+          dst: str, sender: str, receiver: str, paths: int = 1) -> PathResult:
+    """Compare one probe's measurements with what the configuration implies."""
+    received = len(delays)
+    loss_pct = 100.0 * (sent - received) / sent if sent else 100.0
+    mean, sd, robust, mean_ok, sd_ok = judge_delays(exp, delays)
     lo, hi = loss_band(exp.loss, sent, tail=FAMILY_TAIL / max(1, paths))
     loss_ok = lo <= sent - received <= hi
     return PathResult(kind, src, dst, sender, receiver, exp.mean_ms, exp.sd_ms, exp.loss_pct,

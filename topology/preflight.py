@@ -46,12 +46,16 @@ WORLD = (
 USERSPACE = (Requirement("iptables", "iptables", "the userspace impairment backend"),)
 NETEM_CHECK = (Requirement("tc", "iproute2", "asking the kernel for netem", make_deps=False),)
 SERVICES = (Requirement("redis-server", "redis-server", "the relays' Redis flow cache"),)
+CAPTURE = (Requirement("tcpdump", "tcpdump", "packet captures (--capture)"),)
 
 
-def required(backend: str | None, services: bool = False) -> tuple[Requirement, ...]:
-    """What a world with ``backend`` (None: detect) needs; ``services``: and a scenario's."""
+def required(backend: str | None, services: bool = False,
+             capture: bool = False) -> tuple[Requirement, ...]:
+    """What a world with ``backend`` (None: detect) needs; ``services``: and a scenario's;
+    ``capture``: and its packet captures."""
     return (WORLD + (USERSPACE if backend != "netem" else ())
-            + (NETEM_CHECK if backend != "userspace" else ()) + (SERVICES if services else ()))
+            + (NETEM_CHECK if backend != "userspace" else ()) + (SERVICES if services else ())
+            + (CAPTURE if capture else ()))
 
 
 def _check(needs: tuple[Requirement, ...], euid: int | None, path: str | None) -> None:
@@ -65,10 +69,11 @@ def _check(needs: tuple[Requirement, ...], euid: int | None, path: str | None) -
 
 
 def check_world_prerequisites(backend: str | None = None, *, services: bool = False,
-                              euid: int | None = None, path: str | None = None) -> str:
+                              capture: bool = False, euid: int | None = None,
+                              path: str | None = None) -> str:
     """Return the impairment backend a world will use (``backend``, or what the kernel supports
     when None) or raise ``EnvironmentProblem`` with one line saying what is missing and how to
-    get it. ``services``: also what a scenario's services need. ``euid`` and ``path`` (a PATH
+    get it. ``services``: also what a scenario's services need; ``capture``: tcpdump. ``euid`` and ``path`` (a PATH
     string) replace the process's own, for tests."""
     if backend is not None and backend not in BACKENDS:
         raise EnvironmentProblem(f"unknown impairment backend {backend!r} "
@@ -79,7 +84,7 @@ def check_world_prerequisites(backend: str | None = None, *, services: bool = Fa
             "the Python package mininet is not importable (Debian package mininet, seen through "
             "a virtualenv made with --system-site-packages): `make deps` and `make venv` set "
             "this up, as root")
-    _check(required(backend, services), euid, path)
+    _check(required(backend, services, capture), euid, path)
     if backend == "userspace":
         return backend
     try:

@@ -39,6 +39,7 @@ log = logging.getLogger("voiceedge.topology")
 RELAY_VIP = "203.0.113.10"
 SIGNALING_VIP = "203.0.113.20"
 LINK_KINDS = ("last_mile", "public", "backbone")  # what set_link / restore_link change
+HOST_ROLES = ("client", "pub", "bb", "edge", "cluster")
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class World:
         # every direction of every impairable link, by (kind, src, dst), null ones included
         self.directions: dict[tuple[str, str, str], ImpairedLink] = {}
         self.addresses: dict[str, dict[str, str]] = {}  # host -> role -> address
+        self.peers: dict[str, str] = {}  # interface name -> the host at its other end
         self.build_seconds: float | None = None
         self.teardown_seconds: float | None = None
         self._applied_later: set[str] = set()  # keys of null directions a fault applied
@@ -115,6 +117,16 @@ class World:
 
     def host(self, role: str, region: str):
         return self.net[f"{role}{self.index[region]}"]
+
+    def role_of(self, name: str) -> tuple[str, str]:
+        """(role, region) of a host name: ``("cluster", "na-east")`` for ``cluster2``. Roles:
+        client, pub (public router), bb (backbone router), edge, cluster."""
+        role = name.rstrip("0123456789")
+        number = name[len(role):]
+        if role not in HOST_ROLES or not number.isdigit() \
+                or not 1 <= int(number) <= len(self.spec.regions):
+            raise ValueError(f"no host {name!r} in this world")
+        return role, self.spec.regions[int(number) - 1]
 
     def node(self, name: str) -> NetNode:
         host = self.net[name]
@@ -185,6 +197,7 @@ class World:
         name_b = f"{b}-eth{len(node_b.intfList())}"
         net.addLink(node_a, node_b, intfName1=name_a, intfName2=name_b,
                     params1={"ip": f"{ip_a}/24"}, params2={"ip": f"{ip_b}/24"})
+        self.peers[name_a], self.peers[name_b] = b, a
         return name_a, name_b
 
     def _impair(self, kind: str, src: str, dst: str, sender: str, receiver: str,

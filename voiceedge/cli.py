@@ -41,6 +41,7 @@ def service_parser(command: str) -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     from analysis import budgets_cli
     from analysis import cli as report_cli
+    from analysis.pcap import cli as pcap_cli
     from bench import capacity as capacity_bench
     from bench.hostile import cli as hostile_bench
     from bench import relay as relay_bench
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     from services.signaling import cli as signaling_cli
     from services.transceiver import cli as transceiver_cli
     from topology import cli as topology_cli
+    from topology import worldcli
 
     parser, sub = _base_parser()
     relay_cli.add_parser(sub)
@@ -62,8 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     client_cli.add_parser(sub)
     demo_edge.add_parser(sub)
     topology_cli.add_parser(sub)
+    worldcli.add_parser(sub)
     budgets_cli.add_parser(sub)
     report_cli.add_parser(sub)
+    pcap_cli.add_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks of the testbed's own parts")
     bench_sub = bench.add_subparsers(dest="target", metavar="TARGET", required=True)

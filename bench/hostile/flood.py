@@ -47,7 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.stats import percentile
-from bench.hostile.wire import Capture, read_udp
+from analysis.pcap.reader import read_udp
+from topology.capture import Capture
 from services.relay.config import RelayConfig
 from services.wire import hop as hopwire
 from services.wire.stun import ATTR_USERNAME, MAGIC_COOKIE

@@ -11,7 +11,7 @@ relay as it ships. Both get the same cases (bench/hostile/cases.py, one seed). P
 3. the attack, as long as the quiet window: a sender process (in the namespace) sends the
    cases at ``rate`` from many sockets, kind i from 127.(100+i).x.y, to the relay's public
    port, and counts whatever comes back to them;
-4. tcpdump on the namespace's ``lo`` (bench/hostile/wire.py) keeps every datagram from the
+4. tcpdump on the namespace's ``lo`` (topology/capture.py) keeps every datagram from the
    relay to the transceiver (each carries a hop header naming the client, so the kind) and
    anything sent to the attack ranges.
 
@@ -41,7 +41,8 @@ from pathlib import Path
 
 from bench.capacity import lag_of
 from bench.hostile.cases import KINDS, CaseStream, build_templates, generator_rate
-from bench.hostile.wire import Capture, read_udp
+from analysis.pcap.reader import read_udp
+from topology.capture import Capture
 from services.wire import hop as hopwire
 from services.wire.stun import HEADER_LENGTH, MAGIC_COOKIE
 

@@ -1,4 +1,4 @@
-"""bench/hostile/wire.py: a real tcpdump in a lab namespace, real datagrams on its lo."""
+"""topology/capture.py and analysis/pcap/reader.py: a real tcpdump in a lab namespace, real datagrams on its lo."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from bench.hostile.wire import Capture, CaptureError, read_udp
+from analysis.pcap.reader import read_udp
+from topology.capture import Capture, CaptureError
 from tests.conftest import lab_fixture
 from topology.netns import in_namespace
 
@@ -68,3 +69,20 @@ def test_bpf_filter_and_no_process_left_on_error(lab, tmp_path):
         Capture(tmp_path / "bad.pcap", netns=lab.name, bpf_filter="udp and nonsense").start()
     with pytest.raises(CaptureError):
         Capture(tmp_path / "bad.pcap", interface="nosuchdev0", netns=lab.name).start()
+
+
+def test_cooked_v2_frames_say_their_interface_and_direction(lab, tmp_path):
+    """tcpdump -i any -y LINUX_SLL2, as a world's capture points run it: every frame names its
+    interface; on lo each datagram is seen once, as received."""
+    path = tmp_path / "any.pcap"
+    lo = in_namespace(lab.name, socket.if_nametoindex, "lo")
+    with Capture(path, interface="any", netns=lab.name, link_type="LINUX_SLL2") as cap:
+        port, _ = in_namespace(lab.name, _send, lab.addresses[0], [b"one", b"two"])
+    assert cap.stats.captured == 2
+    got = [d for d in read_udp(path) if d.src_port == port]
+    assert [(d.payload, d.length, d.ifindex, d.outgoing) for d in got] == [
+        (b"one", 3, lo, False), (b"two", 3, lo, False)]
+    with Capture(tmp_path / "out.pcap", interface="any", netns=lab.name,
+                 link_type="LINUX_SLL2", direction="out") as cap:
+        in_namespace(lab.name, _send, lab.addresses[0], [b"three"])
+    assert cap.stats.captured == 0  # lo's sent copies are dropped, its received ones filtered

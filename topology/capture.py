@@ -1,10 +1,9 @@
-"""Wire captures for the hostile-input benchmarks: tcpdump as a context manager, and a fast
-reader of the UDP datagrams it wrote.
+"""Packet captures: tcpdump as a context manager, and the capture points of a world.
 
     with Capture(path, netns=lab.name, bpf_filter="udp and not src net 127.66.0.0/16") as cap:
         ...                      # traffic
     cap.stats.dropped_by_kernel  # tcpdump's own count, after the block
-    for d in read_udp(path):     # (timestamp_s, src_ip, src_port, dst_ip, dst_port, payload)
+    for d in read_udp(path):     # analysis/pcap/reader.py
         ...
 
 The capture starts inside the namespace when ``netns`` is given (a name under /var/run/netns
@@ -18,9 +17,14 @@ session of its own, so a Ctrl-C at the terminal reaches Python, whose ``__exit__
 On Linux ``lo`` each datagram appears once in a capture (libpcap drops the outgoing copy; the
 kernel's "received by filter" counts both). Every address local to a namespace is routed through
 its ``lo``, veth addresses included.
+
+``WorldCapture`` captures a scenario's world (docs/captures.md): one tcpdump per host on
+``any`` with Linux cooked v2 headers (each frame says its interface and whether it was sent or
+received), routers their sent frames only, each file with a size cap.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -28,24 +32,9 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, NamedTuple
 
-from scapy.utils import RawPcapNgReader, RawPcapReader
-
-# Linktypes (https://www.tcpdump.org/linktypes.html) -> (header length, offset of the EtherType
-# or None when the link layer carries IP only).
-_LINK = {
-    1: (14, 12),     # EN10MB; Linux lo too, with a zeroed Ethernet header
-    113: (16, 14),   # LINUX_SLL ("-i any")
-    276: (20, 0),    # LINUX_SLL2
-    101: (0, None),  # RAW
-    12: (0, None),   # RAW (OpenBSD numbering, written by some libpcaps)
-    228: (0, None),  # IPV4
-}
-_ETH_IPV4 = b"\x08\x00"
-_ETH_VLAN = b"\x81\x00"
 _STAT = re.compile(r"^(\d+) packets? (captured|received by filter|dropped by kernel|"
                    r"dropped by interface)")
 
@@ -82,9 +71,12 @@ class Capture:
 
     def __init__(self, path: str | os.PathLike, interface: str = "lo", bpf_filter: str = "udp",
                  netns: str | None = None, snaplen: int = 256, buffer_kib: int = 32768,
-                 immediate: bool = True, start_timeout: float = 10.0) -> None:
+                 immediate: bool = True, start_timeout: float = 10.0,
+                 link_type: str | None = None, direction: str | None = None) -> None:
         """``snaplen``: bytes kept of each frame (link, IP and UDP headers included: 256 keeps
-        the first 214 payload bytes on lo). ``buffer_kib``: the kernel ring (tcpdump -B)."""
+        the first 214 payload bytes on lo). ``buffer_kib``: the kernel ring (tcpdump -B).
+        ``link_type``: tcpdump -y (``LINUX_SLL2`` on ``any`` keeps each frame's interface
+        and direction); ``direction``: tcpdump -Q (``in``, ``out``)."""
         self.path = Path(path)
         self.interface = interface
         self.bpf_filter = bpf_filter
@@ -93,6 +85,8 @@ class Capture:
         self.buffer_kib = buffer_kib
         self.immediate = immediate
         self.start_timeout = start_timeout
+        self.link_type = link_type
+        self.direction = direction
         self.stats: CaptureStats | None = None
         self._proc: subprocess.Popen | None = None
         self._stderr: list[str] = []
@@ -112,6 +106,10 @@ class Capture:
                "--time-stamp-precision", "nano", "-w", str(self.path)]
         if self.immediate:
             cmd.append("--immediate-mode")
+        if self.link_type:
+            cmd += ["-y", self.link_type]
+        if self.direction:
+            cmd += ["-Q", self.direction]
         return cmd + [self.bpf_filter]
 
     @property
@@ -190,56 +188,142 @@ class Capture:
         self.stop()
 
 
-class Datagram(NamedTuple):
-    timestamp_s: float
-    src_ip: str
-    src_port: int
-    dst_ip: str
-    dst_port: int
-    payload: bytes  # cut at the capture's snaplen
+# ---------------------------------------------------------------------------- a world's captures
+
+ROUTER_ROLES = ("pub", "bb")
+CAPTURES_FILE = "captures.json"
 
 
-def read_udp(path: str | os.PathLike) -> Iterator[Datagram]:
-    """The IPv4 UDP datagrams of a pcap (or pcapng) file, in file order.
+@dataclass
+class CapturePoint:
+    """One host's capture in a world, and what it recorded.
 
-    Headers are parsed by hand from the raw frames (no scapy layers): about a microsecond a
-    packet. Timestamps are float seconds (resolution about 0.5 us at today's epoch); non-IPv4,
-    non-UDP frames and non-first fragments are skipped.
-    """
-    ntoa = socket.inet_ntoa
-    with RawPcapReader(str(path)) as reader:
-        ng = isinstance(reader, RawPcapNgReader)
-        if not ng:
-            link = _link(reader.linktype)
-            scale = 1e-9 if reader.nano else 1e-6
-        for frame, meta in reader:
-            if ng:
-                link = _link(meta.linktype)
-                ts = ((meta.tshigh << 32) | meta.tslow) / meta.tsresol
-            else:
-                ts = meta.sec + meta.usec * scale
-            off, ethertype_at = link
-            if ethertype_at is not None:
-                kind = frame[ethertype_at:ethertype_at + 2]
-                if kind == _ETH_VLAN and off == 14:
-                    kind, off = frame[16:18], 18
-                if kind != _ETH_IPV4:
-                    continue
-            if len(frame) < off + 28 or frame[off] >> 4 != 4 or frame[off + 9] != 17:
+    End hosts (clients, edges, clusters) capture every UDP frame they send and receive on all
+    their interfaces; routers only the frames they send, i.e. each datagram once, after the
+    impairment on the interface it arrived by (which happens on ingress, after any capture on
+    that interface would have seen it)."""
+
+    host: str
+    role: str
+    region: str
+    file: str                       # name of the pcap, next to captures.json
+    sent_only: bool                 # routers
+    interfaces: dict[str, dict]     # ifindex -> {"name", "peer"} (peer None for lo)
+    bytes: int = 0
+    captured: int | None = None
+    dropped_by_kernel: int | None = None
+    cpu_s: float | None = None      # tcpdump's own CPU time
+    capped_after_s: float | None = None  # stopped at the size cap after this long
+
+
+def capture_hosts(world, client_regions: list[str], clusters: list[str]) -> list[str]:
+    """The hosts a scenario's calls can cross: its clients and edges, every router of the
+    regions involved, and the clusters."""
+    index = world.index
+    hosts = [f"client{index[r]}" for r in client_regions]
+    hosts += [f"edge{index[r]}" for r in client_regions]
+    regions = list(dict.fromkeys(client_regions + clusters))
+    hosts += [f"{role}{index[r]}" for r in regions for role in ROUTER_ROLES]
+    hosts += [f"cluster{index[r]}" for r in clusters]
+    return hosts
+
+
+class WorldCapture:
+    """tcpdump on ``hosts`` of ``world`` into ``directory`` (one ``HOST.pcap`` each and
+    ``captures.json``) while the ``with`` block runs. ``poll()`` (call it now and then) stops
+    a capture whose file reached ``cap_bytes`` and says so once through ``say``."""
+
+    def __init__(self, world, hosts: list[str], directory: Path, snaplen: int = 256,
+                 cap_bytes: int = 64 << 20, say=lambda msg: None) -> None:
+        self.world = world
+        self.directory = Path(directory)
+        self.snaplen = snaplen
+        self.cap_bytes = cap_bytes
+        self.say = say
+        self.points: list[CapturePoint] = []
+        for host in hosts:
+            role, region = world.role_of(host)
+            self.points.append(CapturePoint(host, role, region, f"{host}.pcap",
+                                            role in ROUTER_ROLES, {}))
+        self._captures: dict[str, Capture] = {}
+        self._started = 0.0
+
+    def start(self) -> "WorldCapture":
+        from topology.netns import in_namespace
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._started = time.monotonic()
+        try:
+            for point in self.points:
+                ns = self.world.node(point.host).ns_path
+                point.interfaces = {
+                    str(index): {"name": name, "peer": self.world.peers.get(name)}
+                    for index, name in in_namespace(ns, socket.if_nameindex)}
+                self._captures[point.host] = Capture(
+                    self.directory / point.file, interface="any", bpf_filter="udp", netns=ns,
+                    snaplen=self.snaplen, buffer_kib=4096, link_type="LINUX_SLL2",
+                    direction="out" if point.sent_only else None).start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def poll(self) -> None:
+        for point in self.points:
+            cap = self._captures.get(point.host)
+            if cap is None or cap.stats is not None:
                 continue
-            if (frame[off + 6] & 0x1F) or frame[off + 7]:  # not the first fragment
+            try:
+                size = (self.directory / point.file).stat().st_size
+            except OSError:
                 continue
-            udp = off + (frame[off] & 0x0F) * 4
-            ulen = (frame[udp + 4] << 8) | frame[udp + 5]
-            yield Datagram(ts, ntoa(frame[off + 12:off + 16]),
-                           (frame[udp] << 8) | frame[udp + 1],
-                           ntoa(frame[off + 16:off + 20]),
-                           (frame[udp + 2] << 8) | frame[udp + 3],
-                           frame[udp + 8:udp + max(ulen, 8)])
+            if size >= self.cap_bytes:
+                point.capped_after_s = round(time.monotonic() - self._started, 1)
+                self._stop_one(point)
+                self.say(f"capture at {point.host} reached its cap of "
+                         f"{self.cap_bytes / 2**20:g} MiB after {point.capped_after_s:g} s: "
+                         f"nothing later is captured there, and the per-hop analysis leaves "
+                         f"out what it would have seen (raise --capture-cap-mb)")
+
+    def _stop_one(self, point: CapturePoint) -> None:
+        cap = self._captures.get(point.host)
+        if cap is None:
+            return
+        if cap.stats is None and cap.pid is not None:
+            point.cpu_s = _cpu_seconds(cap.pid)
+        stats = cap.stop()
+        point.captured, point.dropped_by_kernel = stats.captured, stats.dropped_by_kernel
+
+    def stop(self) -> list[CapturePoint]:
+        """Stop every capture (idempotent) and write ``captures.json``."""
+        for point in self.points:
+            try:
+                self._stop_one(point)
+            except CaptureError:
+                continue
+            try:
+                point.bytes = (self.directory / point.file).stat().st_size
+            except OSError:
+                point.bytes = 0
+        if self.directory.exists():
+            (self.directory / CAPTURES_FILE).write_text(json.dumps({
+                "snaplen": self.snaplen, "cap_bytes": self.cap_bytes,
+                "seconds": round(time.monotonic() - self._started, 1),
+                "points": [asdict(p) for p in self.points if p.host in self._captures]},
+                indent=2))
+        return self.points
+
+    def __enter__(self) -> "WorldCapture":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
-def _link(linktype: int) -> tuple[int, int | None]:
+def _cpu_seconds(pid: int) -> float | None:
+    from services.procfs import cpu_seconds, stat_fields
+
     try:
-        return _LINK[linktype]
-    except KeyError:
-        raise CaptureError(f"unsupported pcap linktype {linktype}") from None
+        return round(cpu_seconds(stat_fields(pid)), 3)
+    except OSError:
+        return None

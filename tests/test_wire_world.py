@@ -1,0 +1,74 @@
+"""Packet captures of a real scenario run (the compact CI scenario, with --capture): every hop
+of every architecture on the wire is the configured one, and the wire sees what the design
+says (one server port for the relays, one per session without them)."""
+from __future__ import annotations
+
+import csv
+import json
+
+from scenarios.spec import Scenario
+from tests.conftest import REPO
+
+N = Scenario.load(REPO / "scenarios" / "ci.yaml").sessions_per_region
+
+
+def _analysis(directory) -> dict[str, dict]:
+    doc = json.loads((directory / "pcap" / "analysis.json").read_text())
+    return {a["architecture"]: a for a in doc["architectures"]}
+
+
+def test_every_hop_on_the_wire_is_the_configured_one(ci_results):
+    _, directory = ci_results
+    archs = _analysis(directory)
+    assert list(archs) == ["port-per-session", "cluster-relay", "global-relay"]
+    expected = {
+        "port-per-session": {"last mile up apac-se", "public internet apac-se->na-east",
+                             "public internet na-east->apac-se", "transceiver na-east "
+                             "(check -> answer)", "last mile down apac-se (wire)"},
+        "cluster-relay": {"last mile up apac-se", "public internet apac-se->na-east",
+                          "cluster relay na-east", "public internet na-east->apac-se"},
+        "global-relay": {"last mile up apac-se", "ingress relay apac-se",
+                         "backbone apac-se->na-east", "cluster relay na-east",
+                         "backbone na-east->apac-se"},
+    }
+    for name, a in archs.items():
+        hops = {h["hop"]: h for h in a["hops"]}
+        assert expected[name] <= set(hops), (name, sorted(hops))
+        off = [(h["direction"], h["hop"], h["mean_ms"], h["sd_robust_ms"]) for h in a["hops"]
+               if not h["ok"]]
+        assert not off, (name, off)
+        # the delays the world puts on the path were seen on the wire, not just zeros
+        for h in a["hops"]:
+            if h["kind"] in ("last_mile_up", "public", "backbone"):
+                assert h["expected_mean_ms"] > 0 and h["datagrams"] > 100 * N, (name, h)
+        assert hops["last mile down apac-se (wire)"]["hidden_ms"] > 0
+        # nothing cut, nothing dropped by the kernel, and every datagram paired
+        cost = a["cost"]
+        assert cost["kernel_dropped"] == 0 and not cost["capped"], cost
+        assert a["wire"]["unmatched"] <= a["wire"]["checks_retransmitted"] * 10, a["wire"]
+        for point in json.loads((directory / "pcap" / name / "captures.json").read_text())[
+                "points"]:
+            assert (directory / "pcap" / name / point["file"]).stat().st_size == point["bytes"]
+    report = (directory / "report.html").read_text()
+    assert "On the wire" in report and "global-relay: one-way delay per hop" in report
+
+
+def test_the_wire_sees_each_architectures_ports_and_checks(ci_results):
+    _, directory = ci_results
+    archs = _analysis(directory)
+    sessions = list(csv.DictReader(open(directory / "sessions.csv")))
+    for name, a in archs.items():
+        wire = a["wire"]
+        assert wire["sessions"] == N == wire["first_checks"], (name, wire)
+        # a port per session without a relay; one port (the relay's) with one
+        assert wire["public_ports"] == (N if name == "port-per-session" else 1), (name, wire)
+        assert wire["dtls_flights_p50"] is not None and wire["dtls_flights_p50"] >= 2
+        assert wire["relay_forwards_unexpected"] == 0, (name, wire)
+        assert (wire["relay_forwards"] > 0) == (name != "port-per-session")
+        # the first check's wire RTT at the client misses only the last mile down (and the
+        # client's own receive path) of the RTT the client measured for the same check
+        measured = sorted(float(s["first_ice_rtt_ms"]) for s in sessions
+                          if s["architecture"] == name and s["first_ice_rtt_ms"])
+        median = measured[len(measured) // 2]
+        hidden = {h["hop"]: h for h in a["hops"]}["last mile down apac-se (wire)"]["hidden_ms"]
+        assert 0 < median - wire["first_check_rtt_ms_p50"] < hidden + 5, (name, median, wire)
