@@ -135,8 +135,29 @@ def _resampled(v: np.ndarray, labels: np.ndarray, qs, resamples: int,
         n = min(chunk, resamples - start)
         idx = np.concatenate([rng.integers(0, size, size=(n, size)) + offset
                               for size, offset in zip(sizes, offsets)], axis=1)
-        estimates.append(np.percentile(v[idx], qs, axis=1, method="linear"))
+        estimates.append(_row_percentiles(v[idx], qs))
     return np.concatenate(estimates, axis=1)
+
+
+def _row_percentiles(x: np.ndarray, qs) -> np.ndarray:
+    """``np.percentile(x, qs, axis=1, method="linear")`` of a finite 2-D ``x``, bit for bit
+    (numpy's virtual index (n - 1) q and its lerp), from one sort of the rows: the resample
+    matrices are thousands of short rows, where numpy's partition per percentile costs ~5
+    times a sort."""
+    x = np.sort(x, axis=1)
+    n = x.shape[1]
+    out = np.empty((len(qs), x.shape[0]))
+    for i, q in enumerate(np.true_divide(np.asarray(qs, dtype=float), 100)):
+        virtual = (n - 1) * q
+        below = math.floor(virtual)
+        if virtual >= n - 1:
+            out[i] = x[:, -1]
+            continue
+        gamma = virtual - below
+        a, b = x[:, below], x[:, below + 1]
+        diff = b - a
+        out[i] = b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+    return out
 
 
 def bootstrap_ci(values, qs=PERCENTILES, boot: Bootstrap = Bootstrap(), strata=None

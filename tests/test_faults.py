@@ -65,10 +65,20 @@ def test_shipped_fault_scenarios_load():
     assert [f.kind for f in compact.faults] == ["relay_kill", "cluster_outage"]
 
 
-def _inject(edge: Edge, fault: FaultSpec, wait_s: float):
+def _until(done, wait_s: float) -> None:
+    """Return once ``done()`` holds, or ``wait_s`` after the call at the latest: what a sleep
+    of ``wait_s`` waited for, without the rest of the sleep once it has happened."""
+    deadline = time.monotonic() + wait_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _inject(edge: Edge, fault: FaultSpec, wait_s: float, done=lambda record: False):
+    """Inject ``fault``; stop the injector once ``done(record)`` holds, or after ``wait_s``."""
     injector = FaultInjector((fault,), edge, world=None)
     injector.start()
-    time.sleep(wait_s)
+    record = injector.records[0]
+    _until(lambda: done(record), wait_s)
     return injector.stop()[0]
 
 
@@ -81,7 +91,10 @@ def test_relay_kill_leaves_no_orphan_and_the_new_relay_alone_holds_the_port(lab,
         assert len(before) >= 2  # the main process and its worker
         fault = FaultSpec.parse({"at_s": 0.2, "kind": "relay_kill", "target": "cluster/demo",
                                  "restart_after_s": 0.5}, 0)
-        record = _inject(edge, fault, 5.0)
+        # The fault's last step is reading the new relay's counters (COUNTERS_AFTER_S after
+        # it is ready): stop then, at the latest 5 s after the start as before.
+        record = _inject(edge, fault, 5.0,
+                         lambda r: "worker_counters_after_restart" in r.detail)
         assert record.note == "", record.note
         d = record.detail
         assert d["processes_before"] == before
@@ -108,7 +121,9 @@ def test_transceiver_crash_and_restart_and_a_fault_not_reached(lab, tmp_path):
                                 "duration_s": 1}, 1)
         injector = FaultInjector((crash, late), edge, world=None)
         injector.start()
-        time.sleep(4.0)
+        # until the crashed transceiver is started again (its processes listed), 4 s at most
+        # as before; the late fault is not reached either way
+        _until(lambda: "started" in injector.records[0].detail, 4.0)
         done, not_reached = injector.stop()
         assert done.detail["killed"]["transceiver-demo"] == old
         assert not any(alive(p) for p in old)

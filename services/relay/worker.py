@@ -233,6 +233,7 @@ class RelayWorker:
         self._unwritten: list[tuple[tuple[str, int], CachedFlow]] = []  # to Redis at the sweep
         self._negative: dict = {}  # key -> monotonic ns until which Redis is not asked again
         self._running = False
+        self._stop_w: int | None = None  # the stop pipe's write end, while ``run`` runs
         size = config.batch
         self.rx = mmsg.RecvBatch(size)
         self.backlog = Backlog(config.backlog)
@@ -252,7 +253,14 @@ class RelayWorker:
     # ---------------------------------------------------------------- lifecycle
 
     def stop(self) -> None:
+        """End ``run`` now (from a signal handler too): its poll wakes on the stop pipe."""
         self._running = False
+        wake = self._stop_w
+        if wake is not None:
+            try:
+                os.write(wake, b"x")
+            except BlockingIOError:  # already woken
+                pass
 
     def close(self) -> None:
         self.sockets.close()
@@ -269,6 +277,8 @@ class RelayWorker:
         if self.cache is not None:
             self.cache.start()
             handlers[self.cache.wake_fd] = self._on_cache
+        stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        handlers[stop_r] = lambda: None  # stop() wrote: the loop sees _running
         for fd in handlers:
             ep.register(fd, select.EPOLLIN)
         self._running = True
@@ -292,6 +302,9 @@ class RelayWorker:
                     next_sweep = now + _SWEEP_EVERY
         finally:
             ep.close()
+            wake, self._stop_w = self._stop_w, None
+            os.close(wake)
+            os.close(stop_r)
             self.publish()
             lag.close()
 
