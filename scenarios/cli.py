@@ -44,6 +44,7 @@ def add_parser(sub) -> None:
                         "voiceedge world exec) until Ctrl-C; the results and the report are "
                         "written first")
     p.add_argument("--json", action="store_true", help="print only the summary as JSON")
+    p.add_argument("--state-dir", type=Path, help=argparse.SUPPRESS)  # --keep-world: tests
     p.set_defaults(func=run)
 
 
@@ -130,8 +131,8 @@ def _held_world(runner, args, bars, written: list):
     from analysis.report import write_report
     from topology.worldstate import WorldHold
 
-    with WorldHold(spec=runner.spec, say=bars.print,
-                   file=sys.stderr if args.json else None) as hold:
+    with WorldHold(spec=runner.spec, say=bars.print, file=sys.stderr if args.json else None,
+                   **({"state_dir": args.state_dir} if args.state_dir else {})) as hold:
         def keep(world, edge) -> None:
             written.append(write_report(runner.directory))
             bars.stop()

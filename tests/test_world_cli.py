@@ -261,3 +261,42 @@ def test_world_up_reaps_a_killed_world_and_world_down_stops_it(tmp_path):
         if second.proc.poll() is None:
             second.proc.send_signal(signal.SIGINT)
             second.proc.wait(timeout=30)
+
+
+KEEP = """name: keep
+description: one short call, then the world stays up
+clusters: [na-east]
+sessions_per_region: 1
+call_duration_s: 2
+start_rate: 1
+architectures: [cluster-relay]
+last_mile: last_mile_broadband
+calibration: {count: 20, rate: 100, at_load: false}
+"""
+
+
+def test_a_scenario_keeps_its_world_and_last_services_up(tmp_path):
+    """scenario --keep-world: results and report written, then the world held with the last
+    architecture's services running (recorded, so a reap would kill them), until Ctrl-C."""
+    scenario, state_dir, results = tmp_path / "keep.yaml", tmp_path / "state", tmp_path / "out"
+    scenario.write_text(KEEP)
+    held = Up(state_dir, tmp_path, [sys.executable, "-m", "voiceedge", "scenario", str(scenario),
+                                    "--region", "apac-se", "--results", str(results),
+                                    "--keep-world", "--state-dir", str(state_dir)])
+    try:
+        services = [r for r in held.state["extra_pids"] if r["what"] == "service"]
+        assert len(services) >= 4 and all(same_process(r["pid"], r["start_ticks"])
+                                          for r in services)  # agent, redis, relay, transceiver
+        assert "cluster-relay's services still up: " in held.out and "relay-na-east@cluster2" \
+            in held.out
+        [run] = results.iterdir()
+        assert (run / "report.html").exists() and (run / "sessions.csv").exists()
+        bound = world("exec", state_dir, "cluster2", "--", "ss", "-uanH")
+        assert ":3478 " in bound.stdout, bound  # the relay still holds its port
+        held.proc.send_signal(signal.SIGINT)
+        assert held.proc.wait(timeout=60) == 0, held.stderr()
+        assert not [r for r in services if same_process(r["pid"], r["start_ticks"])]
+        assert leftovers(held.state, held.before) == NOTHING
+        assert "writing the report" not in held.stderr()  # once, before the hold: not again
+    finally:
+        held.kill()

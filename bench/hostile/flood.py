@@ -295,7 +295,7 @@ def relay_transits(datagrams, path: RelayPath):
     waiting: dict[tuple, deque] = {}
     public, media = path.public, path.media
     for d in datagrams:
-        ts, src, sport, dst, dport, data = d
+        ts, src, sport, dst, dport, data = d[:6]
         if (dst, dport) == public:
             waiting.setdefault(("to_server", src, sport, data[:_KEY_BYTES]), deque()).append(ts)
             continue
