@@ -29,6 +29,18 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def world_spec_of(regions: str, clusters: str | None):
+    """The ``WorldSpec`` of a --regions / --clusters pair (groups, regions or comma lists).
+    Raises ValueError for an unknown name."""
+    from topology.plan import world_spec
+    from topology.regions import RegionsCatalog
+
+    catalog = RegionsCatalog.load()
+    names = [r.name for r in catalog.resolve(regions)]
+    cluster_names = [r.name for r in catalog.resolve(clusters)] if clusters else None
+    return world_spec(catalog, names, cluster_names)
+
+
 def build_and_calibrate(regions: str, clusters: str | None, backend: str | None, count: int,
                         rate: float, say: Callable[[str], None] = lambda msg: None,
                         progress: Callable[[int, int], None] | None = None):
@@ -36,14 +48,10 @@ def build_and_calibrate(regions: str, clusters: str | None, backend: str | None,
     stats). ``backend``: a name, or None for what the kernel supports. Raises ValueError for
     bad input."""
     from topology.impairment.backend import make_backend
-    from topology.plan import world_spec
-    from topology.regions import RegionsCatalog
     from topology.world import World
 
-    catalog = RegionsCatalog.load()
-    names = [r.name for r in catalog.resolve(regions)]
-    cluster_names = [r.name for r in catalog.resolve(clusters)] if clusters else None
-    spec = world_spec(catalog, names, cluster_names)
+    spec = world_spec_of(regions, clusters)
+    names = spec.regions
     impairment = make_backend(backend)
     say(f"impairment backend: {impairment.name}; building {len(names)} regions "
         f"({', '.join(names)}), clusters {', '.join(spec.clusters)}")

@@ -88,7 +88,7 @@ def _check_root_and(*programs: tuple[str, str]) -> None:
 def run_up(args: argparse.Namespace) -> int:
     if args.count < 20 or args.rate <= 0:
         raise UserError("--count must be at least 20 and --rate positive")
-    from topology.cli import paths_progress, print_report
+    from topology.cli import paths_progress, print_report, world_spec_of
     from topology.preflight import check_world_prerequisites
 
     backend_name = None if args.backend == "auto" else args.backend
@@ -98,8 +98,6 @@ def run_up(args: argparse.Namespace) -> int:
 
     from topology.calibrate import calibrate
     from topology.impairment.backend import make_backend
-    from topology.plan import world_spec
-    from topology.regions import RegionsCatalog
     from topology.world import World
     from topology.worldstate import WorldHold
 
@@ -109,12 +107,10 @@ def run_up(args: argparse.Namespace) -> int:
         console.print(f"[dim]… {escape(msg)}[/dim]")
 
     try:
-        catalog = RegionsCatalog.load()
-        names = [r.name for r in catalog.resolve(args.regions)]
-        clusters = [r.name for r in catalog.resolve(args.clusters)] if args.clusters else None
-        spec = world_spec(catalog, names, clusters)
+        spec = world_spec_of(args.regions, args.clusters)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    names = spec.regions
     # The lock first: a second `world up` is refused before it builds anything.
     with WorldHold(spec=spec, say=lambda msg: console.print(escape(msg)),
                    state_dir=args.state_dir) as hold:
