@@ -96,19 +96,23 @@ class Captures:
         self.see("client1", 2, False, t3 + 2e-5, VIP, CLIENT, payload)
         return t3 + 2e-5
 
-    def write(self, run) -> None:
+    def write(self, run, capped: dict[str, float] | None = None) -> None:
+        """``capped``: host -> the time its capture stopped at the size cap."""
         arch = run / "pcap" / "global-relay"
         arch.mkdir(parents=True)
         points = []
         for host, frames in self.frames.items():
             role, region, sent_only, ifaces = HOSTS[host]
+            stop = (capped or {}).get(host)
+            frames = [f for f in frames if stop is None or f[0] <= stop]
             with PcapWriter(str(arch / f"{host}.pcap"), linktype=276, nano=True) as w:
                 w.write_header(None)
                 for t, frame in sorted(frames):
                     w.write_packet(frame, sec=int(t), usec=round((t - int(t)) * 1e9))
             points.append({"host": host, "role": role, "region": region, "file": f"{host}.pcap",
                            "sent_only": sent_only, "bytes": (arch / f"{host}.pcap").stat().st_size,
-                           "cpu_s": 0.01, "dropped_by_kernel": 0, "capped_after_s": None,
+                           "cpu_s": 0.01, "dropped_by_kernel": 0,
+                           "capped_after_s": 1.0 if stop is not None else None,
                            "interfaces": {str(i): {"name": n, "peer": p}
                                           for i, (n, p) in ifaces.items()}})
         (arch / "captures.json").write_text(json.dumps({"points": points, "seconds": 5}))
@@ -217,3 +221,19 @@ def test_the_pcap_command_explains_what_it_cannot_read(tmp_path, capsys):
     (run / "pcap" / "global-relay" / "edge1.pcap").write_bytes(b"not a pcap at all")
     status, _, err = _pcap(capsys, run)
     assert status == 2 and "cannot read the captures" in err and err.count("\n") == 1
+
+
+def test_after_a_capture_hits_its_cap_no_hop_skips_its_point(tmp_path):
+    """The ingress relay's capture stopped half-way: later datagrams would go from pub1 straight
+    to bb1, one 'hop' across the relay's host; they are left out instead."""
+    caps = Captures()
+    _call(caps)
+    caps.write(tmp_path, capped={"edge1": 104.0})
+    [arch] = analyse(tmp_path)
+    hops = {(h.direction, h.hop): h for h in arch.hops}
+    assert all(h.ok for h in hops.values()), [h for h in hops.values() if not h.ok]
+    assert not [h for h in hops.values() if h.frm == "pub1" and h.to == "bb1"]
+    assert arch.cost["capped"] == ["edge1"]
+    # 150 datagrams a direction were sent by 104 s; those in flight then lose their later hops
+    assert 140 <= hops[("up", "last mile up apac-se")].datagrams <= 152
+    assert hops[("up", "backbone apac-se->na-east")].datagrams < 150

@@ -281,7 +281,7 @@ class WorldCapture:
                 point.capped_after_s = round(time.monotonic() - self._started, 1)
                 self._stop_one(point)
                 self.say(f"capture at {point.host} reached its cap of "
-                         f"{self.cap_bytes / 2**20:g} MiB after {point.capped_after_s:g} s: "
+                         f"{self.cap_bytes / 2**20:.3g} MiB after {point.capped_after_s:g} s: "
                          f"nothing later is captured there, and the per-hop analysis leaves "
                          f"out what it would have seen (raise --capture-cap-mb)")
 

@@ -150,12 +150,15 @@ def analyse_architecture(directory: Path, arch: str, impairments: dict,
     index: dict[tuple, int] = {}
     seen: dict[tuple, list[Sighting]] = defaultdict(list)
     facts = WireFacts()
+    cutoff = None  # the last frame of a capture stopped at its size cap
     for cap in captures["points"]:
         path = directory / cap["file"]
         if not path.exists():
             continue
         names = cap["interfaces"]
+        last = None
         for d in read_udp(path):
+            last = d.timestamp_s
             c = classify(d.payload, d.length)
             if c.key is None:
                 facts.other += 1
@@ -170,6 +173,12 @@ def analyse_architecture(directory: Path, arch: str, impairments: dict,
                                     sent, iface["peer"]))
             seen[c.key].append(Sighting(d.timestamp_s, p, (d.src_ip, d.src_port),
                                         (d.dst_ip, d.dst_port), c.client))
+        if cap.get("capped_after_s") and last is not None:
+            cutoff = last if cutoff is None else min(cutoff, last)
+    if cutoff is not None:
+        # After a capture stopped, paths would skip its point and pair the points around it
+        # into one hop: every point is read only up to that capture's last frame.
+        seen = {k: kept for k, v in seen.items() if (kept := [s for s in v if s.ts <= cutoff])}
     paths = _paths(seen, points, facts)
     hops = _hop_stats(seen, paths, points, impairments)
     _client_facts(seen, points, facts)
