@@ -171,6 +171,8 @@ def test_each_hop_is_the_time_written_between_its_points(tmp_path):
     assert down.hidden_ms == 6.0 and down.expected_mean_ms == 0 and down.ok
     turnaround = hops[("up", "transceiver na-east (check -> answer)")]
     assert turnaround.datagrams == 1 and turnaround.p50_ms == pytest.approx(1.0, abs=0.01)
+    assert turnaround.rule == "reported" and hops[("up", "ingress relay apac-se")].rule == \
+        "processing"
     assert all(h.ok for h in hops.values()), [h for h in hops.values() if not h.ok]
     wire = archs[0].wire
     assert wire.first_checks == 1 and wire.first_checks_retransmitted == 1

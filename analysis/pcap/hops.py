@@ -14,9 +14,11 @@ time order those sightings are its path, and each pair of consecutive sightings 
 - a STUN check's last sighting before the transceiver and its answer's first: the
   transceiver's turnaround.
 
-Each hop is compared with what the configured world implies, with calibration's rule
+Each link is compared with what the configured world implies, with calibration's rule
 (topology/calibrate.py): mean within max(1 ms, 5%) + 0.5 ms, robust spread within 25% +
-0.5 ms of the configured jitter; hops inside a host or a data centre are configured as 0.
+0.5 ms of the configured jitter (links inside a data centre are configured as 0). A relay's
+processing is configured nowhere: it is flagged when its median exceeds 1 ms. The
+transceiver's turnaround is an endpoint's processing time: reported, not judged.
 """
 from __future__ import annotations
 
@@ -37,6 +39,11 @@ from topology.calibrate import Expectation, judge_delays, mean_tolerance_ms
 from topology.capture import CAPTURES_FILE
 
 ANALYSIS_FILE = "analysis.json"
+# A relay's processing: the world configures no cost for it, and the host's scheduling (other
+# processes of the run on the same 2 cores) sets its mean and spread. Its median is what a slow
+# relay moves: measured 0.04-0.27 ms on the CI and apac scenarios, 28-48 ms with a 30 ms sleep
+# injected at each wake-up.
+PROCESSING_P50_MS = 1.0
 UP, DOWN = "up", "down"
 _LINK_KINDS = {("client", "pub"): "last_mile_up", ("pub", "client"): "last_mile_down",
                ("pub", "pub"): "public", ("bb", "bb"): "backbone"}
@@ -82,6 +89,7 @@ class HopStat:
     mean_ok: bool
     sd_ok: bool
     hidden_ms: float = 0.0    # configured delay the wire cannot see here (the last mile down)
+    rule: str = "link"        # how it is judged: link, processing, or reported (not judged)
 
     @property
     def ok(self) -> bool:
@@ -295,13 +303,18 @@ def _hop_stats(seen, paths, points: list[Point], impairments: dict) -> list[HopS
         values = m["delays"]
         exp = m["exp"]
         mean, _sd, robust, mean_ok, sd_ok = judge_delays(exp, values)
+        sd_ok = sd_ok or len(values) < 8  # a spread needs a few datagrams to mean anything
+        tolerance, rule = mean_tolerance_ms(exp), "link"
         p50, p95 = (float(v) for v in np.percentile(values, [50, 95]))
+        if m["kind"] == "relay":
+            tolerance, rule = PROCESSING_P50_MS, "processing"
+            mean_ok, sd_ok = p50 <= PROCESSING_P50_MS, True
+        elif m["kind"] == "transceiver":
+            rule, mean_ok, sd_ok = "reported", True, True
         stats.append(HopStat(direction, label, m["kind"], m["frm"], m["to"],
                              float(np.median(m["places"])), len(values), _r(mean), _r(p50),
-                             _r(p95), _r(robust), exp.mean_ms, exp.sd_ms,
-                             round(mean_tolerance_ms(exp), 3), mean_ok,
-                             # a spread needs a few datagrams to mean anything
-                             sd_ok or len(values) < 8, m["hidden"]))
+                             _r(p95), _r(robust), exp.mean_ms, exp.sd_ms, round(tolerance, 3),
+                             mean_ok, sd_ok, m["hidden"], rule))
     stats.sort(key=lambda h: (h.direction != UP, h.position, h.hop))
     return stats
 
