@@ -34,7 +34,7 @@ from scenarios.spec import BASELINE, GLOBAL_RELAY, Scenario, ScenarioError
 from scenarios.saturation import LagWindows, flag
 from scenarios.timeline import TIMELINE, merge_timeline
 from topology.calibrate import CalibrationReport, calibrate, session_links
-from topology.capture import WorldCapture, capture_hosts
+from topology.capture import RX_LOG_SUFFIX, WorldCapture, capture_hosts
 from topology.loadcal import EngineWindow, LoadCalibration, calibrate_under_load, engine_stats
 from topology.netns import in_namespace
 from topology.plan import world_spec
@@ -313,7 +313,9 @@ class ScenarioRunner:
                     "--duration", str(sc.call_duration_s),
                     "--media-timeout", str(sc.media_timeout_s),
                     "--reconnect-attempts", str(sc.reconnect_attempts),
-                    *(["--retry-setup"] if sc.faults else []), "--results",
+                    *(["--retry-setup"] if sc.faults else []),
+                    *(["--rx-log", str(captures.directory / f"{host}{RX_LOG_SUFFIX}")]
+                      if captures is not None else []), "--results",
                     str(logs / f"sessions-{front.region}.jsonl"), "--samples",
                     str(logs / f"samples-{front.region}.jsonl")),
                     logs / f"client-{front.region}.log", netns=world.node(host).ns_path).start())

@@ -46,6 +46,7 @@ class Captures:
 
     def __init__(self) -> None:
         self.frames: dict[str, list[tuple[float, bytes]]] = {h: [] for h in HOSTS}
+        self.arrivals: list[list] = []  # the client's own receive times (--rx-log)
         self._headers: dict[tuple, bytes] = {}
 
     def see(self, host: str, ifindex: int, sent: bool, t: float, src, dst, payload: bytes):
@@ -80,8 +81,9 @@ class Captures:
         return arrived
 
     def down(self, t: float, payload: bytes, backbone: float, ingress: float = 0.1,
-             cluster: float = 0.2) -> float:
-        """The transceiver's datagram back to the client; when it got there."""
+             cluster: float = 0.2, last_mile: float | None = None) -> float:
+        """The transceiver's datagram back to the client; when it got there. ``last_mile``:
+        the RTP packet reaches the client's application that much later."""
         header = hop.encode(CLIENT, hop.TO_CLIENT)
         self.see("cluster2", 1, False, t, TRANSCEIVER, CLUSTER_BB, header + payload)
         t1 = t + cluster / 1000
@@ -94,6 +96,9 @@ class Captures:
         self.see("edge1", 2, True, t3, VIP, CLIENT, payload)
         self.see("pub1", 2, True, t3 + 1e-5, VIP, CLIENT, payload)
         self.see("client1", 2, False, t3 + 2e-5, VIP, CLIENT, payload)
+        if last_mile is not None:
+            ssrc, seq = struct.unpack("!IH", payload[8:12] + payload[2:4])
+            self.arrivals.append([ssrc, seq, t3 + 2e-5 + last_mile / 1000])
         return t3 + 2e-5
 
     def write(self, run, capped: dict[str, float] | None = None) -> None:
@@ -116,6 +121,8 @@ class Captures:
                            "interfaces": {str(i): {"name": n, "peer": p}
                                           for i, (n, p) in ifaces.items()}})
         (arch / "captures.json").write_text(json.dumps({"points": points, "seconds": 5}))
+        (arch / "client1.rx.jsonl").write_text(json.dumps({"index": 0,
+                                                           "arrivals": self.arrivals}) + "\n")
         (run / "config.json").write_text(json.dumps({"architectures": ["global-relay"],
                                                      "impairments": IMPAIRMENTS}))
 
@@ -141,7 +148,8 @@ def _call(caps: Captures, cluster_ms: float = 0.2, n: int = 300) -> None:
         t = 101.0 + i * 0.02
         caps.up(t, _rtp(i, 1111), rng.normal(6.0, 1.0), rng.normal(114.5, 0.5),
                 cluster=cluster_ms)
-        caps.down(t + 0.005, _rtp(i, 2222), rng.normal(114.5, 0.5), cluster=cluster_ms)
+        caps.down(t + 0.005, _rtp(i, 2222), rng.normal(114.5, 0.5), cluster=cluster_ms,
+                  last_mile=rng.normal(6.0, 1.0))
 
 
 def _hops(archs) -> dict[tuple[str, str], object]:
@@ -169,6 +177,9 @@ def test_each_hop_is_the_time_written_between_its_points(tmp_path):
     assert hops[("up", "edge1->bb1 (in region)")].p50_ms == pytest.approx(0.01, abs=0.002)
     down = hops[("down", "last mile down apac-se (wire)")]
     assert down.hidden_ms == 6.0 and down.expected_mean_ms == 0 and down.ok
+    app = hops[("down", "last mile down apac-se (client app)")]  # what the wire cannot see
+    assert app.datagrams == 300 and app.rule == "median" and app.ok
+    assert abs(app.p50_ms - 6.0) < 0.2 and abs(app.sd_robust_ms - 1.0) < 0.2
     turnaround = hops[("up", "transceiver na-east (check -> answer)")]
     assert turnaround.datagrams == 1 and turnaround.p50_ms == pytest.approx(1.0, abs=0.01)
     assert turnaround.rule == "reported" and hops[("up", "ingress relay apac-se")].rule == \

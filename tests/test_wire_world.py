@@ -24,7 +24,8 @@ def test_every_hop_on_the_wire_is_the_configured_one(ci_results):
     expected = {
         "port-per-session": {"last mile up apac-se", "public internet apac-se->na-east",
                              "public internet na-east->apac-se", "transceiver na-east "
-                             "(check -> answer)", "last mile down apac-se (wire)"},
+                             "(check -> answer)", "last mile down apac-se (wire)",
+                             "last mile down apac-se (client app)"},
         "cluster-relay": {"last mile up apac-se", "public internet apac-se->na-east",
                           "cluster relay na-east", "public internet na-east->apac-se"},
         "global-relay": {"last mile up apac-se", "ingress relay apac-se",
@@ -42,6 +43,10 @@ def test_every_hop_on_the_wire_is_the_configured_one(ci_results):
             if h["kind"] in ("last_mile_up", "public", "backbone"):
                 assert h["expected_mean_ms"] > 0 and h["datagrams"] > 100 * N, (name, h)
         assert hops["last mile down apac-se (wire)"]["hidden_ms"] > 0
+        # ... which the client's own receive times see: the configured delay, every packet
+        app = hops["last mile down apac-se (client app)"]
+        assert app["expected_mean_ms"] == hops["last mile down apac-se (wire)"]["hidden_ms"]
+        assert app["datagrams"] > 100 * N
         # nothing cut, nothing dropped by the kernel, and every datagram paired
         cost = a["cost"]
         assert cost["kernel_dropped"] == 0 and not cost["capped"], cost

@@ -192,6 +192,9 @@ class Capture:
 
 ROUTER_ROLES = ("pub", "bb")
 CAPTURES_FILE = "captures.json"
+# Next to the pcaps: a client host's received RTP packets as its client saw them in user space
+# (``voiceedge client --rx-log``), after the impairment on the host's own ingress.
+RX_LOG_SUFFIX = ".rx.jsonl"
 
 
 @dataclass

@@ -32,11 +32,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from analysis.pcap.classify import (BINDING_REQUEST, BINDING_SUCCESS, DTLS, STUN,
+from analysis.pcap.classify import (BINDING_REQUEST, BINDING_SUCCESS, DTLS, RTP, STUN,
                                     classify, stun_type)
 from analysis.pcap.reader import read_udp
 from topology.calibrate import Expectation, judge_delays, mean_tolerance_ms
-from topology.capture import CAPTURES_FILE
+from topology.capture import CAPTURES_FILE, RX_LOG_SUFFIX
 
 ANALYSIS_FILE = "analysis.json"
 # A relay's processing: the world configures no cost for it, and the host's scheduling (other
@@ -73,8 +73,8 @@ class HopStat:
 
     direction: str
     hop: str                  # e.g. "backbone apac-se->na-east", "cluster relay na-east"
-    kind: str                 # last_mile_up, public, backbone, last_mile_down, link, relay,
-    #                           transceiver
+    kind: str                 # last_mile_up, public, backbone, last_mile_down (wire),
+    #                           last_mile_down_app, link, relay, transceiver
     frm: str                  # hosts at both ends
     to: str
     position: float           # median place in the path (for ordering)
@@ -89,7 +89,8 @@ class HopStat:
     mean_ok: bool
     sd_ok: bool
     hidden_ms: float = 0.0    # configured delay the wire cannot see here (the last mile down)
-    rule: str = "link"        # how it is judged: link, processing, or reported (not judged)
+    rule: str = "link"        # how it is judged: link, median (link rule on the median),
+    #                           processing, or reported (not judged)
 
     @property
     def ok(self) -> bool:
@@ -183,6 +184,8 @@ def analyse_architecture(directory: Path, arch: str, impairments: dict,
                                         (d.dst_ip, d.dst_port), c.client))
         if cap.get("capped_after_s") and last is not None:
             cutoff = last if cutoff is None else min(cutoff, last)
+    for path in sorted(directory.glob(f"*{RX_LOG_SUFFIX}")):
+        _read_arrivals(path, captures["points"], points, seen)
     if cutoff is not None:
         # After a capture stopped, paths would skip its point and pair the points around it
         # into one hop: every point is read only up to that capture's last frame.
@@ -204,6 +207,24 @@ def analyse_architecture(directory: Path, arch: str, impairments: dict,
             "analysis_s": round(elapsed, 2),
             "analysis_ms_per_session": round(1000 * elapsed / n, 1)}
     return ArchitectureWire(arch, hops, facts, cost, [p._asdict() for p in points])
+
+
+def _read_arrivals(path: Path, captured: list[dict], points: list[Point],
+                   seen: dict[tuple, list[Sighting]]) -> None:
+    """A client host's RTP arrivals in user space (``voiceedge client --rx-log``): one more
+    point, ``app``, after the impairment on the host's own ingress."""
+    host = path.name[:-len(RX_LOG_SUFFIX)]
+    cap = next((c for c in captured if c["host"] == host), None)
+    if cap is None:
+        return
+    p = len(points)
+    points.append(Point(host, "app", cap["region"], "app", False, None))
+    nowhere = ("", 0)
+    with open(path) as f:
+        for line in f:
+            for ssrc, seq, at in json.loads(line)["arrivals"]:
+                key = (RTP, ssrc.to_bytes(4, "big"), seq.to_bytes(2, "big"))
+                seen[key].append(Sighting(at, p, nowhere, nowhere, None))
 
 
 # ------------------------------------------------------------------------------ paths
@@ -311,6 +332,10 @@ def _hop_stats(seen, paths, points: list[Point], impairments: dict) -> list[HopS
             mean_ok, sd_ok = p50 <= PROCESSING_P50_MS, True
         elif m["kind"] == "transceiver":
             rule, mean_ok, sd_ok = "reported", True, True
+        elif m["kind"] == "last_mile_down_app":
+            # the client's own receive path (SRTP, its event loop) is in this hop: its stalls
+            # move the mean, not the median
+            rule, mean_ok = "median", abs(p50 - exp.mean_ms) <= tolerance
         stats.append(HopStat(direction, label, m["kind"], m["frm"], m["to"],
                              float(np.median(m["places"])), len(values), _r(mean), _r(p50),
                              _r(p95), _r(robust), exp.mean_ms, exp.sd_ms, round(tolerance, 3),
@@ -321,6 +346,13 @@ def _hop_stats(seen, paths, points: list[Point], impairments: dict) -> list[HopS
 
 def _name_hop(a: Point, b: Point, impairments: dict):
     """(label, kind, from host, to host, Expectation on the wire, configured ms hidden)."""
+    if b.role == "app":  # the client's receive time: after its last mile down
+        configured = impairments.get(f"last_mile_down {b.region}->{b.region}")
+        exp = (Expectation(configured["delay_ms"], configured["jitter_ms"],
+                           distribution=configured.get("distribution", "normal"))
+               if configured else Expectation(0.0, 0.0))
+        return (f"last mile down {b.region} (client app)", "last_mile_down_app", a.host, b.host,
+                exp, 0.0)
     if a.host == b.host:
         tier = "ingress relay" if a.role == "edge" else "cluster relay"
         return f"{tier} {a.region}", "relay", a.host, b.host, Expectation(0.0, 0.0), 0.0

@@ -10,7 +10,8 @@ from analysis.tables import Table
 HIDDEN_NOTE = ("Each hop is timed between two capture points: a router's capture comes after "
                "the impairment of the link it arrived by, an end host's before its own "
                "ingress impairment, so the last mile down reads ~0 on the wire (its configured "
-               "delay is in 'not on the wire'). Links: configured mean / jitter (0 inside a "
+               "delay is in 'not on the wire'; the client's own receive times measure it: "
+               "'client app', judged on its median). Links: configured mean / jitter (0 inside a "
                "data centre), ok when the mean is within max(1 ms, 5%) + 0.5 ms and the robust "
                "spread (IQR/1.349) within 25% + 0.5 ms, calibration's rule. Relays: ok when "
                "the median is at most 1 ms (nothing configures their cost). The transceiver's "
@@ -35,7 +36,8 @@ def hops(arch: dict) -> Table:
     for h in arch["hops"]:
         rule = h.get("rule", "link")
         configured = {"processing": f"p50 <= {h['tolerance_ms']:g}", "reported": "-"}.get(
-            rule, f"{h['expected_mean_ms']:g} / {h['expected_sd_ms']:g}")
+            rule, f"{h['expected_mean_ms']:g} / {h['expected_sd_ms']:g}"
+            + (" (p50)" if rule == "median" else ""))
         t.rows.append([h["direction"], h["hop"], str(h["datagrams"]), _ms(h["mean_ms"]),
                        _ms(h["p50_ms"]), _ms(h["p95_ms"]), _ms(h["sd_robust_ms"]), configured,
                        f"{h['hidden_ms']:g}" if h["hidden_ms"] else "",

@@ -54,6 +54,9 @@ def add_parser(sub) -> None:
                    help="extra HTTP header for POST and DELETE (repeatable)")
     p.add_argument("--results", metavar="FILE", help="append one JSON line per session")
     p.add_argument("--samples", metavar="FILE", help="append per-second media samples (JSON lines)")
+    p.add_argument("--rx-log", metavar="FILE",
+                   help="append each session's received RTP packets (SSRC, sequence number, "
+                        "arrival time), one JSON line per session")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no log line per session on stderr (start and end are still logged)")
     p.add_argument("--json", action="store_true",
@@ -82,7 +85,8 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
                             full_sessions=args.full_clients,
                             media_timeout_s=args.media_timeout,
                             reconnect_attempts=args.reconnect_attempts,
-                            retry_setup=args.retry_setup)
+                            retry_setup=args.retry_setup,
+                            record_arrivals=bool(args.rx_log))
     except ValueError as exc:
         raise UserError(str(exc)) from None
 
@@ -154,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     async def measured() -> list[SessionResult]:
         async with LoopLagMonitor(log):  # a lagging client measures itself: say when
             return await run_sessions(config, args.sessions, results_path=args.results,
-                                      samples_path=args.samples,
+                                      samples_path=args.samples, arrivals_path=args.rx_log,
                                       on_result=None if args.quiet else log_result)
 
     try:

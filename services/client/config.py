@@ -46,6 +46,9 @@ class ClientConfig:
     # under it) is called again like a failed connection. Off by default: a failed setup is a
     # failed session. Fault scenarios turn it on (docs/client.md).
     retry_setup: bool = False
+    # Keep every received RTP packet's SSRC, sequence number and arrival time (the client's
+    # user-space receive time: the only view of its last mile down, docs/captures.md).
+    record_arrivals: bool = False
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):

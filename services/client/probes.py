@@ -36,8 +36,10 @@ class RtpProbe:
     receiver (one connection of a session) gets; every arrival also goes to the session's
     ``GapTracker``, which spans its connections."""
 
-    def __init__(self, voiced: VoicedCount, gaps: GapTracker) -> None:
+    def __init__(self, voiced: VoicedCount, gaps: GapTracker, record: bool = False) -> None:
         self.first_packet_at: float | None = None
+        # (ssrc, sequence number, monotonic arrival) of every packet, when ``record``
+        self.arrivals: list[tuple[int, int, float]] | None = [] if record else None
         self.seq = SeqTracker()
         self.voiced = voiced
         self.gaps = gaps
@@ -45,13 +47,15 @@ class RtpProbe:
 
     def attach(self, receiver: Any) -> None:
         original = receiver._handle_rtp_packet
-        gaps = self.gaps
+        gaps, arrivals = self.gaps, self.arrivals
 
         async def handle_rtp_packet(packet: Any, arrival_time_ms: int) -> None:
             now = time.monotonic()  # the one clock read per packet (the CPU per session-second)
             if self.first_packet_at is None:
                 self.first_packet_at = now
             gaps.add(now)
+            if arrivals is not None:
+                arrivals.append((packet.ssrc, packet.sequence_number, now))
             self.seq.add(packet.sequence_number)
             self.voiced.add(len(packet.payload), now)
             await original(packet, arrival_time_ms=arrival_time_ms)

@@ -90,9 +90,13 @@ class SessionResult:
     last_rx_unix: float | None = None
 
     samples: list[MediaSample] = field(default_factory=list)
+    # [ssrc, sequence number, unix arrival] of every received RTP packet, with
+    # ClientConfig.record_arrivals (written to a file of their own, not in the JSON line)
+    rx_arrivals: list[list] = field(default_factory=list)
 
     def to_dict(self, with_samples: bool = True) -> dict:
         d = asdict(self)
+        del d["rx_arrivals"]
         if not with_samples:
             del d["samples"]
         return d

@@ -64,12 +64,13 @@ def ping_event(index: int) -> dict:
 class _Connection:
     """One attempt of a session: its peer connection, the signaling of its offer, its probes."""
 
-    def __init__(self, number: int, reason: str, voiced: VoicedCount, gaps: GapTracker) -> None:
+    def __init__(self, number: int, reason: str, voiced: VoicedCount, gaps: GapTracker,
+                 record_arrivals: bool = False) -> None:
         self.number = number                 # 0: the first call
         self.pc: RTCPeerConnection | None = None
         self.location: str | None = None
         self.http_status: int | None = None
-        self.rtp = RtpProbe(voiced, gaps)
+        self.rtp = RtpProbe(voiced, gaps, record_arrivals)
         self.stun = StunProbe()
         self.ice_connected_at: float | None = None
         self.connected_at: float | None = None   # DTLS connected (monotonic)
@@ -157,6 +158,9 @@ class CallSession:
                 if self._http is None:
                     await http.close()
                 r.ended_unix = time.time()
+                offset = self._gaps.unix_offset
+                r.rx_arrivals = [[ssrc, seq, round(at + offset, 6)] for c in self._conns
+                                 for ssrc, seq, at in c.rtp.arrivals or ()]
         return r
 
     def _retry_setup(self, conn: _Connection, http: aiohttp.ClientSession, reason: str) -> bool:
@@ -178,7 +182,8 @@ class CallSession:
     # -- setup (of every attempt) --------------------------------------------------------------
 
     def _new_connection(self, reason: str) -> _Connection:
-        conn = _Connection(len(self._conns), reason, self._voiced, self._gaps)
+        conn = _Connection(len(self._conns), reason, self._voiced, self._gaps,
+                           self.config.record_arrivals)
         self._gaps.attempt = conn.number  # the gaps its packets end are its own
         self._conns.append(conn)
         self._conn = conn
