@@ -89,10 +89,14 @@ class Up:
     def stderr(self) -> str:
         return self.err_path.read_text()
 
-    def kill(self) -> None:
+    def kill(self, reap: bool = True) -> None:
+        """SIGKILL the holder; with ``reap``, then reap what it leaves (a scenario's services
+        outlive it), so that a failing test leaves nothing running."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        if reap and (self.state_dir / "world.json").exists():
+            world("down", self.state_dir)
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +247,7 @@ def _readlink(path: str) -> str | None:
 def test_world_up_reaps_a_killed_world_and_world_down_stops_it(tmp_path):
     state_dir = tmp_path / "state"
     first = Up(state_dir, tmp_path)
-    first.kill()
+    first.kill(reap=False)
     second = Up(state_dir, tmp_path)
     try:
         reaped = [line for line in second.stderr().splitlines() if "reaped" in line]
@@ -311,4 +315,10 @@ def test_a_scenario_keeps_its_world_and_last_services_up(tmp_path):
         assert leftovers(held.state, held.before) == NOTHING
         assert "writing the report" not in held.stderr()  # once, before the hold: not again
     finally:
+        if held.proc.poll() is None:  # a failure above: tear down as Ctrl-C would
+            held.proc.send_signal(signal.SIGINT)
+            try:
+                held.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
         held.kill()
