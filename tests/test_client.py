@@ -29,7 +29,7 @@ from services.client.config import ClientConfig
 from services.client.gaps import GAP_MIN_MS, GapTracker
 from services.client.runner import run_sessions
 from services.client.seqstats import SeqTracker, extend_seq, loss_stats, unwrap
-from services.client.session import ping_event, run_session
+from services.client.session import CallSession, ping_event, run_session
 from services.logs import Event
 from tests.conftest import REPO
 from tests.logcheck import service_records
@@ -427,8 +427,14 @@ def test_a_stalled_client_loop_is_not_a_lost_connection(echo_peer):
     what the loop has queued, before it calls the connection dead. (Without the second look
     this session reconnects.)"""
     async def main():
-        call = asyncio.create_task(run_session(config(echo_peer.url(), duration_s=4.0)))
-        await asyncio.sleep(2.0)
+        session = CallSession(config(echo_peer.url(), duration_s=4.0))
+        call = asyncio.create_task(session.run())
+        # once media flows (a fixed 2 s wait stalled a slow setup on a loaded machine before
+        # the first packet: no gap to see then)
+        deadline = time.monotonic() + 10
+        while not session.receiving and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
         time.sleep(2.0)   # blocks the loop: no packet is handled, no timer fires
         return await call
 

@@ -133,7 +133,9 @@ class LinkProfile:
         # Bad state loses everything, good state nothing: mean burst = 100/r, and the share of
         # time in the bad state p/(p+r) is the expected loss.
         r = 100.0 / self.loss_mean_burst
-        return GilbertElliottLoss(p=r * self.loss_pct / (100.0 - self.loss_pct), r=r)
+        # at the largest loss a burst allows, p is 100 up to rounding (60% in 1.5-packet bursts
+        # computed 100.00000000000001)
+        return GilbertElliottLoss(p=min(100.0, r * self.loss_pct / (100.0 - self.loss_pct)), r=r)
 
     def impairment(self, rtt_ms: float) -> Impairment:
         """One direction of a path whose round trip is ``rtt_ms``: half of it as mean delay."""

@@ -118,6 +118,11 @@ class CallSession:
         self._audio_sumsq = 0.0    # over samples after echo_skip_ms
         self._audio_n = 0
 
+    @property
+    def receiving(self) -> bool:
+        """Whether an RTP packet has arrived yet (on any attempt)."""
+        return self._gaps.first is not None
+
     def _ms(self, at: float | None = None) -> float:
         return round(((time.monotonic() if at is None else at) - self._t0) * 1000.0, 3)
 
