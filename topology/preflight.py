@@ -68,6 +68,13 @@ def _check(needs: tuple[Requirement, ...], euid: int | None, path: str | None) -
             raise EnvironmentProblem(need.problem())
 
 
+def check_programs(*names: str) -> None:
+    """Raise ``EnvironmentProblem`` (one line) unless this is root and the world's programs
+    ``names`` (``"nsenter"``, ``"ip"``: see ``WORLD``) are installed: for commands that use a
+    world already built."""
+    _check(tuple(r for r in WORLD if r.program in names), None, None)
+
+
 def check_world_prerequisites(backend: str | None = None, *, services: bool = False,
                               capture: bool = False, euid: int | None = None,
                               path: str | None = None) -> str:

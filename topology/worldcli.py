@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from pathlib import Path
 
+from topology.preflight import check_programs
 from topology.worldstate import STATE_DIR
-from voiceedge.errors import EnvironmentProblem, UserError
+from voiceedge.errors import UserError
 
 
 def add_parser(sub) -> None:
@@ -70,16 +70,6 @@ def add_parser(sub) -> None:
 
     for parser in (up, ex, down):  # tests keep their worlds apart from the machine's
         parser.add_argument("--state-dir", type=Path, default=STATE_DIR, help=argparse.SUPPRESS)
-
-
-def _check_root_and(*programs: tuple[str, str]) -> None:
-    if os.geteuid() != 0:
-        raise EnvironmentProblem("needs root (network namespaces): run it as root, e.g. with "
-                                 "sudo")
-    for program, package in programs:
-        if shutil.which(program) is None:
-            raise EnvironmentProblem(f"{program} is not installed (Debian package {package}): "
-                                     f"install it as root with `apt-get install {package}`")
 
 
 # ------------------------------------------------------------------ up
@@ -152,7 +142,7 @@ def run_exec(args: argparse.Namespace) -> int:
         argv = argv[1:]
     if not argv:
         raise UserError("no command: voiceedge world exec HOST -- CMD [ARG ...]")
-    _check_root_and(("nsenter", "util-linux"))
+    check_programs("nsenter")
     state = read_state(args.state_dir)
     if state is None:
         raise UserError("no world is up: start one with voiceedge world up")
@@ -181,7 +171,7 @@ def run_exec(args: argparse.Namespace) -> int:
 def run_down(args: argparse.Namespace) -> int:
     from topology.worldstate import stop_world
 
-    _check_root_and(("ip", "iproute2"))
+    check_programs("ip")
     try:
         line = stop_world(args.state_dir, args.timeout)
     except TimeoutError as exc:

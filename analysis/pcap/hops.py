@@ -344,23 +344,27 @@ def _hop_stats(seen, paths, points: list[Point], impairments: dict) -> list[HopS
     return stats
 
 
+def _configured(impairments: dict, link: str | None, src: str, dst: str) -> Expectation:
+    """What config.json's ``impairments`` give the ``link`` direction from ``src`` to ``dst``
+    (nothing configured: 0)."""
+    configured = impairments.get(f"{link} {src}->{dst}") if link else None
+    if not configured:
+        return Expectation(0.0, 0.0)
+    return Expectation(configured["delay_ms"], configured["jitter_ms"],
+                       distribution=configured.get("distribution", "normal"))
+
+
 def _name_hop(a: Point, b: Point, impairments: dict):
     """(label, kind, from host, to host, Expectation on the wire, configured ms hidden)."""
     if b.role == "app":  # the client's receive time: after its last mile down
-        configured = impairments.get(f"last_mile_down {b.region}->{b.region}")
-        exp = (Expectation(configured["delay_ms"], configured["jitter_ms"],
-                           distribution=configured.get("distribution", "normal"))
-               if configured else Expectation(0.0, 0.0))
+        exp = _configured(impairments, "last_mile_down", b.region, b.region)
         return (f"last mile down {b.region} (client app)", "last_mile_down_app", a.host, b.host,
                 exp, 0.0)
     if a.host == b.host:
         tier = "ingress relay" if a.role == "edge" else "cluster relay"
         return f"{tier} {a.region}", "relay", a.host, b.host, Expectation(0.0, 0.0), 0.0
     link = _LINK_KINDS.get((a.role, b.role))
-    configured = impairments.get(f"{link} {a.region}->{b.region}") if link else None
-    exp = (Expectation(configured["delay_ms"], configured["jitter_ms"],
-                       distribution=configured.get("distribution", "normal"))
-           if configured else Expectation(0.0, 0.0))
+    exp = _configured(impairments, link, a.region, b.region)
     arrow = f"{a.region}->{b.region}"
     if link == "last_mile_up":
         label = f"last mile up {a.region}"
