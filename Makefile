@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 REGION ?= apac
 SCENARIO ?= scenarios/default.yaml
 
-.PHONY: deps venv scenario test budgets bench-relay bench-hostile clean help
+.PHONY: deps venv browsers scenario test budgets bench-relay bench-hostile clean help
 
 help:
 	@echo "make scenario REGION=apac   run the scenario for clients in REGION"
@@ -16,6 +16,7 @@ help:
 	@echo "make budgets                run the compact CI scenarios; check the latency and fault budgets"
 	@echo "make bench-relay            benchmark the relay's forwarding cost and added latency"
 	@echo "make bench-hostile          hostile input against a live edge (fuzz, flood, signaling, hygiene)"
+	@echo "make browsers               install Debian's chromium, for browser clients (docs/browser.md)"
 
 deps:
 	@scripts/install-debian-deps.sh
@@ -29,10 +30,20 @@ $(BIN)/.installed: pyproject.toml services/relay/_fastpath.c | deps
 
 venv: deps $(BIN)/.installed
 
+# Debian's chromium, only where browser clients run: the tests (tests/test_browser.py and the
+# CI scenario's Chromium sessions) and a scenario whose clients include chromium.
+browsers:
+	@scripts/install-debian-deps.sh browsers
+
+# Exit status 0 when scenario file $(1) has browser clients (clients: {chromium: N}).
+wants_browsers = $(BIN)/python -c 'import sys; from scenarios.spec import Scenario; \
+	sys.exit(0 if Scenario.load(sys.argv[1]).chromium_per_region else 1)' $(1) 2>/dev/null
+
 scenario: venv
+	@if $(call wants_browsers,$(SCENARIO)); then scripts/install-debian-deps.sh browsers; fi
 	@$(BIN)/voiceedge scenario $(SCENARIO) --region $(REGION)
 
-test: venv
+test: venv browsers
 	@$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 budgets: venv

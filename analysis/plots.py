@@ -342,8 +342,12 @@ def plot_ports(results: Results, out_dir: Path, extrapolate_to: int = 10_000) ->
         arch, peak, measured = row.architecture, row.concurrent_sessions, row.public_udp_ports
         colour = arch_colour(arch, results.architectures)
         if arch in PER_SESSION_PORTS and peak > 0:
-            y = x * measured / peak
-            rule = f"grows {measured / peak:.2g} per session"
+            # turn: each client region's TURN server has one listening port besides its relay
+            # ports (one per allocation): that part does not grow with the sessions
+            fixed = len(results.client_regions) if arch == "turn" else 0
+            y = fixed + x * (measured - fixed) / peak
+            rule = f"grows {(measured - fixed) / peak:.2g} per session" + (
+                f" + {fixed} fixed" if fixed else "")
         else:
             y = np.full_like(x, max(measured, 1))
             rule = "fixed"

@@ -11,7 +11,7 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis import tables
+from analysis import clients, tables, turn
 from analysis.pcap import tables as pcap_tables
 from analysis.compare import compare  # noqa: F401  (part of this module's API)
 from analysis.faults import FaultEffect, fault_effects
@@ -192,6 +192,12 @@ def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: E
         parts.append(f"<h3>{e(arch)}</h3><ul class='findings'>{items}</ul>")
     parts += ["<h2 id='summary'>Summary per architecture</h2>",
               tables.to_html(tables.headline(results, stats))]
+    if clients.mixed(results):
+        parts += ["<h2 id='clients'>Setup timeline by client type and offer style</h2>",
+                  tables.to_html(clients.timeline(results))]
+    if turn.applies(results):
+        parts += ["<h2 id='turn'>TURN's setup overhead</h2>",
+                  tables.to_html(turn.overhead(results))]
     if results.faults:
         parts += _faults_html(results, fault_effects(results), plots)
     parts.append("<h2 id='plots'>Plots</h2>")
@@ -223,7 +229,10 @@ def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: E
         for a in wire:
             parts += [f"<h3>{e(a['architecture'])}: one-way delay per hop</h3>",
                       tables.to_html(pcap_tables.hops(a))]
-        parts += [tables.to_html(pcap_tables.wire(wire)), tables.to_html(pcap_tables.cost(wire))]
+        parts += [tables.to_html(pcap_tables.wire(wire))]
+        if pcap_tables.turn(wire).rows:
+            parts.append(tables.to_html(pcap_tables.turn(wire)))
+        parts.append(tables.to_html(pcap_tables.cost(wire)))
     parts += ["<h2 id='failures'>Failures</h2>", tables.to_html(tables.failures(results)),
               "<h2 id='ports'>Ports and relays</h2>", tables.to_html(tables.ports(results)),
               tables.to_html(tables.relays(results)),
@@ -257,6 +266,11 @@ def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], mode
         lines += [f"- {f.sentence()}" for f in found if f.architecture == arch] + [""]
     lines += ["", "## Summary per architecture", "",
               tables.to_markdown(tables.headline(results, stats))]
+    if clients.mixed(results):
+        lines += ["## Setup timeline by client type and offer style", "",
+                  tables.to_markdown(clients.timeline(results))]
+    if turn.applies(results):
+        lines += ["## TURN's setup overhead", "", tables.to_markdown(turn.overhead(results))]
     if results.faults:
         lines += _faults_markdown(results, fault_effects(results), plots, base)
     if len(results.client_regions) > 1:
@@ -275,8 +289,10 @@ def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], mode
         for a in wire:
             lines += [f"**{a['architecture']}**: one-way delay per hop", "",
                       tables.to_markdown(pcap_tables.hops(a))]
-        lines += [tables.to_markdown(pcap_tables.wire(wire)),
-                  tables.to_markdown(pcap_tables.cost(wire))]
+        lines += [tables.to_markdown(pcap_tables.wire(wire))]
+        if pcap_tables.turn(wire).rows:
+            lines.append(tables.to_markdown(pcap_tables.turn(wire)))
+        lines.append(tables.to_markdown(pcap_tables.cost(wire)))
     lines += ["## Plots", ""]
     for name, path in plots.items():
         if name.startswith("fault-"):

@@ -353,6 +353,7 @@ def configuration(results: Results) -> Table:
              ("world regions", ", ".join(c.get("world_regions", []))),
              ("architectures", ", ".join(scenario.get("architectures", []))),
              ("sessions per region", scenario.get("sessions_per_region")),
+             ("Chromium sessions per region", scenario.get("chromium_per_region", 0)),
              ("call duration (s)", scenario.get("call_duration_s")),
              ("start rate (sessions/s)", scenario.get("start_rate")),
              ("last mile", scenario.get("last_mile")),

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from scenarios.progress import ProgressBars
     from scenarios.report import print_summary
     from scenarios.runner import CalibrationFailed, CaptureOptions, ScenarioRunner
-    from scenarios.spec import Scenario
+    from scenarios.spec import TURN, Scenario
     from topology.cli import print_report
     from topology.preflight import check_world_prerequisites
 
@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--capture-cap-mb must be positive")
     backend = None if args.backend == "auto" else args.backend
     check_world_prerequisites(backend, services=True,  # EnvironmentProblem: one line, exit 2
-                              capture=args.capture)
+                              capture=args.capture, turn=TURN in scenario.architectures,
+                              browsers=scenario.chromium_per_region > 0)
     bars = ProgressBars(console, enabled=not args.json)
 
     def say(msg: str, transient: bool = False) -> None:

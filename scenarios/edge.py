@@ -11,6 +11,10 @@ the transceiver's control API and media socket on the cluster's internal address
 relay (relayed architectures) on its public address (on its internal one under the global
 relay, where clients reach only the ingress points); a cluster may run several transceivers.
 Per client region (global relay): the ingress relay on the anycast VIP with its own Redis.
+Per client region (TURN): coturn on the region's edge host, on its public address, where a
+TURN provider would place it; the transceivers then run one port per session behind it, and
+the region's front hands out its URL with time-limited credentials from a secret generated per
+run (``turn.secret`` in the logs folder, 0600; docs/turn.md).
 Per front: signaling, steering to the plan's clusters. ``kill`` and ``start_service`` break
 and mend one service by name (scenarios/faults.py).
 """
@@ -22,9 +26,11 @@ from pathlib import Path
 
 from scenarios.ports import UdpBinding, udp_bindings
 from scenarios.processes import ServiceError, ServiceProcess, http_ok, redis_cmd, tcp_open, voiceedge_cmd
-from scenarios.spec import ARCHITECTURES, CLUSTER_RELAY, GLOBAL_RELAY, PORT_PER_SESSION
+from scenarios.spec import ARCHITECTURES, CLUSTER_RELAY, GLOBAL_RELAY, TURN
 from services.procfs import descendants
 from services.relay.counters import scrape
+from services.turn import coturn
+from services.turn.credentials import new_secret, write_secret
 from topology.netns import in_namespace
 
 
@@ -40,6 +46,7 @@ class Ports:
     redis: int = 6379
     metrics: int = 9478     # relay Prometheus metrics
     signaling: int = 8080
+    turn: int = 3478        # TURN servers (UDP), on the edge hosts' public addresses
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,16 @@ class IngressPlan:
 
 
 @dataclass(frozen=True)
+class TurnPlan:
+    """A TURN server (coturn) in a client region: listening and relaying on ``listen``."""
+
+    region: str
+    host: Host
+    listen: str
+    relay_ports: tuple[int, int] = coturn.DEFAULT_RELAY_PORTS  # one per allocation
+
+
+@dataclass(frozen=True)
 class FrontRoute:
     cluster: str
     rtt_ms: float            # seeds proximity steering
@@ -107,6 +124,7 @@ class EdgePlan:
     clusters: tuple[ClusterPlan, ...]
     fronts: tuple[FrontPlan, ...] = ()
     ingresses: tuple[IngressPlan, ...] = ()
+    turns: tuple[TurnPlan, ...] = ()   # TURN servers (the turn architecture), one per region
     ports: Ports = field(default_factory=Ports)
     redis: bool = True                 # the relays' flow cache
     max_sessions: int = 500            # per transceiver
@@ -119,10 +137,17 @@ class EdgePlan:
             raise ValueError(f"architecture must be one of {', '.join(ARCHITECTURES)}")
         if self.architecture == GLOBAL_RELAY and self.relay_vip is None:
             raise ValueError("the global relay needs relay_vip")
+        if (self.architecture == TURN) != bool(self.turns):
+            raise ValueError("TURN servers go with the turn architecture, and it needs them")
 
     @property
     def relayed(self) -> bool:
-        return self.architecture != PORT_PER_SESSION
+        """Whether the cluster relays carry the media (else: a port per session)."""
+        return self.architecture in (CLUSTER_RELAY, GLOBAL_RELAY)
+
+    def turn_for(self, region: str) -> TurnPlan | None:
+        """The TURN server of a client region (None: none there)."""
+        return next((t for t in self.turns if t.region == region), None)
 
     def cluster(self, name: str) -> ClusterPlan:
         return next(c for c in self.clusters if c.name == name)
@@ -143,6 +168,8 @@ class EdgePlan:
             out.setdefault(c.host.name, set()).add(c.public)
         for i in self.ingresses:
             out.setdefault(i.host.name, set()).add(i.listen)
+        for t in self.turns:  # its listening port and one relay port per allocation
+            out.setdefault(t.host.name, set()).add(t.listen)
         return out
 
 
@@ -151,7 +178,7 @@ class Service:
     name: str
     host: Host
     process: ServiceProcess
-    role: str                # agent, redis, relay, ingress, transceiver, signaling
+    role: str                # agent, redis, relay, ingress, transceiver, turn, signaling
 
 
 class Edge:
@@ -205,6 +232,8 @@ class Edge:
             if self.plan.redis:
                 self.start_ingress_redis(ingress)
             self.start_ingress(ingress)
+        for turn in self.plan.turns:
+            self.start_turn(turn)
         for front in self.plan.fronts:
             self.start_front(front)
 
@@ -296,6 +325,32 @@ class Edge:
         return self.add(f"ingress-{ingress.region}", ingress.host, voiceedge_cmd(*cmd),
                         "ingress", lambda: http_ok(self.metrics_url()))
 
+    def turn_secret(self) -> Path:
+        """The file holding the secret the TURN servers share with the fronts: generated
+        once per edge (a run's architecture), 0600, in the logs folder."""
+        path = self.logs / "turn.secret"
+        if not path.exists():
+            write_secret(path, new_secret())
+        return path
+
+    def turn_config(self, turn: TurnPlan) -> coturn.TurnServerConfig:
+        """coturn's configuration for ``turn``: it relays to the clusters' public addresses
+        and nowhere else."""
+        return coturn.TurnServerConfig(
+            turn.listen, self.turn_secret(), self.logs, name=f"turn-{turn.region}",
+            port=self.plan.ports.turn, relay_ports=turn.relay_ports,
+            peers=tuple(dict.fromkeys(c.public for c in self.plan.clusters)))
+
+    def start_turn(self, turn: TurnPlan) -> ServiceProcess:
+        """coturn in its region: ready when it answers a STUN Binding request."""
+        config = self.turn_config(turn)
+        try:
+            cmd = coturn.turnserver_cmd(coturn.write_config(config))
+        except FileNotFoundError as exc:
+            raise ServiceError(str(exc)) from None
+        return self.add(f"turn-{turn.region}", turn.host, cmd, "turn",
+                        lambda: coturn.answers_binding(turn.listen, config.port))
+
     def start_front(self, front: FrontPlan) -> ServiceProcess:
         clusters = []
         for route in front.routes:
@@ -307,9 +362,16 @@ class Edge:
         path = self.logs / f"front-{front.region}.json"
         path.write_text(json.dumps(clusters, indent=2))
         port = self.plan.ports.signaling
+        turn_args: list[str] = []
+        if self.plan.turns:
+            turn = self.plan.turn_for(front.region)
+            if turn is None:
+                raise ServiceError(f"front-{front.region}: no TURN server in its region")
+            turn_args = ["--turn-url", self.turn_config(turn).url,
+                         "--turn-secret-file", str(self.turn_secret())]
         return self.add(f"front-{front.region}", front.host, voiceedge_cmd(
             "signaling", "--listen", f"{front.listen}:{port}", "--clusters", str(path),
-            "--region", front.region),
+            "--region", front.region, *turn_args),
             "signaling", lambda: http_ok(f"http://{front.listen}:{port}/healthz"))
 
     def restart(self, name: str, kill: bool = True) -> ServiceProcess:
@@ -341,6 +403,9 @@ class Edge:
         if role == "signaling":
             return self.start_front(next(f for f in self.plan.fronts
                                          if f"front-{f.region}" == name))
+        if role == "turn":
+            return self.start_turn(next(t for t in self.plan.turns
+                                        if f"turn-{t.region}" == name))
         for cluster in self.plan.clusters:
             if role == "transceiver":
                 for tid in cluster.transceiver_ids:

@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from scenarios.edge import (ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, Host,
-                            IngressPlan, count_ports)
+                            IngressPlan, TurnPlan, count_ports)
 from scenarios.faults import FaultInjector, FaultRecord
 from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
-from scenarios.spec import BASELINE, GLOBAL_RELAY, Scenario, ScenarioError
+from scenarios.spec import AIORTC, BASELINE, GLOBAL_RELAY, TURN, Scenario, ScenarioError
 from scenarios.saturation import LagWindows, flag
 from scenarios.timeline import TIMELINE, merge_timeline
 from topology.calibrate import CalibrationReport, calibrate, session_links
@@ -40,6 +40,7 @@ from topology.netns import in_namespace
 from topology.plan import world_spec
 from topology.regions import RegionsCatalog
 from topology.world import World
+from services.browser.cli import READY_EVENT as BROWSER_READY
 
 SESSION_FIELDS = (
     "architecture", "client_region", "cluster_region", "session", "client", "ok", "error",
@@ -49,7 +50,9 @@ SESSION_FIELDS = (
     "packets_lost", "loss_bursts", "echo_verified", "datachannel_verified",
     "floor_signaling_rtt_ms", "floor_media_rtt_ms", "floor_setup_ms", "saturated",
     "saturated_by", "started_unix", "ended_unix", "connected_unix", "reconnections",
-    "transceiver", "first_rx_unix", "last_rx_unix")
+    "transceiver", "first_rx_unix", "last_rx_unix", "client_type", "offer_style", "gathered_ms",
+    "ice_checking_ms", "turn_transactions", "ice_pair")
+BROWSER_SUFFIX = "-chromium"  # logs/sessions-REGION-chromium.jsonl: the browser sessions' lines
 # Every call a client made for a session: the first (attempt 0) and each reconnection.
 ATTEMPT_FIELDS = ("architecture", "client_region", "session", "attempt", "reason",
                   "started_unix", "connected_unix", "cluster_region", "transceiver", "error")
@@ -252,7 +255,7 @@ class ScenarioRunner:
                                         public=world.addresses[h]["public"],
                                         internal=world.addresses[h]["backbone"],
                                         transceivers=self.scenario.transceivers_per_cluster))
-        fronts, ingresses, vip = [], [], None
+        fronts, ingresses, turns, vip = [], [], [], None
         for region in self.client_regions:
             h = f"edge{world.index[region]}"
             addresses = world.addresses[h]
@@ -264,7 +267,10 @@ class ScenarioRunner:
             if arch == GLOBAL_RELAY:
                 ingresses.append(IngressPlan(region, host(h), addresses["relay_vip"],
                                              addresses["backbone"]))
-        return EdgePlan(arch, tuple(clusters), tuple(fronts), tuple(ingresses), relay_vip=vip)
+            if arch == TURN:  # on the edge host's public side, as a TURN provider's would be
+                turns.append(TurnPlan(region, host(h), addresses["public"]))
+        return EdgePlan(arch, tuple(clusters), tuple(fronts), tuple(ingresses), tuple(turns),
+                        relay_vip=vip)
 
     def _analyse_captures(self, result: RunResult) -> None:
         from analysis.pcap.hops import analyse
@@ -304,8 +310,22 @@ class ScenarioRunner:
                 captures.start()
                 self.say(f"[{arch}] capturing at {len(captures.points)} hosts")
             edge.start()
+            if sc.chromium_per_region:
+                # Every browser launched with its pages loaded before any call starts: their
+                # start-up is seconds of CPU on this machine and must not lie under the calls.
+                browsers = [self._browser_clients(
+                    arch, edge.signaling_url(front), front.region, logs,
+                    world.node(f"client{world.index[front.region]}").ns_path, n,
+                    len(plan.fronts)) for n, front in enumerate(plan.fronts)]
+                clients += browsers
+                for browser in browsers:
+                    browser.wait_ready(lambda b=browser: _logged(b.log_path, BROWSER_READY),
+                                       timeout=20 + 5 * sc.chromium_per_region)
             for front in plan.fronts:
                 host = f"client{world.index[front.region]}"
+                netns = world.node(host).ns_path
+                if not sc.sessions_per_region:
+                    continue
                 clients.append(ServiceProcess(f"client-{front.region}", voiceedge_cmd(
                     "client", "--url", edge.signaling_url(front),
                     "-n", str(sc.sessions_per_region), "--rate", str(sc.start_rate),
@@ -317,8 +337,8 @@ class ScenarioRunner:
                     *(["--rx-log", str(captures.directory / f"{host}{RX_LOG_SUFFIX}")]
                       if captures is not None else []), "--results",
                     str(logs / f"sessions-{front.region}.jsonl"), "--samples",
-                    str(logs / f"samples-{front.region}.jsonl")),
-                    logs / f"client-{front.region}.log", netns=world.node(host).ns_path).start())
+                    str(logs / f"samples-{front.region}.jsonl"), *self.client_ice_args(arch)),
+                    logs / f"client-{front.region}.log", netns=netns).start())
             if sc.faults:
                 injector = FaultInjector(sc.faults, edge, world, self.say)
                 injector.start()
@@ -330,8 +350,8 @@ class ScenarioRunner:
             # The plan only bounds the progress bar and the deadline (a fault run's calls may
             # each call again: 10 s set-up and 1 s wait per attempt, the client's own bounds);
             # what ran is counted from the clients' results, live sessions from the edge. It
-            # counts the client processes started, one per front, not the configured regions.
-            planned = sc.sessions_per_region * len(clients)
+            # counts the fronts that got clients, not the configured regions.
+            planned = (sc.sessions_per_region + sc.chromium_per_region) * len(plan.fronts)
             deadline = (time.monotonic() + planned / sc.start_rate + sc.call_duration_s + 90
                         + 11 * sc.reconnect_attempts * bool(sc.faults))
             while any(c.alive() for c in clients):
@@ -384,6 +404,36 @@ class ScenarioRunner:
                                steering_rows(arch, logs / TIMELINE), attempts, gaps,
                                faults), edge if keep_edge else None
 
+    def client_ice_args(self, arch: str) -> list[str]:
+        """Client options for ``arch``'s ICE servers: under TURN, relay-only through the
+        TURN server the front hands out (both client types)."""
+        return ["--ice-from-signaling"] if arch == TURN else []
+
+    def _browser_clients(self, arch: str, url: str, region: str, logs: Path,
+                         netns: str, n: int, regions: int) -> ServiceProcess:
+        """Client region ``n``'s (of ``regions``) headless Chromium sessions (docs/browser.md),
+        spread over the aiortc sessions' start window and interleaved with the other regions'
+        (a browser session is seconds of CPU: two at once on the 2-core machine make every
+        process on the calls' paths lag), none with the first calls, while the clients'
+        processes start. Their indices follow the aiortc sessions' so every (region,
+        session) names one session. Offer styles alternate, gathered first; with one
+        browser session a region, from region to region instead."""
+        sc = self.scenario
+        window_s = sc.sessions_per_region / sc.start_rate
+        rate = min(sc.chromium_per_region / window_s if window_s > 0 else sc.start_rate,
+                   sc.start_rate)
+        offer = ("alternate" if sc.chromium_per_region > 1
+                 else ("gathered", "immediate")[n % 2])
+        return ServiceProcess(f"browser-{region}", voiceedge_cmd(
+            "browser", "--url", url, "-n", str(sc.chromium_per_region),
+            "--rate", f"{rate:.3f}", "--start-delay", f"{(n + 0.5) / (regions * rate):.3f}",
+            "--duration", str(sc.call_duration_s),
+            "--offer", offer, "--index-base", str(sc.sessions_per_region),
+            "--results", str(logs / f"sessions-{region}{BROWSER_SUFFIX}.jsonl"),
+            "--samples", str(logs / f"samples-{region}{BROWSER_SUFFIX}.jsonl"), "-q",
+            *self.client_ice_args(arch)),
+            logs / f"browser-{region}.log", netns=netns).start()
+
     # ------------------------------------------------------------ results
 
     def floors(self, client: str, cluster: str, arch: str) -> dict[str, float]:
@@ -421,14 +471,19 @@ class ScenarioRunner:
         lag = LagWindows.from_run(logs / TIMELINE, engine)
         upstream = _upstream_gaps(logs / TIMELINE)
         for region in self.client_regions:
-            path = logs / f"sessions-{region}.jsonl"
-            rows = [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+            rows = []
+            for suffix in ("", BROWSER_SUFFIX):
+                path = logs / f"sessions-{region}{suffix}.jsonl"
+                if path.exists():
+                    rows += [json.loads(l) for l in path.read_text().splitlines()]
             for r in rows:
                 first = (r.get("attempts") or [{}])[0]  # the session's figures are its first call's
                 cluster = _cluster_of(first.get("location") or r.get("session_url"))
                 row = {k: r.get(k) for k in SESSION_FIELDS if k in r}
                 row.update(architecture=arch, client_region=region, cluster_region=cluster,
                            session=r.get("index"), loss_bursts=json.dumps(r.get("loss_bursts") or []),
+                           client_type=r.get("client_type") or AIORTC,
+                           turn_transactions=json.dumps(r.get("turn_transactions") or []),
                            connected_unix=first.get("connected_unix"),
                            reconnections=r.get("reconnections", 0))
                 if cluster:
@@ -448,8 +503,10 @@ class ScenarioRunner:
                 for start, ms, attempt in r.get("rx_gaps") or []:
                     gaps.append({**key, "direction": "down", "start_unix": start, "ms": ms,
                                  "attempt": attempt})
-            spath = logs / f"samples-{region}.jsonl"
-            if spath.exists():
+            for spath in (logs / f"samples-{region}.jsonl",
+                          logs / f"samples-{region}{BROWSER_SUFFIX}.jsonl"):
+                if not spath.exists():
+                    continue
                 for line in spath.read_text().splitlines():
                     s = json.loads(line)
                     samples.append({"architecture": arch, "client_region": region,
@@ -660,6 +717,12 @@ def _upstream_gaps(timeline: Path) -> dict[str, list]:
         if str(r.get("source", "")).startswith("transceiver-") and r.get("session"):
             out.setdefault(str(r["session"]), []).append((r.get("start_unix"), r.get("ms")))
     return out
+
+
+def _logged(path: Path, event: str) -> bool:
+    """Whether a service's JSON log (services/logs.py: json.dumps' separators) has a line of
+    ``event``."""
+    return f'"event": "{event}"' in path.read_text(errors="replace")
 
 
 def _count_results(logs: Path) -> tuple[int, int]:

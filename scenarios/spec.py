@@ -10,7 +10,12 @@ from scenarios.faultspec import FaultSpec
 from voiceedge.errors import ConfigError
 
 PORT_PER_SESSION, CLUSTER_RELAY, GLOBAL_RELAY = "port-per-session", "cluster-relay", "global-relay"
-ARCHITECTURES = (PORT_PER_SESSION, CLUSTER_RELAY, GLOBAL_RELAY)
+TURN = "turn"  # clients relay-only through a TURN server in their region; port-per-session servers
+ARCHITECTURES = (PORT_PER_SESSION, CLUSTER_RELAY, GLOBAL_RELAY, TURN)
+# The architectures a scenario runs when its file names none (TURN is asked for by name).
+DEFAULT_ARCHITECTURES = (PORT_PER_SESSION, CLUSTER_RELAY, GLOBAL_RELAY)
+AIORTC, CHROMIUM = "aiortc", "chromium"   # client types
+CLIENT_TYPES = (AIORTC, CHROMIUM)
 BASELINE = PORT_PER_SESSION  # what every other architecture is compared with
 DEFAULT_SCENARIO = Path(__file__).with_name("default.yaml")
 
@@ -23,11 +28,12 @@ class ScenarioError(ConfigError):
 class Scenario:
     name: str
     clusters: tuple[str, ...]
-    sessions_per_region: int = 7
+    sessions_per_region: int = 7      # aiortc sessions per client region
+    chromium_per_region: int = 0      # headless Chromium sessions per client region
     full_clients_per_region: int = 2  # sessions with the full client (docs/client.md); rest light
     call_duration_s: float = 6.0
     start_rate: float = 3.0
-    architectures: tuple[str, ...] = ARCHITECTURES
+    architectures: tuple[str, ...] = DEFAULT_ARCHITECTURES
     last_mile: str = "last_mile_broadband"
     profiles: dict = field(default_factory=dict)
     calibration_count: int = 150
@@ -55,7 +61,7 @@ class Scenario:
         known = {"name", "description", "clusters", "sessions_per_region", "call_duration_s",
                  "start_rate", "architectures", "last_mile", "profiles", "calibration",
                  "min_success_pct", "full_clients_per_region", "transceivers_per_cluster",
-                 "faults", "client"}
+                 "faults", "client", "clients"}
         unknown = set(doc) - known
         if unknown:
             raise ScenarioError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -68,7 +74,7 @@ class Scenario:
 
         clusters = need("clusters", list, lambda v: bool(v) and all(isinstance(c, str) for c in v),
                         "a non-empty list of region names")
-        archs = doc.get("architectures", list(ARCHITECTURES))
+        archs = doc.get("architectures", list(DEFAULT_ARCHITECTURES))
         if not isinstance(archs, list) or not archs or set(archs) - set(ARCHITECTURES):
             raise ScenarioError(f"{path}: architectures: choose from {', '.join(ARCHITECTURES)}")
         calibration = doc.get("calibration", {}) or {}
@@ -79,7 +85,7 @@ class Scenario:
         profiles = doc.get("profiles", {}) or {}
         if not isinstance(profiles, dict):
             raise ScenarioError(f"{path}: profiles: a mapping of profile -> overrides")
-        sessions = need("sessions_per_region", int, lambda v: 1 <= v <= 200, "1..200")
+        sessions, chromium = _client_mix(path, doc)
         full = (need("full_clients_per_region", int, lambda v: 0 <= v <= sessions,
                      f"0..sessions_per_region ({sessions})")
                 if "full_clients_per_region" in doc else min(2, sessions))
@@ -109,7 +115,8 @@ class Scenario:
             name=need("name", str, lambda v: v.replace("-", "").replace("_", "").isalnum(),
                       "letters, digits, - and _ only"),
             clusters=tuple(clusters),
-            sessions_per_region=sessions, full_clients_per_region=full,
+            sessions_per_region=sessions, chromium_per_region=chromium,
+            full_clients_per_region=full,
             call_duration_s=float(need("call_duration_s", (int, float), lambda v: 2 <= v <= 600,
                                        "2..600 s")),
             start_rate=float(need("start_rate", (int, float), lambda v: 0 < v <= 50, "0..50/s")),
@@ -132,3 +139,29 @@ class Scenario:
             except ValueError as exc:
                 raise ScenarioError(f"{path}: faults: {f.name}: {exc}") from None
         return scenario
+
+
+def _client_mix(path: Path, doc: dict) -> tuple[int, int]:
+    """(aiortc, chromium) sessions per client region: ``sessions_per_region`` (aiortc only) or
+    a ``clients`` mix such as ``{aiortc: 20, chromium: 2}``, not both."""
+    if "clients" not in doc:
+        value = doc.get("sessions_per_region")
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 200:
+            raise ScenarioError(f"{path}: sessions_per_region: 1..200 ({value!r})")
+        return value, 0
+    if "sessions_per_region" in doc:
+        raise ScenarioError(f"{path}: give sessions_per_region or clients, not both")
+    mix = doc["clients"]
+    if not isinstance(mix, dict) or not mix or set(mix) - set(CLIENT_TYPES):
+        raise ScenarioError(f"{path}: clients: a mapping of client type to sessions per region, "
+                            f"types {', '.join(CLIENT_TYPES)} ({mix!r})")
+    for kind, n in mix.items():
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 200:
+            raise ScenarioError(f"{path}: clients: {kind}: 0..200 sessions ({n!r})")
+    aiortc, chromium = mix.get(AIORTC, 0), mix.get(CHROMIUM, 0)
+    if aiortc + chromium < 1:
+        raise ScenarioError(f"{path}: clients: at least one session")
+    if chromium > 20:
+        raise ScenarioError(f"{path}: clients: chromium: at most 20 per region (each is a "
+                            f"browser page with its own renderer)")
+    return aiortc, chromium

@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian packages voiceedge needs, only those missing (idempotent, fast when done).
 set -euo pipefail
-packages=(mininet bridge-utils iptables iputils-ping redis-server tcpdump python3-venv python3-dev gcc)
+packages=(mininet bridge-utils iptables iputils-ping redis-server tcpdump coturn python3-venv python3-dev gcc)
+# Usage: install-debian-deps.sh [browsers]
+#   (none)     what every command needs (above)
+#   browsers   Debian's chromium, for browser clients (make browsers; docs/browser.md)
+mode=${1:-base}
+case "$mode" in
+    base) ;;
+    browsers) packages=(chromium) ;;
+    *) echo "usage: $0 [browsers]" >&2; exit 2 ;;
+esac
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -18,5 +27,10 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 # --no-install-recommends: mininet would otherwise pull openvswitch-switch, unused here.
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ "$mode" = browsers ]; then exit 0; fi
 # The package starts a system redis-server on :6379; tests run their own, so keep it from lingering.
 if [ -d /run/systemd/system ]; then systemctl disable --now redis-server >/dev/null 2>&1 || true; fi
+# coturn's package may start (or enable) a system turnserver on :3478; the edge runs its own
+# per client region (services/turn/), so none may linger.
+if [ -d /run/systemd/system ]; then systemctl disable --now coturn >/dev/null 2>&1 || true; fi
+if [ -x /etc/init.d/coturn ]; then /etc/init.d/coturn stop >/dev/null 2>&1 || true; fi

@@ -17,7 +17,8 @@ from voiceedge.errors import EnvironmentProblem
 from tests.conftest import REPO
 from tests.netem_kernel import kernel, netem, no_netem  # noqa: F401 (fixtures)
 
-ALL = tuple(dict.fromkeys(required(None, services=True) + required("netem")))
+ALL = tuple(dict.fromkeys(required(None, services=True, turn=True, browsers=True)
+                          + required("netem")))
 
 
 def fake_path(tmp_path: Path, without: str) -> str:
@@ -34,7 +35,7 @@ def fake_path(tmp_path: Path, without: str) -> str:
 @pytest.mark.parametrize("need", ALL, ids=lambda n: n.program)
 def test_a_missing_program_names_its_package_and_how_to_get_it(tmp_path, need: Requirement):
     with pytest.raises(EnvironmentProblem) as err:
-        check_world_prerequisites(None, services=True, euid=0,
+        check_world_prerequisites(None, services=True, turn=True, browsers=True, euid=0,
                                   path=fake_path(tmp_path, need.program))
     message = str(err.value)
     assert "\n" not in message
@@ -53,6 +54,9 @@ def test_what_is_required_depends_on_the_backend_and_the_services():
     assert "redis-server" in programs(None, services=True)
     # a world without redis-server is fine when no services are asked for
     assert SERVICES[0] not in required("userspace")
+    # coturn and Chromium only for scenarios that ask for them
+    assert not {"turnserver", "chromium"} & programs(None, services=True)
+    assert {"turnserver", "chromium"} <= programs(None, services=True, turn=True, browsers=True)
 
 
 def test_packages_said_to_come_with_make_deps_do():

@@ -204,3 +204,37 @@ def test_min_success_pct_is_checked(tmp_path):
     path.write_text(base + "min_success_pct: 120\n")
     with pytest.raises(ScenarioError, match="min_success_pct"):
         Scenario.load(path)
+
+
+def test_a_client_mix_is_read_and_checked(tmp_path):
+    path = tmp_path / "s.yaml"
+    base = "name: x\nclusters: [na-east]\ncall_duration_s: 3\nstart_rate: 1\n"
+    path.write_text(base + "clients: {aiortc: 5, chromium: 2}\n")
+    mixed = Scenario.load(path)
+    assert (mixed.sessions_per_region, mixed.chromium_per_region) == (5, 2)
+    path.write_text(base + "clients: {chromium: 1}\n")
+    assert (Scenario.load(path).sessions_per_region, Scenario.load(path).chromium_per_region) \
+        == (0, 1)
+    path.write_text(base + "sessions_per_region: 3\n")
+    assert Scenario.load(path).chromium_per_region == 0
+    for mix, message in (("{aiortc: 5, firefox: 1}", "client type"),
+                         ("{aiortc: 0, chromium: 0}", "at least one session"),
+                         ("{chromium: -1}", "chromium: 0..200"),
+                         ("{chromium: 21}", "at most 20"),
+                         ("[aiortc]", "a mapping")):
+        path.write_text(base + f"clients: {mix}\n")
+        with pytest.raises(ScenarioError, match=message):
+            Scenario.load(path)
+    path.write_text(base + "sessions_per_region: 3\nclients: {aiortc: 3}\n")
+    with pytest.raises(ScenarioError, match="not both"):
+        Scenario.load(path)
+
+
+def test_every_shipped_scenario_loads():
+    shipped = {p.name: Scenario.load(p) for p in (REPO / "scenarios").glob("*.yaml")}
+    assert {"default.yaml", "browsers.yaml", "ci.yaml"} <= set(shipped)
+    assert shipped["default.yaml"].chromium_per_region == 0  # the main job runs no browser
+    browsers, default = shipped["browsers.yaml"], shipped["default.yaml"]
+    assert browsers.chromium_per_region >= 1
+    assert (browsers.clusters, browsers.architectures, browsers.sessions_per_region) == (
+        default.clusters, default.architectures, default.sessions_per_region)

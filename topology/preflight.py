@@ -47,15 +47,19 @@ USERSPACE = (Requirement("iptables", "iptables", "the userspace impairment backe
 NETEM_CHECK = (Requirement("tc", "iproute2", "asking the kernel for netem", make_deps=False),)
 SERVICES = (Requirement("redis-server", "redis-server", "the relays' Redis flow cache"),)
 CAPTURE = (Requirement("tcpdump", "tcpdump", "packet captures (--capture)"),)
+TURN = (Requirement("turnserver", "coturn", "the turn architecture's TURN servers"),)
+BROWSERS = (Requirement("chromium", "chromium", "Chromium client sessions; `make browsers` "
+                        "installs it too", make_deps=False),)
 
 
-def required(backend: str | None, services: bool = False,
-             capture: bool = False) -> tuple[Requirement, ...]:
+def required(backend: str | None, services: bool = False, capture: bool = False,
+             turn: bool = False, browsers: bool = False) -> tuple[Requirement, ...]:
     """What a world with ``backend`` (None: detect) needs; ``services``: and a scenario's;
-    ``capture``: and its packet captures."""
+    ``capture``: and its packet captures; ``turn``: coturn; ``browsers``: Chromium."""
     return (WORLD + (USERSPACE if backend != "netem" else ())
             + (NETEM_CHECK if backend != "userspace" else ()) + (SERVICES if services else ())
-            + (CAPTURE if capture else ()))
+            + (CAPTURE if capture else ()) + (TURN if turn else ())
+            + (BROWSERS if browsers else ()))
 
 
 def _check(needs: tuple[Requirement, ...], euid: int | None, path: str | None) -> None:
@@ -76,12 +80,13 @@ def check_programs(*names: str) -> None:
 
 
 def check_world_prerequisites(backend: str | None = None, *, services: bool = False,
-                              capture: bool = False, euid: int | None = None,
-                              path: str | None = None) -> str:
+                              capture: bool = False, turn: bool = False, browsers: bool = False,
+                              euid: int | None = None, path: str | None = None) -> str:
     """Return the impairment backend a world will use (``backend``, or what the kernel supports
     when None) or raise ``EnvironmentProblem`` with one line saying what is missing and how to
-    get it. ``services``: also what a scenario's services need; ``capture``: tcpdump. ``euid`` and ``path`` (a PATH
-    string) replace the process's own, for tests."""
+    get it. ``services``: also what a scenario's services need; ``capture``: tcpdump;
+    ``turn``: coturn; ``browsers``: Chromium. ``euid`` and ``path`` (a PATH string) replace the
+    process's own, for tests."""
     if backend is not None and backend not in BACKENDS:
         raise EnvironmentProblem(f"unknown impairment backend {backend!r} "
                                  f"(choose from {', '.join(BACKENDS)})")
@@ -91,7 +96,7 @@ def check_world_prerequisites(backend: str | None = None, *, services: bool = Fa
             "the Python package mininet is not importable (Debian package mininet, seen through "
             "a virtualenv made with --system-site-packages): `make deps` and `make venv` set "
             "this up, as root")
-    _check(required(backend, services, capture), euid, path)
+    _check(required(backend, services, capture, turn, browsers), euid, path)
     if backend == "userspace":
         return backend
     try:

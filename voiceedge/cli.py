@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     from scenarios import cli as scenario_cli
     from scenarios import demo_edge
     from services.agent import cli as agent_cli
+    from services.browser import cli as browser_cli
     from services.client import cli as client_cli
     from services.relay import cli as relay_cli
     from services.signaling import cli as signaling_cli
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     signaling_cli.add_parser(sub)
     agent_cli.add_parser(sub)
     client_cli.add_parser(sub)
+    browser_cli.add_parser(sub)
     demo_edge.add_parser(sub)
     topology_cli.add_parser(sub)
     worldcli.add_parser(sub)

@@ -66,6 +66,9 @@ def print_tables(archs: list[dict]) -> None:
         show(tables.hops(a), f"{a['architecture']}: one-way delay per hop")
     console.print(f"[dim]{tables.HIDDEN_NOTE}[/dim]")
     show(tables.wire(archs), "what the wire shows")
+    control = tables.turn(archs)
+    if control.rows:
+        show(control, "TURN control transactions at the clients")
     show(tables.cost(archs), "what the captures cost")
     for line in tables.off_hops(archs):
         console.print(f"[red]off:[/red] {line}")

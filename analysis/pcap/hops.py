@@ -10,7 +10,9 @@ time order those sightings are its path, and each pair of consecutive sightings 
   ``bb -> bb`` the backbone. An end host's sighting of a received datagram comes *before* its
   ingress impairment: the last mile down is not on the wire (``pub -> client`` reads about
   0 ms; only the client's own receive time sees it), and the report says so;
-- one host: a relay's processing (received on one side, sent on the other);
+- one host: a relay's processing (received on one side, sent on the other); under the turn
+  architecture, the TURN server's on the edge host (named ``TURN server R``, judged like a
+  relay: it unwraps ChannelData, which classify.py looks through, and sends the datagram on);
 - a STUN check's last sighting before the transceiver and its answer's first: the
   transceiver's turnaround.
 
@@ -19,6 +21,9 @@ Each link is compared with what the configured world implies, with calibration's
 0.5 ms of the configured jitter (links inside a data centre are configured as 0). A relay's
 processing is configured nowhere: it is flagged when its median exceeds 1 ms. The
 transceiver's turnaround is an endpoint's processing time: reported, not judged.
+
+Under TURN the wire also shows the TURN control transactions at the clients (Allocate with its
+401 challenge, CreatePermission, ChannelBind, Refresh): ``WireFacts.turn``.
 """
 from __future__ import annotations
 
@@ -32,8 +37,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from analysis.pcap.classify import (BINDING_REQUEST, BINDING_SUCCESS, DTLS, RTP, STUN,
-                                    classify, stun_type)
+from analysis.pcap.classify import (BINDING_REQUEST, BINDING_SUCCESS, DTLS, REQUEST, RTP, STUN,
+                                    SUCCESS, classify, stun_type, turn_control)
 from analysis.pcap.reader import read_udp
 from topology.calibrate import Expectation, judge_delays, mean_tolerance_ms
 from topology.capture import CAPTURES_FILE, RX_LOG_SUFFIX
@@ -45,9 +50,13 @@ ANALYSIS_FILE = "analysis.json"
 # injected at each wake-up.
 PROCESSING_P50_MS = 1.0
 UP, DOWN = "up", "down"
+TURN_ARCH = "turn"  # scenarios.spec.TURN (the analysis reads results without the runner)
 _LINK_KINDS = {("client", "pub"): "last_mile_up", ("pub", "client"): "last_mile_down",
                ("pub", "pub"): "public", ("bb", "bb"): "backbone"}
 _DTLS_HANDSHAKE = (20, 22)  # ChangeCipherSpec, Handshake
+# Requests that open a client's flow at a relay: an ICE check; at a TURN server, the
+# client's Allocate, CreatePermission and ChannelBind requests
+_OPENING = (BINDING_REQUEST, 0x0003, 0x0008, 0x0009)
 
 
 class Point(NamedTuple):
@@ -115,6 +124,9 @@ class WireFacts:
     relay_forwards_unexpected: int = 0   # for a flow no STUN check had opened at that relay
     unmatched: int = 0                   # datagrams whose repeats could not be paired
     other: int = 0                       # UDP frames that are not a call's
+    # TURN control transactions at the clients (_turn_facts): {"sessions": n,
+    # "transactions": [{method, outcome, count, per_session_p50, retransmitted, rtt_ms_p50}]}
+    turn: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -160,6 +172,7 @@ def analyse_architecture(directory: Path, arch: str, impairments: dict,
     seen: dict[tuple, list[Sighting]] = defaultdict(list)
     facts = WireFacts()
     cutoff = None  # the last frame of a capture stopped at its size cap
+    turn_messages: list[tuple] = []  # TURN control at the clients (_turn_facts)
     for cap in captures["points"]:
         path = directory / cap["file"]
         if not path.exists():
@@ -182,6 +195,12 @@ def analyse_architecture(directory: Path, arch: str, impairments: dict,
                                     sent, iface["peer"]))
             seen[c.key].append(Sighting(d.timestamp_s, p, (d.src_ip, d.src_port),
                                         (d.dst_ip, d.dst_port), c.client))
+            if c.kind == STUN and cap["role"] == "client":
+                control = turn_control(d.payload)
+                if control is not None:
+                    local = (d.src_ip, d.src_port) if sent else (d.dst_ip, d.dst_port)
+                    turn_messages.append((d.timestamp_s, cap["host"], local, sent, c.key[2],
+                                          *control))
         if cap.get("capped_after_s") and last is not None:
             cutoff = last if cutoff is None else min(cutoff, last)
     for path in sorted(directory.glob(f"*{RX_LOG_SUFFIX}")):
@@ -191,9 +210,10 @@ def analyse_architecture(directory: Path, arch: str, impairments: dict,
         # into one hop: every point is read only up to that capture's last frame.
         seen = {k: kept for k, v in seen.items() if (kept := [s for s in v if s.ts <= cutoff])}
     paths = _paths(seen, points, facts)
-    hops = _hop_stats(seen, paths, points, impairments)
+    hops = _hop_stats(seen, paths, points, impairments, arch)
     _client_facts(seen, points, facts)
     _relay_facts(seen, paths, points, facts)
+    _turn_facts(turn_messages, facts, cutoff)
     total_bytes = sum(p.get("bytes", 0) for p in captures["points"])
     cpu = sum(p.get("cpu_s") or 0.0 for p in captures["points"])
     n = sessions or facts.sessions or 1
@@ -293,7 +313,8 @@ def _turnarounds(seen: dict[tuple, list[Sighting]], points: list[Point]
     return out, host_of
 
 
-def _hop_stats(seen, paths, points: list[Point], impairments: dict) -> list[HopStat]:
+def _hop_stats(seen, paths, points: list[Point], impairments: dict,
+               arch: str = "") -> list[HopStat]:
     delays: dict[tuple, list[float]] = defaultdict(list)
     places: dict[tuple, list[int]] = defaultdict(list)
     for key, trip in paths:
@@ -307,7 +328,7 @@ def _hop_stats(seen, paths, points: list[Point], impairments: dict) -> list[HopS
     stats = []
     merged: dict[tuple, dict] = {}
     for (direction, a, b), values in delays.items():
-        label, kind, frm, to, exp, hidden = _name_hop(points[a], points[b], impairments)
+        label, kind, frm, to, exp, hidden = _name_hop(points[a], points[b], impairments, arch)
         m = merged.setdefault((direction, label), {
             "kind": kind, "frm": frm, "to": to, "exp": exp, "hidden": hidden,
             "delays": [], "places": []})
@@ -354,14 +375,15 @@ def _configured(impairments: dict, link: str | None, src: str, dst: str) -> Expe
                        distribution=configured.get("distribution", "normal"))
 
 
-def _name_hop(a: Point, b: Point, impairments: dict):
+def _name_hop(a: Point, b: Point, impairments: dict, arch: str = ""):
     """(label, kind, from host, to host, Expectation on the wire, configured ms hidden)."""
     if b.role == "app":  # the client's receive time: after its last mile down
         exp = _configured(impairments, "last_mile_down", b.region, b.region)
         return (f"last mile down {b.region} (client app)", "last_mile_down_app", a.host, b.host,
                 exp, 0.0)
     if a.host == b.host:
-        tier = "ingress relay" if a.role == "edge" else "cluster relay"
+        tier = ("cluster relay" if a.role != "edge" else
+                "TURN server" if arch == TURN_ARCH else "ingress relay")
         return f"{tier} {a.region}", "relay", a.host, b.host, Expectation(0.0, 0.0), 0.0
     link = _LINK_KINDS.get((a.role, b.role))
     exp = _configured(impairments, link, a.region, b.region)
@@ -441,11 +463,12 @@ def _relay_facts(seen: dict[tuple, list[Sighting]], paths, points: list[Point],
                  facts: WireFacts) -> None:
     """Datagrams a relay forwarded (seen entering and leaving its host), and those of a flow
     no STUN check had opened there first (a check that reached the relay's host, whether or
-    not every copy of it could be followed)."""
+    not every copy of it could be followed; at a TURN server, also the client's Allocate,
+    CreatePermission or ChannelBind request)."""
     relays = ("edge", "cluster")
     opened: dict[tuple, float] = {}  # (relay host, client) -> first check received there
     for key, sightings in seen.items():
-        if key[0] != STUN or stun_type(key) != BINDING_REQUEST:
+        if key[0] != STUN or stun_type(key) not in _OPENING:
             continue
         for s in sightings:
             p = points[s.point]
@@ -464,6 +487,41 @@ def _relay_facts(seen: dict[tuple, list[Sighting]], paths, points: list[Point],
             since = opened.get((relay.host, client))
             if since is None or since > a.ts:
                 facts.relay_forwards_unexpected += 1
+
+
+def _turn_facts(messages: list[tuple], facts: WireFacts, cutoff: float | None) -> None:
+    """TURN's own transactions as the clients' capture points saw them: per method and
+    outcome (``success``, the error code, ``no answer``), how many, per session (a client
+    flow that sent an Allocate), resent, and the wire round trip of those sent once (first
+    request to first answer; like every RTT at the client, it misses the last mile down)."""
+    if cutoff is not None:
+        messages = [m for m in messages if m[0] <= cutoff]
+    if not messages:
+        return
+    asked: dict[bytes, list] = {}    # txid -> [first sent, sends, method, flow]
+    answered: dict[bytes, tuple[float, str]] = {}
+    for ts, host, local, sent, txid, method, klass, code in sorted(messages):
+        if sent and klass == REQUEST:
+            entry = asked.setdefault(txid, [ts, 0, method, (host, local)])
+            entry[1] += 1
+        elif not sent and klass != REQUEST and txid not in answered:
+            answered[txid] = (ts, "success" if klass == SUCCESS else str(code or "error"))
+    groups: dict[tuple[str, str], list] = {}
+    flows = {e[3] for e in asked.values() if e[2] == "Allocate"}
+    for txid, (first, sends, method, flow) in sorted(asked.items(), key=lambda i: i[1][0]):
+        at, outcome = answered.get(txid, (None, "no answer"))
+        g = groups.setdefault((method, outcome), {"count": 0, "resent": 0, "rtts": [],
+                                                  "per_flow": Counter()})
+        g["count"] += 1
+        g["resent"] += sends > 1
+        g["per_flow"][flow] += 1
+        if at is not None and sends == 1:
+            g["rtts"].append((at - first) * 1000.0)
+    facts.turn = {"sessions": len(flows), "transactions": [
+        {"method": method, "outcome": outcome, "count": g["count"],
+         "per_session_p50": _median([g["per_flow"][f] for f in flows]) if flows else None,
+         "retransmitted": g["resent"], "rtt_ms_p50": _median(g["rtts"])}
+        for (method, outcome), g in groups.items()]}
 
 
 def _median(values: list[float]) -> float | None:

@@ -64,6 +64,25 @@ def wire(archs: list[dict]) -> Table:
     return t
 
 
+def turn(archs: list[dict]) -> Table:
+    """TURN's own transactions seen at the clients (architectures that had any)."""
+    t = Table(["architecture", "sessions", "TURN request", "answer", "count", "per session p50",
+               "resent", "wire RTT p50 ms"],
+              note="At the clients' capture points: each TURN request (RFC 8656) by its "
+                   "answer. An Allocate is first refused 401 (the long-term credential "
+                   "challenge: realm and nonce), then sent again with the credential. RTT "
+                   "from the first request to the first answer, over requests sent once; it "
+                   "misses the last mile down (after the capture).")
+    for a in archs:
+        facts = a["wire"].get("turn") or {}
+        for x in facts.get("transactions", ()):
+            t.rows.append([a["architecture"], str(facts["sessions"]), x["method"], x["outcome"],
+                           str(x["count"]),
+                           "-" if x["per_session_p50"] is None else f"{x['per_session_p50']:g}",
+                           str(x["retransmitted"]), _ms(x["rtt_ms_p50"])])
+    return t
+
+
 def cost(archs: list[dict]) -> Table:
     t = Table(["architecture", "capture points", "captured MB", "KB per session",
                "tcpdump CPU ms per session", "kernel drops", "capped at", "analysis ms per "

@@ -50,18 +50,30 @@ def add_parser(sub) -> None:
                    help="STUN/TURN server, e.g. turn:10.0.0.1:3478 (repeatable; default none)")
     p.add_argument("--ice-username", help="username for the TURN servers")
     p.add_argument("--ice-credential", help="credential for the TURN servers")
+    p.add_argument("--ice-relay-only", action="store_true",
+                   help="relay candidates only (RTCIceTransportPolicy relay): every datagram "
+                        "through the TURN server")
+    p.add_argument("--ice-from-signaling", action="store_true",
+                   help="before each session, GET the ICE servers and policy from the front "
+                        "(/v1/ice-servers on --url's origin: TURN credentials under the turn "
+                        "architecture) instead of --ice-server")
     p.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
                    help="extra HTTP header for POST and DELETE (repeatable)")
-    p.add_argument("--results", metavar="FILE", help="append one JSON line per session")
-    p.add_argument("--samples", metavar="FILE", help="append per-second media samples (JSON lines)")
     p.add_argument("--rx-log", metavar="FILE",
                    help="append each session's received RTP packets (SSRC, sequence number, "
                         "arrival time), one JSON line per session")
+    add_output_args(p)
+    p.set_defaults(func=run, service="client")  # JSON logs: services/logs.py
+
+
+def add_output_args(p) -> None:
+    """--results, --samples, -q and --json: what every client command writes and prints."""
+    p.add_argument("--results", metavar="FILE", help="append one JSON line per session")
+    p.add_argument("--samples", metavar="FILE", help="append per-second media samples (JSON lines)")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no log line per session on stderr (start and end are still logged)")
     p.add_argument("--json", action="store_true",
                    help="print the summary as JSON on stdout (logs stay on stderr)")
-    p.set_defaults(func=run, service="client")  # JSON logs: services/logs.py
 
 
 def config_from_args(args: argparse.Namespace) -> ClientConfig:
@@ -77,9 +89,16 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
             raise UserError(f"--header {h!r} is not 'NAME: VALUE'")
         headers[name.strip()] = value.strip()
     servers = tuple(IceServer(u, args.ice_username, args.ice_credential) for u in args.ice_server)
+    if args.ice_relay_only and not (servers or args.ice_from_signaling):
+        raise UserError("--ice-relay-only needs a TURN server: --ice-server or "
+                        "--ice-from-signaling")
+    if args.ice_from_signaling and servers:
+        raise UserError("give --ice-server or --ice-from-signaling, not both")
     try:
         return ClientConfig(url=args.url, duration_s=args.duration, start_rate=args.rate,
                             concurrency=args.concurrency, ice_servers=servers,
+                            ice_transport_policy="relay" if args.ice_relay_only else "all",
+                            ice_from_signaling=args.ice_from_signaling,
                             setup_timeout_s=args.setup_timeout,
                             signaling_timeout_s=args.signaling_timeout, headers=headers,
                             full_sessions=args.full_clients,
@@ -102,7 +121,7 @@ def log_result(r: SessionResult) -> None:
               reconnections=r.reconnections, rx_gaps=len(r.rx_gaps) + r.rx_gaps_unlisted)
 
 
-SUMMARY_METRICS = ("signaling_ms", "first_ice_rtt_ms", "ice_connected_ms", "setup_ms",
+SUMMARY_METRICS = ("gathered_ms", "signaling_ms", "first_ice_rtt_ms", "ice_connected_ms", "setup_ms",
                    "first_audio_ms", "rtt_ms", "consent_rtt_ms", "jitter_ms", "loss_pct")
 
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 FULL, LIGHT = "full", "light"   # client kinds: docs/client.md (Two kinds of client)
 KINDS = (FULL, LIGHT)
+ICE_POLICIES = ("all", "relay")  # RTCIceTransportPolicy: every candidate, or TURN relays only
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,11 @@ class ClientConfig:
     start_rate: float = 10.0              # sessions started per second (run_sessions)
     concurrency: int | None = None        # at most this many sessions at once; None: no limit
     ice_servers: tuple[IceServer, ...] = ()
+    ice_transport_policy: str = "all"     # "relay": relay candidates only (TURN)
+    # Fetch the ICE servers and policy from the front before each session (GET
+    # /v1/ice-servers on the URL's origin) instead of ice_servers; "relay" above still forces
+    # relay-only whatever the front says.
+    ice_from_signaling: bool = False
     setup_timeout_s: float = 10.0         # session start -> DTLS connected, else "setup timeout"
     signaling_timeout_s: float = 5.0      # the offer POST alone
     teardown_timeout_s: float = 5.0       # each of DELETE and peer-connection close
@@ -66,6 +72,10 @@ class ClientConfig:
             raise ValueError("reconnect_attempts must be an integer, at least 0")
         if not self.reconnect_backoff_s or any(not b >= 0 for b in self.reconnect_backoff_s):
             raise ValueError("reconnect_backoff_s must be one or more waits of 0 s or more")
+        if self.ice_transport_policy not in ICE_POLICIES:
+            raise ValueError(f"ice_transport_policy must be one of {', '.join(ICE_POLICIES)}")
+        if self.ice_from_signaling and self.ice_servers:
+            raise ValueError("ICE servers come from signaling or from ice_servers, not both")
         if not 0 < self.echo_min_voiced_pct <= 100:
             raise ValueError("echo_min_voiced_pct must be in (0, 100]")
 

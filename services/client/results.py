@@ -40,14 +40,21 @@ class SessionResult:
     error: str | None = None
     stage: str = "setup"                  # where it ended: setup, signaling, connect, call, done
     client: str = "full"                  # full (decodes, RMS echo) or light (RTP headers only)
+    client_type: str = "aiortc"           # which WebRTC stack: aiortc or chromium
+    offer_style: str = "gathered"         # offer sent after ICE gathering, or "immediate"
 
     # timeline
+    gathered_ms: float | None = None      # ICE gathering complete (TURN: allocation included)
     offer_ms: float | None = None         # offer POST sent (after ICE gathering)
+    ice_checking_ms: float | None = None  # ICE state "checking" (browser clients)
     signaling_ms: float | None = None     # POST sent -> answer received (duration)
     ice_connected_ms: float | None = None
     setup_ms: float | None = None         # DTLS connected
     first_audio_ms: float | None = None   # first RTP packet from the server
     first_ice_rtt_ms: float | None = None
+    # TURN requests of the first attempt: [method, sent_ms, rtt_ms or None, outcome] each
+    # (Allocate, CreatePermission, ChannelBind, Refresh), on the session's timeline
+    turn_transactions: list[list] = field(default_factory=list)
     datachannel_open_ms: float | None = None
 
     # media, at the end of the call

@@ -10,6 +10,12 @@ times in all, while the old connection is DELETEd and closed in the background. 
 keeps its end (first DTLS-connected moment + ``duration_s``). A failed first setup is not
 retried. Each connection is an attempt (``_Connection``); docs/client.md has the rules.
 
+ICE servers: the configured ones, or with ``ice_from_signaling`` the front's (``GET
+/v1/ice-servers``, fetched before the session's clock starts: ``iceservers.py``); relay-only
+when either says so. Each attempt's TURN requests are timed (``turnlog.py``); the first
+attempt's go to ``SessionResult.turn_transactions``, and ``gathered_ms`` marks the end of its
+ICE gathering (under TURN: the allocation).
+
 Lifecycle (``CallSession.run``): everything the session starts (its peer connections, the audio
 consumers, the sampler, the background teardowns, its HTTP client) is stopped and awaited
 before ``run`` returns, whatever happened, also when it is cancelled; expected failures become
@@ -27,15 +33,18 @@ import numpy as np
 from aiortc import (RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCRtpSender,
                     RTCSessionDescription)
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from aiortc.rtcconfiguration import RTCBundlePolicy
+from aiortc.rtcconfiguration import RTCBundlePolicy, RTCIceTransportPolicy
 
 from services.client.config import FULL, KINDS, LIGHT, ClientConfig
 from services.client.gaps import GapTracker
+from services.client.iceservers import RELAY, IceServersError, IceSettings
+from services.client.iceservers import fetch as fetch_ice_servers
 from services.client.light import receive_without_decoding
 from services.client.probes import RtpProbe, StunProbe
 from services.client.results import MediaSample, SessionResult
 from services.client.signaling import SignalingError, delete_session, post_offer
 from services.client.tone import PreEncodedOpusTrack, opus_tone
+from services.client.turnlog import TurnLog, recording
 from services.client.voiced import VoicedCount
 
 log = logging.getLogger(__name__)
@@ -72,6 +81,7 @@ class _Connection:
         self.http_status: int | None = None
         self.rtp = RtpProbe(voiced, gaps, record_arrivals)
         self.stun = StunProbe()
+        self.turn = TurnLog()                # its TURN requests (services/client/turnlog.py)
         self.ice_connected_at: float | None = None
         self.connected_at: float | None = None   # DTLS connected (monotonic)
         self.failure: str | None = None
@@ -112,6 +122,7 @@ class CallSession:
         self._gaps = GapTracker()
         self._conns: list[_Connection] = []
         self._conn: _Connection | None = None      # the current attempt
+        self._ice = IceSettings(config.ice_servers, config.ice_transport_policy)
         self._retiring: set[asyncio.Task] = set()  # teardowns of failed attempts
         self._sampler: asyncio.Task | None = None
         self._audio_seen = 0       # samples per channel received
@@ -130,10 +141,13 @@ class CallSession:
         if self._t0:
             raise RuntimeError("a CallSession runs once")
         r = self.result
+        ice_error = await self._fetch_ice_servers()  # before the session's clock starts
         r.started_unix = time.time()
         self._t0 = time.monotonic()
         http = self._http or aiohttp.ClientSession()
         try:
+            if ice_error:
+                raise SessionError(ice_error)
             first = self._new_connection("first")
             try:
                 async with asyncio.timeout(self.config.setup_timeout_s):
@@ -163,10 +177,28 @@ class CallSession:
                 if self._http is None:
                     await http.close()
                 r.ended_unix = time.time()
+                if self._conns:
+                    r.turn_transactions = self._conns[0].turn.rows(self._t0)
                 offset = self._gaps.unix_offset
                 r.rx_arrivals = [[ssrc, seq, round(at + offset, 6)] for c in self._conns
                                  for ssrc, seq, at in c.rtp.arrivals or ()]
         return r
+
+    async def _fetch_ice_servers(self) -> str | None:
+        """With ``ice_from_signaling``, the front's ICE servers and policy for this session
+        (relay-only stays forced by ``ice_transport_policy``); the error line if it failed.
+        Like a browser page that fetched them before creating its peer connection, this is
+        before the session's timeline starts (docs/turn.md)."""
+        cfg = self.config
+        if not cfg.ice_from_signaling:
+            return None
+        try:
+            got = await fetch_ice_servers(cfg.url, cfg.signaling_timeout_s, cfg.headers)
+        except IceServersError as exc:
+            return str(exc)
+        policy = RELAY if cfg.ice_transport_policy == RELAY else got.policy
+        self._ice = IceSettings(got.servers, policy)
+        return None
 
     def _retry_setup(self, conn: _Connection, http: aiohttp.ClientSession, reason: str) -> bool:
         """With ``retry_setup``: a first setup the edge answered (201) but whose media never
@@ -198,14 +230,22 @@ class CallSession:
     async def _connect(self, conn: _Connection, http: aiohttp.ClientSession) -> None:
         """Build ``conn``'s peer connection, offer, answer, until DTLS is connected. The first
         attempt's timeline is the session's."""
+        with recording(conn.turn):  # its TURN client's requests, timed (turnlog.py)
+            await self._connect_recorded(conn, http)
+
+    async def _connect_recorded(self, conn: _Connection, http: aiohttp.ClientSession) -> None:
         cfg, r = self.config, self.result
         first = conn.number == 0
         servers = [RTCIceServer(urls=s.urls, username=s.username, credential=s.credential)
-                   for s in cfg.ice_servers]
+                   for s in self._ice.servers]
+        policy = (RTCIceTransportPolicy.RELAY if self._ice.policy == RELAY
+                  else RTCIceTransportPolicy.ALL)
         # MAX_BUNDLE: audio and data channel share one ICE transport from the start (one socket
-        # per host address, one set of candidates in the offer).
+        # per host address, one set of candidates in the offer). Relay-only: one TURN
+        # allocation, no host candidates.
         pc = conn.pc = RTCPeerConnection(RTCConfiguration(
-            iceServers=servers, bundlePolicy=RTCBundlePolicy.MAX_BUNDLE))
+            iceServers=servers, iceTransportPolicy=policy,
+            bundlePolicy=RTCBundlePolicy.MAX_BUNDLE))
         pc.on("iceconnectionstatechange", lambda: self._on_ice_state(conn))
         pc.on("connectionstatechange", lambda: self._on_connection_state(conn))
         pc.on("track", lambda track: self._on_track(conn, track))
@@ -224,6 +264,8 @@ class CallSession:
         channel.on("message", lambda message: self._on_channel_message(conn, message))
 
         await pc.setLocalDescription(await pc.createOffer())  # gathers all candidates
+        if first:
+            r.gathered_ms = self._ms()
         conn.stun.attach(transceiver.receiver.transport.transport._connection)
 
         sent = time.monotonic()

@@ -39,6 +39,16 @@ def add_parser(sub) -> None:
                    help="... in N probe rounds in a row (default 3)")
     g.add_argument("--steer-window", type=int, default=5, metavar="N",
                    help="RTT samples per cluster, smoothed by their median (default 5)")
+    g = p.add_argument_group("TURN credentials on GET /v1/ice-servers "
+                             "(services/signaling/iceservers.py)")
+    g.add_argument("--turn-url", action="append", default=[], metavar="URL",
+                   help="a TURN server clients must relay through, e.g. "
+                        "turn:10.1.2.2:3478?transport=udp (repeatable); without it the "
+                        "endpoint answers no ICE servers and policy all")
+    g.add_argument("--turn-secret-file", metavar="FILE",
+                   help="the secret shared with the TURN servers (TURN REST API scheme)")
+    g.add_argument("--turn-ttl", type=int, default=None, metavar="S",
+                   help="seconds each credential is valid (default 3600)")
     g = p.add_argument_group("request limits (services/signaling/limits.py): 4xx beyond")
     g.add_argument("--max-body", type=int, default=64 * 1024, metavar="BYTES",
                    help="largest offer, 1024-65536 (default 65536; 413)")
@@ -111,6 +121,26 @@ def _limits(args: argparse.Namespace):
         raise ConfigError(text.replace(name, flags.get(name, name), 1)) from None
 
 
+def _turn(args: argparse.Namespace):
+    from services.signaling.iceservers import TurnHandout
+    from services.turn.credentials import DEFAULT_TTL_S, read_secret
+
+    if not args.turn_url:
+        if args.turn_secret_file or args.turn_ttl is not None:
+            raise ConfigError("--turn-secret-file and --turn-ttl go with --turn-url")
+        return None
+    if not args.turn_secret_file:
+        raise ConfigError("--turn-url needs --turn-secret-file")
+    try:
+        read_secret(args.turn_secret_file)
+        return TurnHandout(tuple(args.turn_url), args.turn_secret_file,
+                           DEFAULT_TTL_S if args.turn_ttl is None else args.turn_ttl)
+    except OSError as exc:
+        raise ConfigError(f"--turn-secret-file: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"--turn-*: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from services.signaling.pool import SPARE
     from services.signaling.server import SignalingConfig, SignalingServer
@@ -122,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--warm-connections must be 0 or more")
         steering = _steering(args)
         limits = _limits(args)
+        turn = _turn(args)
         if args.clusters:
             clusters = _load_clusters(args.clusters)
         elif args.transceiver:
@@ -132,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             raise ConfigError("give --transceiver URL (repeatable) or --clusters FILE")
         config = SignalingConfig(clusters=clusters, listen=listen, warm_connections=warm,
-                                 region=args.region, steering=steering, limits=limits)
+                                 region=args.region, steering=steering, limits=limits,
+                                 turn=turn)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
 

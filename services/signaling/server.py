@@ -22,6 +22,10 @@
   transceiver's position in this front's list (0-based, clusters in configuration order), and
   the transceiver's session id (``[A-Za-z0-9_-]``, 16 characters). ``DELETE`` of a
   well-formed id the transceiver does not know is ``404``, like a malformed one.
+- ``GET /v1/ice-servers``: the ICE servers and policy clients should use (TURN credentials
+  under the ``turn`` architecture; services/signaling/iceservers.py).
+- ``GET /call`` (and ``/call.js``): the browser client's page, same origin as ``/v1/calls``
+  (services/browser/page.py, docs/browser.md).
 - ``GET /healthz``: ``200`` with the transceivers as last probed while at least one answered
   its ``/status``; ``503`` with the same body and a ``reason`` when none did.
 - ``GET /metrics``: Prometheus text: calls created, refused (by status), offers rejected
@@ -51,7 +55,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from services import introspect
+from services.browser.page import page_routes
 from services.logs import log_event
+from services.signaling.iceservers import PATH as ICE_SERVERS_PATH
+from services.signaling.iceservers import IceServers, TurnHandout
 from services.signaling.limits import (REASONS, BadRequestLog, LogBudget, Refused, RequestLimits,
                                       read_offer)
 from services.signaling.pool import SPARE, ControlPool
@@ -86,6 +93,7 @@ class SignalingConfig:
     region: str = ""               # this front's region, for the logs
     steering: SteeringConfig = field(default_factory=SteeringConfig)
     limits: RequestLimits = field(default_factory=RequestLimits)
+    turn: TurnHandout | None = None  # GET /v1/ice-servers hands out TURN credentials
 
     @classmethod
     def single(cls, transceivers: tuple[str, ...], listen=("127.0.0.1", 8080),
@@ -136,6 +144,7 @@ class SignalingServer:
         self._refusal_log = LogBudget()
         self.steering = Steering({c.name: c.rtt_ms for c in config.clusters if c.transceivers},
                                  config.steering)
+        self.ice_servers = IceServers(config.turn, config.region)
         self._process_query = (False, False)  # /metrics?gc=1&trim=1 (services/introspect.py)
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(_Collector(self))
@@ -170,7 +179,10 @@ class SignalingServer:
         app.router.add_delete("/v1/calls/{call}", self._delete_call)
         app.router.add_route("OPTIONS", "/v1/calls", _preflight)
         app.router.add_route("OPTIONS", "/v1/calls/{call}", _preflight)
+        app.router.add_get(ICE_SERVERS_PATH, self.ice_servers.handle)
+        app.router.add_route("OPTIONS", ICE_SERVERS_PATH, _preflight)
         app.router.add_get("/healthz", self._healthz)
+        app.add_routes(page_routes())  # GET /call: the browser client's page (docs/browser.md)
         app.router.add_get("/metrics", self._metrics)
         # The keep-alive timer also runs while a request's headers arrive: it bounds slow
         # headers as well as idle connections.
@@ -523,5 +535,5 @@ async def _cors(request: web.Request, handler):
 
 async def _preflight(request: web.Request) -> web.Response:
     return web.Response(status=204, headers={
-        "Access-Control-Allow-Methods": "POST, DELETE, OPTIONS",
+        "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
         "Access-Control-Allow-Headers": "Content-Type, Authorization"})

@@ -1,0 +1,131 @@
+"""Every TURN request of one connection, timed: method, first transmission, response, outcome.
+
+aioice sends its TURN requests (Allocate, Refresh, ChannelBind; CreatePermission is not used:
+a channel binding installs the permission too) through ``TurnClientMixin.request`` of a TURN
+client protocol that it creates itself while candidates are gathered, so no instance exists
+before the first Allocate. ``install()`` wraps that class method once per process; the wrapper
+is inert (it calls the original and nothing else) unless a ``TurnLog`` is active in the
+context of the call (``with recording(log):``; asyncio tasks started inside inherit it). The
+first request through a TURN client in such a context binds the client to that log for good
+(its refreshes and its final Refresh at close are then logged whatever context they run in)
+and shadows its ``datagram_received`` on that one instance, so the response's arrival is
+timed when the datagram arrives, not when the awaiting task next runs, as
+services/client/probes.py does for ICE checks. Requests, responses and retries are aioice's
+own: nothing is changed.
+
+An Allocate answered 401 (the long-term credential challenge: realm and nonce) and sent again
+with credentials counts as two requests, outcomes ``401`` and ``ok``. Pinned to aioice 0.13.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aioice import stun, turn
+
+METHODS = {stun.Method.ALLOCATE: "Allocate", stun.Method.REFRESH: "Refresh",
+           stun.Method.CREATE_PERMISSION: "CreatePermission",
+           stun.Method.CHANNEL_BIND: "ChannelBind"}
+OK, TIMEOUT = "ok", "timeout"
+_BOUND = "_voiceedge_turn_log"   # the TurnLog a TURN client instance reports to
+
+_ACTIVE: contextvars.ContextVar["TurnLog | None"] = contextvars.ContextVar(
+    "voiceedge_turn_log", default=None)
+
+
+@dataclass
+class TurnRequest:
+    method: str
+    sent_at: float                   # first transmission (monotonic)
+    answered_at: float | None = None  # the response's arrival
+    outcome: str | None = None       # ok, an error code ("401"), timeout; None: pending
+
+    @property
+    def rtt_ms(self) -> float | None:
+        if self.answered_at is None:
+            return None
+        return (self.answered_at - self.sent_at) * 1000.0
+
+
+class TurnLog:
+    """The TURN requests of one connection (one attempt of a session)."""
+
+    def __init__(self) -> None:
+        self.requests: list[TurnRequest] = []
+        self._pending: dict[bytes, TurnRequest] = {}
+
+    def rows(self, t0: float) -> list[list]:
+        """``[method, sent_ms, rtt_ms or None, outcome]`` per request, ms on the timeline
+        that starts at ``t0`` (monotonic)."""
+        return [[r.method, round((r.sent_at - t0) * 1000.0, 3),
+                 None if r.rtt_ms is None else round(r.rtt_ms, 3), r.outcome]
+                for r in self.requests]
+
+    def _bind(self, client: Any) -> None:
+        setattr(client, _BOUND, self)
+        received = client.datagram_received
+        pending = self._pending
+
+        def datagram_received(data: bytes, addr: Any) -> None:
+            if pending and len(data) >= 20 and not data[0] & 0xC0:  # STUN, not ChannelData
+                entry = pending.get(bytes(data[8:20]))
+                if entry is not None and entry.answered_at is None:
+                    entry.answered_at = time.monotonic()
+            received(data, addr)
+
+        client.datagram_received = datagram_received
+
+    async def _timed(self, original, client: Any, request: stun.Message):
+        entry = TurnRequest(METHODS.get(request.message_method, str(request.message_method)),
+                            time.monotonic())
+        self.requests.append(entry)
+        self._pending[request.transaction_id] = entry
+        try:
+            result = await original(client, request)
+            entry.outcome = OK
+            return result
+        except stun.TransactionFailed as exc:
+            entry.outcome = str(exc.response.error_code or "error")
+            raise
+        except stun.TransactionTimeout:
+            entry.outcome = TIMEOUT
+            raise
+        finally:
+            self._pending.pop(request.transaction_id, None)
+            if entry.outcome == OK and entry.answered_at is None:  # not seen arriving
+                entry.answered_at = time.monotonic()
+
+
+@contextlib.contextmanager
+def recording(log: TurnLog):
+    """TURN clients created inside the block (and in tasks started there) report to ``log``."""
+    install()
+    token = _ACTIVE.set(log)
+    try:
+        yield log
+    finally:
+        _ACTIVE.reset(token)
+
+
+def install() -> None:
+    """Wrap ``TurnClientMixin.request`` once (idempotent)."""
+    original = turn.TurnClientMixin.request
+    if getattr(original, "_voiceedge_timed", False):
+        return
+
+    @functools.wraps(original)
+    async def request(self, request: stun.Message):
+        log = getattr(self, _BOUND, None)
+        if log is None:
+            log = _ACTIVE.get()
+            if log is None:
+                return await original(self, request)
+            log._bind(self)
+        return await log._timed(original, self, request)
+
+    request._voiceedge_timed = True
+    turn.TurnClientMixin.request = request
