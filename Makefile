@@ -17,6 +17,7 @@ help:
 	@echo "make bench-relay            benchmark the relay's forwarding cost and added latency"
 	@echo "make bench-hostile          hostile input against a live edge (fuzz, flood, signaling, hygiene)"
 	@echo "make browsers               install Debian's chromium, for browser clients (docs/browser.md)"
+	@echo "make compose-test           the edge on docker-compose, end to end (docs/deployment.md)"
 
 deps:
 	@scripts/install-debian-deps.sh
@@ -57,3 +58,9 @@ bench-hostile: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+
+# The edge on docker-compose, end to end, with its own dockerd in a network namespace
+# (docs/deployment.md, "docker-compose"). Not part of `make test`.
+.PHONY: compose-test
+compose-test: venv
+	@scripts/compose-test
