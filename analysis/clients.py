@@ -44,10 +44,20 @@ def measured(group: pd.DataFrame) -> pd.DataFrame:
     return group[group.ok & ~saturated]
 
 
+def groups(results: Results):
+    """(architecture, client type, offer style, sessions, ok ones, measured ones) per group,
+    in the run's architecture order: what the table and summary.json both report."""
+    frame = tagged(results.sessions)
+    order = {a: i for i, a in enumerate(results.architectures)}
+    grouped = frame.groupby(["architecture", "client_type", "offer_style"], sort=False)
+    for (arch, client, offer), group in sorted(
+            grouped, key=lambda g: (order.get(g[0][0], len(order)), g[0][1], g[0][2])):
+        yield str(arch), client, offer, group, group[group.ok], measured(group)
+
+
 def timeline(results: Results) -> Table:
     """Per architecture, client type and offer style: sessions ok (saturated among them) and
     the median of every moment of the setup timeline over the ok, unsaturated sessions."""
-    frame = tagged(results.sessions)
     table = Table(["architecture", "client", "offer", "sessions ok (saturated)"]
                   + [f"{label} p50 (ms)" for _, label in TIMELINE],
                   note="Medians over each group's successful sessions that were not measured "
@@ -58,12 +68,8 @@ def timeline(results: Results) -> Table:
                        "first check (a peer-reflexive candidate). The browser's own process "
                        "is not watched for lag: its figures include what the machine's load "
                        "does to it (docs/browser.md).")
-    order = {a: i for i, a in enumerate(results.architectures)}
-    groups = frame.groupby(["architecture", "client_type", "offer_style"], sort=False)
-    for (arch, client, offer), group in sorted(
-            groups, key=lambda g: (order.get(g[0][0], len(order)), g[0][1], g[0][2])):
-        ok, used = group[group.ok], measured(group)
-        table.rows.append([str(arch), client, offer,
+    for arch, client, offer, group, ok, used in groups(results):
+        table.rows.append([arch, client, offer,
                            f"{len(ok)}/{len(group)} ({len(ok) - len(used)})"]
                           + [fmt(percentile(used[column].dropna(), 50))
                              for column, _ in TIMELINE])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.clients import TIMELINE, measured, tagged
+from analysis.clients import TIMELINE, groups
 from analysis.faults import fault_rows, write_faults_csv
 from analysis.jsonout import dumps, plain
 from analysis.load import Results, load_results
@@ -131,14 +131,11 @@ def client_types(results: Results) -> dict:
     """Per architecture, client type and offer style: sessions, ok, saturated (of the ok) and
     the setup timeline's medians over the ok, unsaturated sessions (analysis/clients.py)."""
     out: dict = {}
-    frame = tagged(results.sessions)
-    for (arch, client, offer), group in frame.groupby(
-            ["architecture", "client_type", "offer_style"], sort=False):
-        ok, used = group[group.ok], measured(group)
+    for arch, client, offer, group, ok, used in groups(results):
         entry = {"sessions": len(group), "ok": len(ok), "saturated": len(ok) - len(used)}
         entry.update({f"{column}_p50": percentile(used[column], 50, _DIGITS)
                       for column, _ in TIMELINE})
-        out.setdefault(str(arch), {}).setdefault(client, {})[offer] = entry
+        out.setdefault(arch, {}).setdefault(client, {})[offer] = entry
     return out
 
 

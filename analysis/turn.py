@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 
 import pandas as pd
 
+from analysis.clients import measured, tagged
 from analysis.load import Results
 from analysis.stats import percentile
 from analysis.tables import Table, count, fmt
@@ -105,14 +106,11 @@ def overhead(results: Results) -> Table:
                        "allocation's deletion at the end of the call). Ports: turn = the TURN "
                        "servers' listening port and a relay port per allocation, plus the "
                        "transceivers' port per session.")
-    frame = results.sessions
+    frame = tagged(results.sessions)
     for arch in results.architectures:
-        group = frame[(frame.architecture == arch) & frame.ok & ~frame.saturated]
+        group = measured(frame[frame.architecture == arch])
         row = [arch, str(len(group))]
-        for column, _ in TIMELINE:
-            values = pd.to_numeric(group[column], errors="coerce").dropna() \
-                if column in group else []
-            row.append(fmt(percentile(list(values), 50)) if len(values) else "-")
+        row += [fmt(percentile(group[column], 50)) for column, _ in TIMELINE]
         row += list(_turn_cells(group)) if arch == TURN else ["-", "-"]
         row.append(_ports(results, arch))
         table.rows.append(row)

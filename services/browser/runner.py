@@ -15,7 +15,6 @@ closed first, after the last call: closing a renderer costs CPU too).
 from __future__ import annotations
 
 import asyncio
-import json
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from services.browser.config import BrowserConfig
 from services.browser.session import PreparedSession
 from services.browser.usage import Usage, measure
 from services.browser.view import BrowserExtras
-from services.client.results import SessionResult
+from services.client.results import JsonLines, SessionResult
 
 USAGE_INTERVAL_S = 1.0
 
@@ -43,29 +42,6 @@ class BrowserRun:
     version: str | None = None
     launch_ms: float | None = None
     usage: dict = field(default_factory=dict)  # cost.summary()
-
-
-class _Output:
-    """Appends each session's JSON line and its samples to optional files, flushed per
-    session."""
-
-    def __init__(self, results_path: str | Path | None, samples_path: str | Path | None) -> None:
-        self._results = open(results_path, "a") if results_path else None
-        self._samples = open(samples_path, "a") if samples_path else None
-
-    def write(self, result: SessionResult, extras: BrowserExtras) -> None:
-        if self._results is not None:
-            line = {**result.to_dict(with_samples=False), "browser": extras.to_dict()}
-            self._results.write(json.dumps(line, separators=(",", ":")) + "\n")
-            self._results.flush()
-        if self._samples is not None:
-            self._samples.writelines(s.to_json() + "\n" for s in result.samples)
-            self._samples.flush()
-
-    def close(self) -> None:
-        for f in (self._results, self._samples):
-            if f is not None:
-                f.close()
 
 
 class _Cost:
@@ -134,7 +110,7 @@ async def run_browser(config: BrowserConfig, n: int, *,
     """Run ``n`` sessions (pages loaded first, then session i at i / start_rate s); return
     what they measured."""
     run = BrowserRun()
-    out = _Output(results_path, samples_path)
+    out = JsonLines(results_path, samples_path)
     cost = _Cost()
     tasks: list[asyncio.Task] = []
     sessions: list[PreparedSession] = []
@@ -148,7 +124,7 @@ async def run_browser(config: BrowserConfig, n: int, *,
         cost.session_seconds += (result.call_ms or 0.0) / 1000.0
         run.results.append(result)
         run.extras[result.index] = extras
-        out.write(result, extras)
+        out.write(result, {"browser": extras.to_dict()})
         if on_result is not None:
             on_result(result, extras)
 

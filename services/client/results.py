@@ -1,4 +1,5 @@
-"""What a session measured: one ``SessionResult`` per session, ``MediaSample``s during the call.
+"""What a session measured: one ``SessionResult`` per session, ``MediaSample``s during the call;
+``JsonLines`` writes them.
 
 Times ending in ``_ms`` that name a moment (``*_connected_ms``, ``setup_ms``, ``first_audio_ms``,
 ``offer_ms``) are milliseconds on time.monotonic() since the session started building its peer
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TextIO
 
 
 @dataclass
@@ -111,3 +114,35 @@ class SessionResult:
     def to_json(self, with_samples: bool = True) -> str:
         """One JSON line."""
         return json.dumps(self.to_dict(with_samples), separators=(",", ":"))
+
+
+class JsonLines:
+    """Appends results (one line each), their samples and their RTP arrivals to optional
+    files, flushed per session (the browser client writes through it too)."""
+
+    def __init__(self, results_path: Path | str | None, samples_path: Path | str | None,
+                 arrivals_path: Path | str | None = None) -> None:
+        self._results: TextIO | None = open(results_path, "a") if results_path else None
+        self._samples: TextIO | None = open(samples_path, "a") if samples_path else None
+        self._arrivals: TextIO | None = open(arrivals_path, "a") if arrivals_path else None
+
+    def write(self, result: SessionResult, extra: dict | None = None) -> None:
+        """``extra``: more keys of the result's line (the browser's own figures)."""
+        if self._results is not None:
+            line = (result.to_json(with_samples=False) if not extra else json.dumps(
+                {**result.to_dict(with_samples=False), **extra}, separators=(",", ":")))
+            self._results.write(line + "\n")
+            self._results.flush()
+        if self._samples is not None:
+            self._samples.writelines(s.to_json() + "\n" for s in result.samples)
+            self._samples.flush()
+        if self._arrivals is not None:
+            self._arrivals.write(json.dumps({"index": result.index,
+                                             "arrivals": result.rx_arrivals},
+                                            separators=(",", ":")) + "\n")
+            self._arrivals.flush()
+
+    def close(self) -> None:
+        for f in (self._results, self._samples, self._arrivals):
+            if f is not None:
+                f.close()

@@ -2,44 +2,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
 
 from services.client.config import FULL, LIGHT, ClientConfig
-from services.client.results import SessionResult
+from services.client.results import JsonLines, SessionResult
 from services.client.session import CallSession
-
-
-class _JsonLines:
-    """Appends results (one line each), their samples and their RTP arrivals to optional
-    files, flushed per session."""
-
-    def __init__(self, results_path: Path | str | None, samples_path: Path | str | None,
-                 arrivals_path: Path | str | None = None) -> None:
-        self._results: TextIO | None = open(results_path, "a") if results_path else None
-        self._samples: TextIO | None = open(samples_path, "a") if samples_path else None
-        self._arrivals: TextIO | None = open(arrivals_path, "a") if arrivals_path else None
-
-    def write(self, result: SessionResult) -> None:
-        if self._results is not None:
-            self._results.write(result.to_json(with_samples=False) + "\n")
-            self._results.flush()
-        if self._samples is not None:
-            self._samples.writelines(s.to_json() + "\n" for s in result.samples)
-            self._samples.flush()
-        if self._arrivals is not None:
-            self._arrivals.write(json.dumps({"index": result.index,
-                                             "arrivals": result.rx_arrivals},
-                                            separators=(",", ":")) + "\n")
-            self._arrivals.flush()
-
-    def close(self) -> None:
-        for f in (self._results, self._samples, self._arrivals):
-            if f is not None:
-                f.close()
 
 
 def kinds(n: int, full: int | None) -> list[str]:
@@ -65,7 +34,7 @@ async def run_sessions(config: ClientConfig, n: int, *,
     never raises, so one failure cannot disturb the others; if this coroutine is cancelled,
     the running sessions are cancelled and torn down (DELETE, close) before it returns.
     """
-    out = _JsonLines(results_path, samples_path, arrivals_path)
+    out = JsonLines(results_path, samples_path, arrivals_path)
     slots = asyncio.Semaphore(config.concurrency) if config.concurrency else None
     results: list[SessionResult] = []
     tasks: list[asyncio.Task] = []
