@@ -7,16 +7,18 @@
 #
 # BASE: any Debian-like image with python3 >= 3.11 and its venv module. The relay's C fast path
 # compiles at install time: gcc and the Python headers must be there (the slim image gets them
-# from apt below; scripts/base-image.sh puts them into voiceedge-base:bookworm).
+# from apt below; scripts/base-image.sh puts them into voiceedge-base:bookworm). conntrack is for
+# the compose stack's relay-conntrack guard (deploy/compose/conntrack_guard.py).
 # OFFLINE=1: install only from deploy/compose/wheels/ (filled by `pip wheel` on the host;
 # scripts/compose-test does it), for builds without a route to PyPI or a Debian mirror.
 ARG BASE=python:3.11-slim-bookworm
 FROM ${BASE}
 ARG OFFLINE=
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 LANG=C.UTF-8 PATH=/opt/voiceedge/bin:$PATH
-RUN if ! command -v gcc >/dev/null || ! command -v redis-server >/dev/null; then \
-        [ -z "$OFFLINE" ] || { echo "OFFLINE build: the base image needs gcc and redis-server" >&2; exit 1; }; \
-        apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev redis-server \
+RUN if ! command -v gcc >/dev/null || ! command -v redis-server >/dev/null \
+            || ! [ -x /usr/sbin/conntrack ]; then \
+        [ -z "$OFFLINE" ] || { echo "OFFLINE build: the base image needs gcc, redis-server and conntrack" >&2; exit 1; }; \
+        apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev redis-server conntrack \
         && rm -rf /var/lib/apt/lists/*; \
     fi; \
     PY=$(command -v python3.11 || command -v python3); "$PY" -m venv /opt/voiceedge
@@ -37,6 +39,7 @@ RUN cd /src && if [ -n "$OFFLINE" ]; then \
     && cd / && python -c 'import services.relay._fastpath' \
     && rm -rf /wheels /src /root/.cache
 COPY deploy/compose/entrypoint.sh /usr/local/bin/voiceedge-entrypoint
+COPY deploy/compose/conntrack_guard.py /usr/local/lib/voiceedge/conntrack_guard.py
 WORKDIR /var/lib/voiceedge
 ENTRYPOINT ["/usr/local/bin/voiceedge-entrypoint"]
 CMD ["voiceedge", "--help"]

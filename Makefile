@@ -62,5 +62,5 @@ clean:
 # The edge on docker-compose, end to end, with its own dockerd in a network namespace
 # (docs/deployment.md, "docker-compose"). Not part of `make test`.
 .PHONY: compose-test
-compose-test: venv
+compose-test: venv browsers
 	@scripts/compose-test

@@ -105,6 +105,10 @@ def saturation(stats: Stats) -> str:
 def lead(results: Results, stats: Stats) -> str:
     """The sentence that frames the findings (or says why there are none)."""
     baseline = results.baseline
+    if results.target:
+        return (f"This run measured the deployment at {results.target} from this host's "
+                f"clients: one edge, nothing to compare it with; the statistics below describe "
+                f"it alone, as that network path delivers it.")
     if baseline not in results.architectures:
         return (f"This run has no sessions of the baseline ({baseline}), so it compares "
                 f"nothing; the statistics below describe each architecture alone.")

@@ -88,6 +88,12 @@ class Results:
         return [a for a in self.planned_architectures if a not in seen]
 
     @property
+    def target(self) -> str | None:
+        """The deployment's URL when the clients ran against one (``voiceedge scenario
+        --target``) instead of an emulated world; None for an emulated run."""
+        return (self.config.get("target") or {}).get("url")
+
+    @property
     def baseline(self) -> str:
         """The architecture the others are compared with (config.json's ``baseline``)."""
         return str(self.config.get("baseline") or DEFAULT_BASELINE)
@@ -258,6 +264,9 @@ def load_results(path: str | Path, require_sessions: bool = True) -> Results:
     samples = (_numeric_samples(_empty(SAMPLE_COLUMNS)) if "samples.csv" in missing
                else _samples(path / "samples.csv"))
     steering = _optional_csv(path / "steering.csv", STEERING_COLUMNS, ("unix",))
+    config = _read_json(path / "config.json")
+    if config.get("target"):  # a deployment target: no world, so nothing to calibrate
+        missing = [f for f in missing if f != "calibration.json"]
     faults = _faults(path / "faults.json")
     if faults:  # a run with faults is measured by its attempts and gaps
         missing += [f for f in ("attempts.csv", "gaps.csv") if not (path / f).is_file()]
@@ -267,7 +276,7 @@ def load_results(path: str | Path, require_sessions: bool = True) -> Results:
                          ("session", "start_unix", "ms", "attempt"))
     return Results(path=path, sessions=sessions, samples=samples, ports=ports, steering=steering,
                    faults=faults, attempts=attempts, gaps=gaps,
-                   relays=optional_json("relays.json"), config=_read_json(path / "config.json"),
+                   relays=optional_json("relays.json"), config=config,
                    calibration=optional_json("calibration.json"),
                    summary=optional_json("summary.json"), missing_files=missing,
                    timings=optional_json("timings.json"),

@@ -101,7 +101,12 @@ def _warnings(results: Results, stats: Stats) -> list[str]:
     if results.missing_text():
         out.append(f"Incomplete run: {results.missing_text()}. The rest of the report covers "
                    f"what was measured.")
-    if not results.calibration:
+    if results.target:
+        out.append(f"Deployment target {results.target}: no emulated world. These are the "
+                   f"deployment's figures as this host's clients saw them, over whatever network "
+                   f"lies between; there is no configured floor (the over-floor metrics are "
+                   f"empty), and only the clients' own lag can mark a session saturated.")
+    elif not results.calibration:
         out.append("No calibration.json: the emulated world was not proven.")
     elif not results.calibration.get("ok", False):
         out.append("Calibration FAILED: the emulated world is not the configured one.")
@@ -170,17 +175,26 @@ def _faults_markdown(results: Results, effects: list[FaultEffect], plots: dict[s
     return lines
 
 
+def _where(results: Results) -> str:
+    """Where the clients were: their emulated regions, or the deployment they ran against."""
+    if results.target:
+        return f"deployment target {results.target}"
+    return f"clients in {', '.join(results.client_regions)}"
+
+
 def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: EModel) -> str:
     e = html.escape
     c = results.config
-    title = (f"voiceedge report: {c.get('scenario', {}).get('name', '?')} — clients in "
-             f"{', '.join(results.client_regions)}")
+    title = f"voiceedge report: {c.get('scenario', {}).get('name', '?')} — {_where(results)}"
+    world = (f"<b>deployment target</b> {e(results.target)} (no emulated world, no calibration)"
+             if results.target else
+             f"clusters {e(', '.join(c.get('clusters', [])))} · impairment backend "
+             f"<b>{e(str(c.get('backend', '?')))}</b> · calibration "
+             f"<b>{'passed' if results.calibration.get('ok') else 'FAILED'}</b>")
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(title)}"
              f"</title><style>{_CSS}</style></head><body>",
              f"<h1>{e(title)}</h1>",
-             f"<p class='meta'>{e(results.name)} · clusters {e(', '.join(c.get('clusters', [])))}"
-             f" · impairment backend <b>{e(str(c.get('backend', '?')))}</b> · calibration "
-             f"<b>{'passed' if results.calibration.get('ok') else 'FAILED'}</b> · commit "
+             f"<p class='meta'>{e(results.name)} · {world} · commit "
              f"{e(str(c.get('commit') or '-'))} · started {e(str(c.get('started', '-')))}</p>"]
     warnings = _warnings(results, stats)
     if warnings:
@@ -235,14 +249,16 @@ def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: E
         parts.append(tables.to_html(pcap_tables.cost(wire)))
     parts += ["<h2 id='failures'>Failures</h2>", tables.to_html(tables.failures(results)),
               "<h2 id='ports'>Ports and relays</h2>", tables.to_html(tables.ports(results)),
-              tables.to_html(tables.relays(results)),
-              "<h2 id='calibration'>Calibration</h2>",
-              tables.to_html(tables.calibration_at_load(results)),
-              tables.to_html(tables.calibration(results)),
-              "<h2 id='config'>Configuration</h2>", tables.to_html(tables.configuration(results)),
-              "<details><summary>emulated paths (impairments)</summary>",
-              tables.to_html(tables.impairments(results)), "</details>",
-              "<h2 id='method'>Method</h2><ul>"]
+              tables.to_html(tables.relays(results))]
+    if not results.target:
+        parts += ["<h2 id='calibration'>Calibration</h2>",
+                  tables.to_html(tables.calibration_at_load(results)),
+                  tables.to_html(tables.calibration(results))]
+    parts += ["<h2 id='config'>Configuration</h2>", tables.to_html(tables.configuration(results))]
+    if not results.target:
+        parts += ["<details><summary>emulated paths (impairments)</summary>",
+                  tables.to_html(tables.impairments(results)), "</details>"]
+    parts += ["<h2 id='method'>Method</h2><ul>"]
     parts += [f"<li>{e(line)}</li>" for line in _method(stats.bootstrap, model)]
     parts.append("</ul></body></html>")
     return "\n".join(parts)
@@ -251,12 +267,13 @@ def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: E
 def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], model: EModel,
                     base: Path) -> str:
     c = results.config
-    lines = [f"# {c.get('scenario', {}).get('name', '?')}: clients in "
-             f"{', '.join(results.client_regions)}", "",
-             f"`{results.name}` · clusters {', '.join(c.get('clusters', []))} · impairment "
-             f"backend **{c.get('backend', '?')}** · calibration "
-             f"**{'passed' if results.calibration.get('ok') else 'FAILED'}** · commit "
-             f"{c.get('commit') or '-'}", ""]
+    world = (f"**deployment target** {results.target} (no emulated world, no calibration)"
+             if results.target else
+             f"clusters {', '.join(c.get('clusters', []))} · impairment backend "
+             f"**{c.get('backend', '?')}** · calibration "
+             f"**{'passed' if results.calibration.get('ok') else 'FAILED'}**")
+    lines = [f"# {c.get('scenario', {}).get('name', '?')}: {_where(results)}", "",
+             f"`{results.name}` · {world} · commit {c.get('commit') or '-'}", ""]
     for warning in _warnings(results, stats):
         lines += [f"> **Warning:** {warning}", ""]
     lines += ["## What this run says", "", lead(results, stats), ""]
@@ -299,7 +316,8 @@ def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], mode
             continue
         rel = path.relative_to(base) if path.is_relative_to(base) else path
         lines += [f"![{name}]({rel.as_posix()})", "", f"_{CAPTIONS.get(name, '')}_", ""]
-    lines += ["## Calibration", "", tables.to_markdown(tables.calibration_at_load(results))]
+    if not results.target:
+        lines += ["## Calibration", "", tables.to_markdown(tables.calibration_at_load(results))]
     lines += ["Full tables, calibration and configuration: `report.html`.", "", "## Method", ""]
     lines += [f"- {line}" for line in _method(stats.bootstrap, model)]
     return "\n".join(lines) + "\n"

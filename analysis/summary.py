@@ -101,6 +101,7 @@ def summary_of(results: Results, stats: Stats) -> dict:
     timings = results.timings
     ports = _ports(results)
     out = {"directory": str(results.path), "backend": results.config.get("backend"),
+           "target": results.target,
            "client_regions": results.config.get("client_regions") or results.client_regions,
            "clusters": results.config.get("clusters", []),
            "calibration_ok": bool(results.calibration.get("ok", False)),

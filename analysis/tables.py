@@ -136,7 +136,11 @@ def failures(results: Results) -> Table:
 def ports(results: Results) -> Table:
     extra = "public_udp_ports_max" in results.ports.columns
     table = Table(["architecture", "peak concurrent sessions", "public UDP ports at the peak"]
-                  + (["most public UDP ports seen"] if extra else []))
+                  + (["most public UDP ports seen"] if extra else []),
+                  note=("A deployment target: the peak is counted from the clients' own "
+                        "connect and end times, the ports are the distinct server media "
+                        "addresses their selected ICE pairs reached (the deployment's own "
+                        "sockets are not visible from here)." if results.target else ""))
     for _, row in results.ports.iterrows():
         table.rows.append([row.architecture, count(row.concurrent_sessions),
                            count(row.public_udp_ports)]
@@ -351,7 +355,9 @@ def configuration(results: Results) -> Table:
              ("client regions", ", ".join(c.get("client_regions", []))),
              ("clusters", ", ".join(c.get("clusters", []))),
              ("world regions", ", ".join(c.get("world_regions", []))),
-             ("architectures", ", ".join(scenario.get("architectures", []))),
+             ("deployment target", results.target or "none (an emulated world)"),
+             ("architectures", ", ".join(c.get("architectures")
+                                         or scenario.get("architectures", []))),
              ("sessions per region", scenario.get("sessions_per_region")),
              ("Chromium sessions per region", scenario.get("chromium_per_region", 0)),
              ("call duration (s)", scenario.get("call_duration_s")),

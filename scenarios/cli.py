@@ -15,7 +15,8 @@ exit status:
   0    every architecture reached the scenario's min_success_pct (default 100)
   1    an architecture fell below min_success_pct, or the world did not calibrate
        (the results folder still holds what was measured and why)
-  2    nothing was run: bad input, not root, a missing package, no netem for --backend netem
+  2    nothing was run: bad input, not root, a missing package, no netem for --backend netem,
+       a --target whose signaling front does not answer
   130  interrupted (Ctrl-C): the architectures that finished are in the results folder
 """
 
@@ -24,12 +25,20 @@ def add_parser(sub) -> None:
     p = sub.add_parser("scenario", help="run a scenario: every architecture, one emulated world",
                        description="Build the emulated world, calibrate it (refusing to go on "
                                    "if it is off), run the scenario's clients under every "
-                                   "architecture, and write results/<scenario>-<region>-<time>/.",
+                                   "architecture, and write results/<scenario>-<region>-<time>/. "
+                                   "With --target URL: run the clients from this host against "
+                                   "a deployed edge instead (results/<scenario>-target-<time>/).",
                        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", nargs="?", default=str(DEFAULT_SCENARIO),
                    help="scenario file (default: the shipped scenarios/default.yaml)")
-    p.add_argument("--region", default="apac",
-                   help="client region: a group (apac, na, eu, ...), a region, or a comma list")
+    p.add_argument("--region", default=None,
+                   help="client region: a group (apac, na, eu, ...), a region, or a comma list "
+                        "(default apac)")
+    p.add_argument("--target", metavar="URL",
+                   help="run the scenario's clients from this host against a deployed edge's "
+                        "signaling front (e.g. http://127.0.0.1:8080) instead of an emulated "
+                        "world: no world, no calibration, one architecture 'deployment' "
+                        "(docs/deployment.md, 'Scenarios against a deployment')")
     p.add_argument("--results", default="results", type=Path,
                    help="where the results folder goes (default ./results)")
     p.add_argument("--backend", choices=("auto", "netem", "userspace"), default="auto",
@@ -54,7 +63,6 @@ def run(args: argparse.Namespace) -> int:
 
     from scenarios.processes import ServiceError
     from scenarios.progress import ProgressBars
-    from scenarios.report import print_summary
     from scenarios.runner import CalibrationFailed, CaptureOptions, ScenarioRunner
     from scenarios.spec import TURN, Scenario
     from topology.cli import print_report
@@ -62,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     scenario = Scenario.load(args.file)  # ConfigError: one line, exit 2
+    if args.target is not None:
+        return _run_target(args, scenario, console)
+    args.region = args.region or "apac"
     if args.capture_cap_mb <= 0:
         raise UserError("--capture-cap-mb must be positive")
     backend = None if args.backend == "auto" else args.backend
@@ -99,11 +110,59 @@ def run(args: argparse.Namespace) -> int:
         except ServiceError as exc:
             raise UserError(f"a service did not start: {exc} (results so far: "
                             f"{runner.directory})") from None
+    return _finish(args, scenario, console, say, result, written[0] if written else None)
+
+
+def _run_target(args: argparse.Namespace, scenario, console) -> int:
+    """``--target URL``: the scenario's clients against a deployment (scenarios/target.py)."""
+    from rich.markup import escape
+
+    from scenarios.processes import ServiceError
+    from scenarios.progress import ProgressBars
+    from scenarios.spec import ScenarioError
+    from scenarios.target import Target, TargetRunner, TargetUnreachable
+    from topology.preflight import check_client_prerequisites
+
+    for flag, used in (("--region", args.region is not None), ("--capture", args.capture),
+                       ("--keep-world", args.keep_world), ("--backend", args.backend != "auto")):
+        if used:
+            raise UserError(f"{flag} is about the emulated world; --target runs the clients "
+                            f"from this host against a deployment")
+    try:
+        target = Target.parse(args.target)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    check_client_prerequisites(browsers=scenario.chromium_per_region > 0)
+    bars = ProgressBars(console, enabled=not args.json)
+
+    def say(msg: str, transient: bool = False) -> None:
+        if not args.json and not transient:
+            bars.print(f"[dim]… {escape(msg)}[/dim]")
+
+    try:
+        runner = TargetRunner(scenario, target, args.results, say, bars.update)
+    except ScenarioError as exc:
+        raise UserError(str(exc)) from None
+    say(f"scenario {scenario.name} against the deployment at {target.url} (no emulated "
+        f"world, no calibration); results in {runner.directory}")
+    try:
+        result = runner.run()
+    except TargetUnreachable as exc:
+        raise UserError(f"the target did not answer: {exc}; nothing was run") from None
+    except ServiceError as exc:
+        raise UserError(f"{exc} (results so far: {runner.directory})") from None
+    return _finish(args, scenario, console, say, result)
+
+
+def _finish(args: argparse.Namespace, scenario, console, say, result, written=None) -> int:
+    """Write the report (unless ``written`` is its (html, md) already), print the summary and
+    return the exit status."""
     from analysis.report import write_report  # matplotlib: only once there is a run to plot
+    from scenarios.report import print_summary
 
     summary = dict(result.summary)
     if written:
-        html, md = written[0]
+        html, md = written
     else:
         say("writing the report")
         html, md = write_report(result.directory)

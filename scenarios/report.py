@@ -40,11 +40,17 @@ def print_summary(summary: dict) -> None:
     from rich.table import Table
 
     baseline = summary.get("baseline", "port-per-session")
-    table = Table(title=f"clients in {', '.join(summary['client_regions'])} -> clusters "
-                        f"{', '.join(summary['clusters'])} ({summary['backend']} impairment)",
-                  caption=f"p50 / p95 over all client regions; Δ: median minus {baseline}'s "
-                          "within each client region, averaged over the regions [95% bootstrap "
-                          "CI]; floor: setup above the topology's signaling RTT + 2 media RTTs")
+    title = (f"this host -> the deployment at {summary['target']} (no emulated world)"
+             if summary.get("target") else
+             f"clients in {', '.join(summary['client_regions'])} -> clusters "
+             f"{', '.join(summary['clusters'])} ({summary['backend']} impairment)")
+    caption = ("p50 / p95; UDP ports: the server media addresses the clients reached; no "
+               "baseline and no floor against a deployment"
+               if summary.get("target") else
+               f"p50 / p95 over all client regions; Δ: median minus {baseline}'s within each "
+               "client region, averaged over the regions [95% bootstrap CI]; floor: setup above "
+               "the topology's signaling RTT + 2 media RTTs")
+    table = Table(title=title, caption=caption)
     table.add_column("architecture")
     table.add_column("ok", justify="right")
     table.add_column("saturated", justify="right")

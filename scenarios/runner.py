@@ -116,7 +116,7 @@ class RunResult:
     client_regions: list[str]
     clusters: list[str]
     backend: str
-    calibration: CalibrationReport
+    calibration: CalibrationReport | None  # None: a deployment target (scenarios/target.py)
     architectures: list[ArchitectureRun] = field(default_factory=list)
     timings: dict = field(default_factory=dict)
     summary: dict = field(default_factory=dict)
@@ -126,6 +126,23 @@ class RunResult:
         """Architectures whose success rate is below the scenario's ``min_success_pct``."""
         return [a.architecture for a in self.architectures
                 if a.success_pct < self.scenario.min_success_pct]
+
+
+def browser_start_rate(sc: Scenario) -> float:
+    """Chromium sessions a second: a region's browser sessions spread over its aiortc
+    sessions' start window, never faster than the scenario's start rate."""
+    window_s = sc.sessions_per_region / sc.start_rate
+    return min(sc.chromium_per_region / window_s if window_s > 0 else sc.start_rate,
+               sc.start_rate)
+
+
+def git_commit() -> str:
+    """The checkout's short commit ('' outside a git checkout)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        return ""
 
 
 def _get_json(url: str) -> dict:
@@ -206,7 +223,7 @@ class ScenarioRunner:
                     run, kept = self._run_architecture(
                         world, arch, keep_edge=last and self.keep_world is not None)
                     result.architectures.append(run)
-                    self._write_results(result)
+                    write_results(result)
                 stats = backend.stats()
                 result.timings["engine"] = {k: v for k, v in stats.items()
                                             if not isinstance(v, (dict, list))}
@@ -223,15 +240,11 @@ class ScenarioRunner:
         result.timings.update(build_s=round(world.build_seconds, 2),
                               teardown_s=round(world.teardown_seconds, 2),
                               total_s=round(time.monotonic() - started, 1))
-        self._write_results(result)
+        write_results(result)
         return result
 
     def _write_config(self, result: RunResult) -> None:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True, cwd=Path(__file__).parent).stdout.strip()
-        except OSError:
-            commit = ""
+        commit = git_commit()
         impairments = {f"{k[0]} {k[1]}->{k[2]}": asdict(v) for k, v in self.spec.impairments.items()}
         (self.directory / "config.json").write_text(json.dumps({
             "scenario": asdict(self.scenario), "client_regions": self.client_regions,
@@ -419,9 +432,7 @@ class ScenarioRunner:
         session) names one session. Offer styles alternate, gathered first; with one
         browser session a region, from region to region instead."""
         sc = self.scenario
-        window_s = sc.sessions_per_region / sc.start_rate
-        rate = min(sc.chromium_per_region / window_s if window_s > 0 else sc.start_rate,
-                   sc.start_rate)
+        rate = browser_start_rate(sc)
         offer = ("alternate" if sc.chromium_per_region > 1
                  else ("gathered", "immediate")[n % 2])
         return ServiceProcess(f"browser-{region}", voiceedge_cmd(
@@ -466,95 +477,16 @@ class ScenarioRunner:
 
     def _collect(self, world: World, arch: str, logs: Path):
         """(sessions, samples, attempts, gaps) rows of one architecture from its logs."""
-        sessions, samples, attempts, gaps = [], [], [], []
         engine = world.backend.stats().get("lagged_seconds")  # userspace engine only
         lag = LagWindows.from_run(logs / TIMELINE, engine)
         upstream = _upstream_gaps(logs / TIMELINE)
+        out: tuple[list, list, list, list] = ([], [], [], [])
         for region in self.client_regions:
-            rows = []
-            for suffix in ("", BROWSER_SUFFIX):
-                path = logs / f"sessions-{region}{suffix}.jsonl"
-                if path.exists():
-                    rows += [json.loads(l) for l in path.read_text().splitlines()]
-            for r in rows:
-                first = (r.get("attempts") or [{}])[0]  # the session's figures are its first call's
-                cluster = _cluster_of(first.get("location") or r.get("session_url"))
-                row = {k: r.get(k) for k in SESSION_FIELDS if k in r}
-                row.update(architecture=arch, client_region=region, cluster_region=cluster,
-                           session=r.get("index"), loss_bursts=json.dumps(r.get("loss_bursts") or []),
-                           client_type=r.get("client_type") or AIORTC,
-                           turn_transactions=json.dumps(r.get("turn_transactions") or []),
-                           connected_unix=first.get("connected_unix"),
-                           reconnections=r.get("reconnections", 0))
-                if cluster:
-                    row.update(self.floors(region, cluster, arch))
-                setup = r.get("setup_ms")
-                flag(row, lag, r.get("started_unix"), r.get("ended_unix"),
-                     None if setup is None else setup / 1000.0)
-                sessions.append(row)
-                key = {"architecture": arch, "client_region": region, "session": r.get("index")}
-                for a in r.get("attempts") or []:
-                    attempts.append({**key, **{k: a.get(k) for k in ATTEMPT_FIELDS[3:]},
-                                     "cluster_region": a.get("cluster") or _cluster_of(
-                                         a.get("location"))})
-                    for start, ms in upstream.get(_session_id(a.get("location")), ()):
-                        gaps.append({**key, "direction": "up", "start_unix": start, "ms": ms,
-                                     "attempt": a.get("attempt")})
-                for start, ms, attempt in r.get("rx_gaps") or []:
-                    gaps.append({**key, "direction": "down", "start_unix": start, "ms": ms,
-                                 "attempt": attempt})
-            for spath in (logs / f"samples-{region}.jsonl",
-                          logs / f"samples-{region}{BROWSER_SUFFIX}.jsonl"):
-                if not spath.exists():
-                    continue
-                for line in spath.read_text().splitlines():
-                    s = json.loads(line)
-                    samples.append({"architecture": arch, "client_region": region,
-                                    "session": s.get("session"), **{
-                                        k: s.get(k) for k in SAMPLE_FIELDS[3:]}})
-        return sessions, samples, attempts, gaps
-
-    def _write_results(self, result: RunResult) -> None:
-        """Every file of the finished architectures, then the derived statistics."""
-        from analysis.summary import finalize
-
-        d = result.directory
-        with open(d / "sessions.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=SESSION_FIELDS, extrasaction="ignore")
-            w.writeheader()
-            for a in result.architectures:
-                w.writerows(a.sessions)
-        with open(d / "samples.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=SAMPLE_FIELDS, extrasaction="ignore")
-            w.writeheader()
-            for a in result.architectures:
-                w.writerows(a.samples)
-        for name, fields, rows in (("steering.csv", STEERING_FIELDS, "steering"),
-                                   ("attempts.csv", ATTEMPT_FIELDS, "attempts"),
-                                   ("gaps.csv", GAP_FIELDS, "gaps")):
-            with open(d / name, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-                w.writeheader()
-                for a in result.architectures:
-                    w.writerows(getattr(a, rows))
-        if result.scenario.faults:
-            (d / "faults.json").write_text(json.dumps({"faults": [
-                asdict(r) for a in result.architectures for r in a.faults]}, indent=2))
-        with open(d / "ports.csv", "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(PORT_FIELDS)
-            for a in result.architectures:
-                w.writerow([a.architecture, a.peak_sessions, a.public_udp_ports,
-                            a.public_udp_ports_max, "; ".join(a.bindings)])
-        (d / "relays.json").write_text(json.dumps(
-            {a.architecture: a.relays for a in result.architectures}, indent=2))
-        at_load = {a.architecture: a.load_calibration.to_dict()
-                   for a in result.architectures if a.load_calibration is not None}
-        if at_load:
-            (d / "calibration_at_load.json").write_text(json.dumps(at_load, indent=2))
-        result.timings["architectures"] = {a.architecture: a.seconds for a in result.architectures}
-        (d / "timings.json").write_text(json.dumps(result.timings, indent=2))
-        result.summary = finalize(d)
+            rows = client_rows(arch, region, logs, lag, upstream,
+                               lambda cluster, r=region: self.floors(r, cluster, arch))
+            for total, part in zip(out, rows):
+                total += part
+        return out
 
 
 class _AtLoad:
@@ -736,3 +668,96 @@ def _count_results(logs: Path) -> tuple[int, int]:
             done += 1
             failed += not ok
     return done, failed
+
+
+def write_results(result: RunResult) -> None:
+    """Every file of the finished architectures, then the derived statistics."""
+    from analysis.summary import finalize
+
+    d = result.directory
+    with open(d / "sessions.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=SESSION_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for a in result.architectures:
+            w.writerows(a.sessions)
+    with open(d / "samples.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=SAMPLE_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for a in result.architectures:
+            w.writerows(a.samples)
+    for name, fields, rows in (("steering.csv", STEERING_FIELDS, "steering"),
+                               ("attempts.csv", ATTEMPT_FIELDS, "attempts"),
+                               ("gaps.csv", GAP_FIELDS, "gaps")):
+        with open(d / name, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+            w.writeheader()
+            for a in result.architectures:
+                w.writerows(getattr(a, rows))
+    if result.scenario.faults:
+        (d / "faults.json").write_text(json.dumps({"faults": [
+            asdict(r) for a in result.architectures for r in a.faults]}, indent=2))
+    with open(d / "ports.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(PORT_FIELDS)
+        for a in result.architectures:
+            w.writerow([a.architecture, a.peak_sessions, a.public_udp_ports,
+                        a.public_udp_ports_max, "; ".join(a.bindings)])
+    (d / "relays.json").write_text(json.dumps(
+        {a.architecture: a.relays for a in result.architectures}, indent=2))
+    at_load = {a.architecture: a.load_calibration.to_dict()
+               for a in result.architectures if a.load_calibration is not None}
+    if at_load:
+        (d / "calibration_at_load.json").write_text(json.dumps(at_load, indent=2))
+    result.timings["architectures"] = {a.architecture: a.seconds for a in result.architectures}
+    (d / "timings.json").write_text(json.dumps(result.timings, indent=2))
+    result.summary = finalize(d)
+
+
+def client_rows(arch: str, region: str, logs: Path, lag: LagWindows, upstream: dict,
+                floors=None) -> tuple[list, list, list, list]:
+    """(sessions, samples, attempts, gaps) rows of one client region's sessions (both client
+    types) from ``logs``; ``floors(cluster)`` gives a session's network floor columns (none
+    where no topology is configured: a deployment target)."""
+    sessions, samples, attempts, gaps = [], [], [], []
+    rows = []
+    for suffix in ("", BROWSER_SUFFIX):
+        path = logs / f"sessions-{region}{suffix}.jsonl"
+        if path.exists():
+            rows += [json.loads(l) for l in path.read_text().splitlines()]
+    for r in rows:
+        first = (r.get("attempts") or [{}])[0]  # the session's figures are its first call's
+        cluster = _cluster_of(first.get("location") or r.get("session_url"))
+        row = {k: r.get(k) for k in SESSION_FIELDS if k in r}
+        row.update(architecture=arch, client_region=region, cluster_region=cluster,
+                   session=r.get("index"), loss_bursts=json.dumps(r.get("loss_bursts") or []),
+                   client_type=r.get("client_type") or AIORTC,
+                   turn_transactions=json.dumps(r.get("turn_transactions") or []),
+                   connected_unix=first.get("connected_unix"),
+                   reconnections=r.get("reconnections", 0))
+        if cluster and floors is not None:
+            row.update(floors(cluster))
+        setup = r.get("setup_ms")
+        flag(row, lag, r.get("started_unix"), r.get("ended_unix"),
+             None if setup is None else setup / 1000.0)
+        sessions.append(row)
+        key = {"architecture": arch, "client_region": region, "session": r.get("index")}
+        for a in r.get("attempts") or []:
+            attempts.append({**key, **{k: a.get(k) for k in ATTEMPT_FIELDS[3:]},
+                             "cluster_region": a.get("cluster") or _cluster_of(
+                                 a.get("location"))})
+            for start, ms in upstream.get(_session_id(a.get("location")), ()):
+                gaps.append({**key, "direction": "up", "start_unix": start, "ms": ms,
+                             "attempt": a.get("attempt")})
+        for start, ms, attempt in r.get("rx_gaps") or []:
+            gaps.append({**key, "direction": "down", "start_unix": start, "ms": ms,
+                         "attempt": attempt})
+    for spath in (logs / f"samples-{region}.jsonl",
+                  logs / f"samples-{region}{BROWSER_SUFFIX}.jsonl"):
+        if not spath.exists():
+            continue
+        for line in spath.read_text().splitlines():
+            s = json.loads(line)
+            samples.append({"architecture": arch, "client_region": region,
+                            "session": s.get("session"), **{
+                                k: s.get(k) for k in SAMPLE_FIELDS[3:]}})
+    return sessions, samples, attempts, gaps

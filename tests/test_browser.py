@@ -14,38 +14,16 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
-from scenarios.demo_edge import demo_plan
-from scenarios.edge import Edge
-from services.browser.config import DEFAULT_CHROMIUM
 from services.procfs import processes
+from tests.browser_edge import (calls_created, chromium, edge, get,  # noqa: F401 (fixtures)
+                                signaling_url, wait_for_sessions)
 from tests.conftest import REPO, lab_fixture
-from topology.netns import in_namespace
 
 lab = lab_fixture("vebrowser")
 TONE_ECHO_RMS = 0.1  # the tone's echo measures ~0.3 here (docs/browser.md, "Echo"); silence 0
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    if not os.access(DEFAULT_CHROMIUM, os.X_OK):
-        pytest.fail(f"no Chromium at {DEFAULT_CHROMIUM}: run `make browsers` (make test does)")
-    return DEFAULT_CHROMIUM
-
-
-@pytest.fixture(scope="module")
-def edge(lab, tmp_path_factory):
-    """The demo's edge through the cluster relay (its public address is the VIP)."""
-    plan = demo_plan("shared", lab.name, *lab.addresses)
-    with Edge(plan, tmp_path_factory.mktemp("browser-edge")) as running:
-        yield running
-
-
-def signaling_url(edge: Edge) -> str:
-    return edge.signaling_url(edge.plan.fronts[0])
 
 
 def browser_cmd(lab, *args: str) -> list[str]:
@@ -66,31 +44,6 @@ def leftovers(sid: int, wait_s: float = 10.0) -> list[int]:
         left = [pid for pid, fields in processes() if int(fields[3]) == sid]
         if not left or time.monotonic() > deadline:
             return left
-        time.sleep(0.1)
-
-
-def get(lab, url: str):
-    """(status, headers, body) of a GET inside the lab namespace."""
-    def fetch():
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, dict(r.headers), r.read().decode()
-    return in_namespace(lab.name, fetch)
-
-
-def live_sessions(lab, edge: Edge) -> int:
-    status = get(lab, f"{edge.control_url(edge.plan.clusters[0])}/status")[2]
-    return json.loads(status)["sessions"]
-
-
-def calls_created(lab, edge: Edge) -> int:
-    origin = signaling_url(edge).removesuffix("/v1/calls")
-    return json.loads(get(lab, f"{origin}/healthz")[2])["calls_created"]
-
-
-def wait_for_sessions(lab, edge: Edge, n: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while live_sessions(lab, edge) != n:
-        assert time.monotonic() < deadline, f"the transceiver never had {n} sessions"
         time.sleep(0.1)
 
 

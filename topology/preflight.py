@@ -66,6 +66,16 @@ def _check(needs: tuple[Requirement, ...], euid: int | None, path: str | None) -
     if (os.geteuid() if euid is None else euid) != 0:
         raise EnvironmentProblem("needs root (network namespaces, iptables): run it as root, "
                                  "e.g. with sudo")
+    _check_programs(needs, path)
+
+
+def check_client_prerequisites(*, browsers: bool = False, path: str | None = None) -> None:
+    """What a scenario's clients alone need, run from this host against a deployment (no
+    world, no root): Chromium for browser sessions. ``EnvironmentProblem`` (one line)."""
+    _check_programs(BROWSERS if browsers else (), path)
+
+
+def _check_programs(needs: tuple[Requirement, ...], path: str | None) -> None:
     search = os.environ.get("PATH", os.defpath) if path is None else path
     for need in needs:
         if shutil.which(need.program, path=search) is None:

@@ -6,6 +6,10 @@
 // data-channel event, and returns its own view of the call as a plain object: timeline marks
 // in ms since the peer connection was created (performance.now()), what getStats() said, and
 // on failure a one-line error and the stage where it stopped. It never throws.
+//
+// A person uses the same session through the page's buttons (call.html): a long call with
+// humanAudio, ended on demand by CallSession.hangup() (the call then ends ok, with its stats,
+// and is DELETEd), with onUpdate reporting its progress. The driver uses neither.
 "use strict";
 
 const DATA_CHANNEL = "oai-events";
@@ -25,7 +29,12 @@ const DEFAULTS = {
   callPollMs: 500,             // getStats() period during the call (watchdog, samples)
   sampleIntervalMs: 1000,      // per-second media samples
   iceFromSignaling: false,     // GET /v1/ice-servers first, use its iceServers and policy
+  humanAudio: false,           // a person's microphone: echo cancellation, noise suppression
+                               // and gain control on (off: the fake microphone's tone as is)
+  onUpdate: null,              // (what, session): "connected", "stats" (each call poll: session.live), "ended"
 };
+
+const HUNG_UP = "hung up";   // a hangup() before the call was connected: the setup's error
 
 class SessionError extends Error {}
 
@@ -110,6 +119,27 @@ class CallSession {
     this.failure = null;
     this.failed = new Promise((resolve) => { this.onFailed = resolve; });
     this.connected = new Promise((resolve) => { this.onConnected = resolve; });
+    this.hungUp = false;       // hangup() was called
+    this.hangupCalled = new Promise((resolve) => { this.onHangup = resolve; });
+    this.live = null;          // the latest call poll: {t_ms, packets_received, packets_lost, jitter_ms, rtt_ms}
+  }
+
+  // Ends the call on demand: during the call, the call loop stops at once and the call ends
+  // as one that ran its duration (ok, final stats, DELETE); before it is connected, the setup
+  // stops with the error "hung up" (a POSTed offer's session is still DELETEd). After the
+  // end: nothing.
+  hangup() {
+    if (this.hungUp || this.closing) return;
+    this.hungUp = true;
+    this.onHangup();
+    if (this.connectedAt === null) this.fail(HUNG_UP);
+  }
+
+  notify(what) {
+    if (typeof this.opts.onUpdate !== "function") return;
+    try {
+      this.opts.onUpdate(what, this);
+    } catch (err) { /* the page's display is not the call's business */ }
   }
 
   ms(at) {
@@ -134,13 +164,18 @@ class CallSession {
       v.ice_policy = ice.iceTransportPolicy || "all";
       // Echo cancellation, noise suppression and gain control would treat the steady tone
       // as noise or echo and change its level: off, as the aiortc client sends the tone as is.
+      // A person with speakers talking to the echo agent needs them on (else it feeds back).
+      const processing = Boolean(this.opts.humanAudio);
       this.stream = await navigator.mediaDevices.getUserMedia({
-        audio: {echoCancellation: false, noiseSuppression: false, autoGainControl: false},
+        audio: {echoCancellation: processing, noiseSuppression: processing,
+                autoGainControl: processing},
         video: false});
+      if (this.hungUp) throw new SessionError(HUNG_UP);  // while the microphone was asked for
       this.t0 = performance.now();  // the session's clock: just before the peer connection
       v.started_unix = (performance.timeOrigin + this.t0) / 1000;
       await this.withTimeout(this.connect(ice), this.opts.setupTimeoutMs, "setup timeout");
       v.stage = "call";
+      this.notify("connected");
       await this.call();
       v.stage = "done";
       v.ok = true;
@@ -153,6 +188,7 @@ class CallSession {
       }
       await this.teardown();
       v.ended_unix = (performance.timeOrigin + performance.now()) / 1000;
+      this.notify("ended");
     }
     return v;
   }
@@ -239,6 +275,7 @@ class CallSession {
       sdp = pc.localDescription.sdp;
     }
     v.offer_candidates = (sdp.match(/^a=candidate:/gm) || []).length;
+    if (this.hungUp) throw new SessionError(HUNG_UP);  // no offer POSTed: nothing to DELETE
 
     const answer = await this.post(sdp);
     v.stage = "connect";
@@ -357,20 +394,22 @@ class CallSession {
 
   // -- call ----------------------------------------------------------------------------------
 
-  // The call: durationMs from DTLS connected. getStats() every callPollMs: the media watchdog
-  // (no new packet for mediaTimeoutMs fails the call), a sample every sampleIntervalMs, and
-  // the echo's baseline once first audio + echoSkipMs has passed.
+  // The call: durationMs from DTLS connected, or until hangup(). getStats() every callPollMs:
+  // the media watchdog (no new packet for mediaTimeoutMs fails the call), a sample every
+  // sampleIntervalMs, and the echo's baseline once first audio + echoSkipMs has passed.
   async call() {
     const v = this.view, o = this.opts;
     const end = this.connectedAt + o.durationMs;
     let received = -1, lastNew = this.connectedAt, nextSample = this.connectedAt + o.sampleIntervalMs;
     const failed = this.failed.then((reason) => reason);
-    while (true) {
+    const hungUp = this.hangupCalled.then(() => true);
+    while (!this.hungUp) {
       const now = performance.now();
       if (now >= end) break;
       const wait = Math.min(o.callPollMs, end - now);
-      const reason = await Promise.race([sleep(wait), failed]);
+      const reason = await Promise.race([sleep(wait), failed, hungUp]);
       if (typeof reason === "string") throw new SessionError(reason);
+      if (this.hungUp) break;
       const s = await snapshot(this.pc);
       const at = performance.now();
       const inbound = s.inbound;
@@ -386,10 +425,18 @@ class CallSession {
         v.samples.push(this.sample(s, at));
         nextSample += o.sampleIntervalMs;
       }
+      this.setLive(s, at);
     }
     const s = await snapshot(this.pc);
     this.finalStats(s);
     v.samples.push(this.sample(s, performance.now()));
+  }
+
+  setLive(s, at) {
+    if (typeof this.opts.onUpdate !== "function") return;  // only a page that shows it
+    const [t_ms, packets_received, packets_lost, jitter_ms, rtt_ms] = this.sample(s, at);
+    this.live = {t_ms, packets_received, packets_lost, jitter_ms, rtt_ms};
+    this.notify("stats");
   }
 
   echoBaseline(s, at) {
@@ -472,4 +519,5 @@ class CallSession {
   }
 }
 
+window.CallSession = CallSession;
 window.runSession = (options) => new CallSession(options).run();

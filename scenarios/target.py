@@ -1,0 +1,220 @@
+"""``voiceedge scenario FILE --target URL``: a scenario's clients against a deployed edge.
+
+No world is built and nothing is calibrated: the clients run on this host, as the scenario
+says (sessions, start rate, call length, Chromium sessions), against the signaling front at
+URL, and their sessions are written to the same results folder as an emulated run's, with one
+architecture, ``deployment``, and one client region, ``target``. ``config.json`` records the
+target; the report says the figures are a deployment's, taken over whatever network lies
+between this host and it, with no configured floor to measure them against.
+
+What the deployment's own services did is not visible from here: the ports a run shows are the
+distinct server media addresses the clients' selected ICE pairs reached, and only the clients'
+own lag can mark a session saturated.
+"""
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
+from scenarios.runner import (BROWSER_SUFFIX, ArchitectureRun, RunResult, _count_results,
+                              _logged, _upstream_gaps, browser_start_rate,
+                              client_rows, git_commit, write_results)
+from scenarios.saturation import LagWindows
+from scenarios.spec import Scenario, ScenarioError
+from scenarios.timeline import TIMELINE, merge_timeline
+from services.browser.cli import READY_EVENT as BROWSER_READY
+
+ARCHITECTURE = "deployment"  # the one architecture of a target run
+REGION = "target"            # its one client region: this host
+MODE = "deployment target"
+
+
+class TargetUnreachable(RuntimeError):
+    """The target's signaling front did not answer its health check."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A deployed edge: its signaling front's base URL (scheme, host, port, optional prefix)."""
+
+    url: str
+
+    @classmethod
+    def parse(cls, text: str) -> "Target":
+        """``http[s]://host[:port][/prefix]``; a trailing ``/v1/calls`` or ``/call`` is the
+        front's own path and is dropped. ValueError (one line) for anything else."""
+        parts = urlsplit(text.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"--target {text!r}: expected http[s]://HOST[:PORT], the "
+                             f"deployment's signaling front")
+        try:
+            parts.port
+        except ValueError:
+            raise ValueError(f"--target {text!r}: bad port") from None
+        if parts.query or parts.fragment:
+            raise ValueError(f"--target {text!r}: no query or fragment, only the front's URL")
+        path = parts.path.rstrip("/")
+        for own in ("/v1/calls", "/call"):
+            path = path.removesuffix(own)
+        return cls(urlunsplit((parts.scheme, parts.netloc, path, "", "")))
+
+    @property
+    def calls_url(self) -> str:
+        return f"{self.url}/v1/calls"
+
+    @property
+    def page_url(self) -> str:
+        return f"{self.url}/call"
+
+    @property
+    def health_url(self) -> str:
+        return f"{self.url}/healthz"
+
+    def check(self, timeout: float = 5.0) -> dict:
+        """The front's /healthz (200 while a transceiver answers); TargetUnreachable if not."""
+        try:
+            with urllib.request.urlopen(self.health_url, timeout=timeout) as r:
+                body = r.read()
+        except urllib.error.HTTPError as exc:
+            raise TargetUnreachable(f"{self.health_url} answered HTTP {exc.code}: the "
+                                    f"front has no healthy transceiver") from None
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise TargetUnreachable(f"{self.health_url}: {reason}") from None
+        try:
+            return json.loads(body)
+        except ValueError:
+            return {}
+
+
+class TargetRunner:
+    """One run of a scenario's clients against a deployment."""
+
+    def __init__(self, scenario: Scenario, target: Target, results_root: Path = Path("results"),
+                 say=lambda msg, transient=False: None, progress=None) -> None:
+        """``say`` and ``progress`` as ScenarioRunner's. ScenarioError for a scenario that
+        needs the emulated world (faults)."""
+        if scenario.faults:
+            raise ScenarioError(f"{scenario.source or scenario.name}: faults break the "
+                                f"emulated world's links and services; a deployment target "
+                                f"has none to break (use a scenario without faults)")
+        self.scenario = scenario
+        self.target = target
+        self.say = say
+        self.progress = progress or (lambda what, done, total: None)
+        self.client_regions = [REGION]
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.directory = results_root / f"{scenario.name}-target-{stamp}"
+
+    def run(self) -> RunResult:
+        """Check the target, run the clients, write the results folder."""
+        health = self.target.check()
+        self.directory.mkdir(parents=True, exist_ok=False)
+        logs = self.directory / "logs" / ARCHITECTURE
+        logs.mkdir(parents=True)
+        started = time.monotonic()
+        result = RunResult(self.directory, self.scenario, [REGION], [], MODE, None)
+        self._write_config(health)
+        sc = self.scenario
+        clients: list[ServiceProcess] = []
+        interrupted = False
+        try:
+            if sc.chromium_per_region:
+                browser = self._browser(logs).start()
+                clients.append(browser)
+                browser.wait_ready(lambda: _logged(browser.log_path, BROWSER_READY),
+                                   timeout=20 + 5 * sc.chromium_per_region)
+            if sc.sessions_per_region:
+                clients.append(self._aiortc(logs).start())
+            planned = sc.sessions_per_region + sc.chromium_per_region
+            deadline = (time.monotonic() + planned / sc.start_rate + sc.call_duration_s + 90)
+            while any(c.alive() for c in clients):
+                if time.monotonic() > deadline:
+                    raise ServiceError("the clients did not finish in time")
+                done, failed = _count_results(logs)
+                self.progress(ARCHITECTURE, done, planned)
+                self.say(f"{done} of {planned} sessions done, {failed} failed, "
+                         f"{time.monotonic() - started:.0f} s", transient=True)
+                time.sleep(0.5)
+        except KeyboardInterrupt:  # Ctrl-C: the sessions that ended are still written
+            interrupted = True
+        finally:
+            for proc in clients:
+                proc.stop()
+            merge_timeline(logs)
+        lag = LagWindows.from_run(logs / TIMELINE)
+        sessions, samples, attempts, gaps = client_rows(
+            ARCHITECTURE, REGION, logs, lag, _upstream_gaps(logs / TIMELINE))
+        peak, addresses = _peak_and_addresses(sessions)
+        seconds = round(time.monotonic() - started, 1)
+        result.architectures.append(ArchitectureRun(
+            ARCHITECTURE, sessions, samples, {}, peak, len(addresses), len(addresses),
+            [f"server media address {a}" for a in sorted(addresses)], seconds,
+            attempts=attempts, gaps=gaps))
+        self.progress(ARCHITECTURE, len(sessions), len(sessions))
+        ok = sum(1 for s in sessions if s["ok"])
+        self.say(f"{ok}/{len(sessions)} sessions ok in {seconds:.0f} s")
+        result.timings["total_s"] = seconds
+        write_results(result)
+        if interrupted:
+            raise KeyboardInterrupt
+        return result
+
+    def _write_config(self, health: dict) -> None:
+        (self.directory / "config.json").write_text(json.dumps({
+            "scenario": asdict(self.scenario), "mode": MODE,
+            "target": {"url": self.target.url, "healthz": health},
+            "client_regions": [REGION], "clusters": [], "world_regions": [],
+            "architectures": [ARCHITECTURE], "baseline": None, "backend": MODE,
+            "commit": git_commit(), "impairments": {},
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2, default=str))
+
+    def _aiortc(self, logs: Path) -> ServiceProcess:
+        sc = self.scenario
+        return ServiceProcess(f"client-{REGION}", voiceedge_cmd(
+            "client", "--url", self.target.calls_url,
+            "-n", str(sc.sessions_per_region), "--rate", str(sc.start_rate),
+            "--full-clients", str(sc.full_clients_per_region),
+            "--duration", str(sc.call_duration_s),
+            "--media-timeout", str(sc.media_timeout_s),
+            "--reconnect-attempts", str(sc.reconnect_attempts),
+            "--results", str(logs / f"sessions-{REGION}.jsonl"),
+            "--samples", str(logs / f"samples-{REGION}.jsonl")),
+            logs / f"client-{REGION}.log")
+
+    def _browser(self, logs: Path) -> ServiceProcess:
+        """The Chromium sessions, spread over the aiortc sessions' start window (as in an
+        emulated run), none with the first calls."""
+        sc = self.scenario
+        rate = browser_start_rate(sc)
+        return ServiceProcess(f"browser-{REGION}", voiceedge_cmd(
+            "browser", "--url", self.target.calls_url, "-n", str(sc.chromium_per_region),
+            "--rate", f"{rate:.3f}", "--start-delay", f"{0.5 / rate:.3f}",
+            "--duration", str(sc.call_duration_s), "--offer", "alternate",
+            "--index-base", str(sc.sessions_per_region),
+            "--results", str(logs / f"sessions-{REGION}{BROWSER_SUFFIX}.jsonl"),
+            "--samples", str(logs / f"samples-{REGION}{BROWSER_SUFFIX}.jsonl"), "-q"),
+            logs / f"browser-{REGION}.log")
+
+
+def _peak_and_addresses(sessions: list[dict]) -> tuple[int, set[str]]:
+    """The most sessions connected at once (from the clients' own times) and the distinct
+    server media addresses of the selected ICE pairs ("local -> remote")."""
+    events = []
+    for s in sessions:
+        start, end = s.get("connected_unix"), s.get("ended_unix")
+        if s.get("ok") and start is not None and end is not None:
+            events += [(float(start), 1), (float(end), -1)]
+    live = peak = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        live += step
+        peak = max(peak, live)
+    addresses = {str(s["ice_pair"]).split(" -> ")[-1] for s in sessions
+                 if s.get("ok") and s.get("ice_pair") and " -> " in str(s["ice_pair"])}
+    return peak, addresses
