@@ -7,11 +7,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 REGION ?= apac
 SCENARIO ?= scenarios/default.yaml
+SWEEP ?= scenarios/sweep.yaml
 
-.PHONY: deps venv browsers scenario test budgets bench-relay bench-hostile clean help
+.PHONY: deps venv browsers scenario sweep test budgets bench-relay bench-hostile clean help
 
 help:
 	@echo "make scenario REGION=apac   run the scenario for clients in REGION"
+	@echo "make sweep REGION=apac      run the shipped sweep (the public internet's rtt_scale; docs/sweeps.md)"
 	@echo "make test                   run the tests"
 	@echo "make budgets                run the compact CI scenarios; check the latency and fault budgets"
 	@echo "make bench-relay            benchmark the relay's forwarding cost and added latency"
@@ -43,6 +45,12 @@ wants_browsers = $(BIN)/python -c 'import sys; from scenarios.spec import Scenar
 scenario: venv
 	@if $(call wants_browsers,$(SCENARIO)); then scripts/install-debian-deps.sh browsers; fi
 	@$(BIN)/voiceedge scenario $(SCENARIO) --region $(REGION)
+
+# A scenario's sweep: every architecture at every point (docs/sweeps.md); SWEEP_ARGS, e.g.
+# --resume results/sweep-sweep-apac-<time> or --max-minutes 90.
+sweep: venv
+	@if $(call wants_browsers,$(SWEEP)); then scripts/install-debian-deps.sh browsers; fi
+	@$(BIN)/voiceedge sweep $(SWEEP) --region $(REGION) $(SWEEP_ARGS)
 
 test: venv browsers
 	@$(BIN)/python -m pytest $(PYTEST_ARGS)

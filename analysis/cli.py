@@ -48,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
             print(dumps(compare_json(*args.compare, boot=boot)) if args.json
                   else compare(*args.compare, boot=boot))
             return 0
+        if (args.results / "sweep.json").is_file():  # a sweep's folder: its sweep report
+            return _sweep(args, boot)
         written = report(args.results, args.out, boot=boot)
     except ResultsError as exc:
         raise UserError(str(exc)) from None
@@ -59,4 +61,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(written.html)
         print(written.markdown)
+    return 0
+
+
+def _sweep(args: argparse.Namespace, boot) -> int:
+    from analysis.jsonout import dumps
+    from analysis.sweep import sweep_report
+
+    written = sweep_report(args.results, args.out, boot=boot)
+    if args.json:
+        print(dumps(written.to_dict(), ndigits=4))
+    else:
+        print(written.paths["html"])
+        print(written.paths["markdown"])
     return 0

@@ -156,12 +156,15 @@ class ScenarioRunner:
     def __init__(self, scenario: Scenario, region: str, results_root: Path = Path("results"),
                  backend: str | None = None, say=lambda msg, transient=False: None,
                  progress=None, capture: CaptureOptions | None = None,
-                 keep_world=None) -> None:
+                 keep_world=None, directory: Path | None = None,
+                 order: tuple[str, ...] | None = None) -> None:
         """``say(msg, transient)`` reports progress in words; ``progress(what, done, total)``
         drives a progress bar (calibration paths, sessions). ``capture``: write pcaps of
         every architecture and analyse them. ``keep_world(world, edge)``: called once the
         results are written, with the world and the last architecture's services still up;
-        they are torn down when it returns."""
+        they are torn down when it returns. ``directory``: the results folder (default
+        ``results_root/<scenario>-<region>-<time>``); ``order``: the order the architectures
+        run in (default the scenario's; a sweep rotates it from point to point)."""
         self.scenario = scenario
         self.say = say
         self.progress = progress or (lambda what, done, total: None)
@@ -183,7 +186,11 @@ class ScenarioRunner:
         self.capture = capture
         self.keep_world = keep_world
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.directory = results_root / f"{scenario.name}-{region.replace(',', '+')}-{stamp}"
+        self.directory = directory or (
+            results_root / f"{scenario.name}-{region.replace(',', '+')}-{stamp}")
+        self.order = tuple(order or scenario.architectures)
+        if sorted(self.order) != sorted(scenario.architectures):
+            raise ValueError(f"order {self.order} is not the scenario's architectures")
 
     # ------------------------------------------------------------ the run
 
@@ -192,55 +199,62 @@ class ScenarioRunner:
         interrupted or failed run leaves a folder ``voiceedge report`` can read."""
         from topology.impairment.backend import make_backend
 
-        self.directory.mkdir(parents=True, exist_ok=False)
-        (self.directory / "logs").mkdir()
         started = time.monotonic()
         backend = make_backend(self.backend_name)
         self.say(f"world: {', '.join(self.spec.regions)} (clusters {', '.join(self.clusters)});"
                  f" impairment backend: {backend.name}")
         world = World(self.spec, backend)
         with world:
-            self.say(f"world built in {world.build_seconds:.1f} s; calibrating "
-                     f"{len(world.links) + 1} paths")
-            before, t0 = engine_stats(world), time.monotonic()
-            report = calibrate(world, count=self.scenario.calibration_count,
-                               rate=self.scenario.calibration_rate,
-                               progress=lambda done, total: self.progress(
-                                   "calibration", done, total))
-            engine = EngineWindow.between(before, engine_stats(world), time.monotonic() - t0)
-            (self.directory / "calibration.json").write_text(
-                json.dumps(report.to_dict() | {"engine": asdict(engine)}, indent=2))
-            result = RunResult(self.directory, self.scenario, self.client_regions,
-                               self.clusters, backend.name, report)
-            self._write_config(result)
-            if not report.ok:
-                raise CalibrationFailed(report)
-            self.say(f"calibration passed ({len(report.paths)} paths)")
-            kept = None
-            try:
-                for n, arch in enumerate(self.scenario.architectures, start=1):
-                    last = n == len(self.scenario.architectures)
-                    run, kept = self._run_architecture(
-                        world, arch, keep_edge=last and self.keep_world is not None)
-                    result.architectures.append(run)
-                    write_results(result)
-                stats = backend.stats()
-                result.timings["engine"] = {k: v for k, v in stats.items()
-                                            if not isinstance(v, (dict, list))}
-                # every impaired interface's counters over the run (seen, delayed, dropped_loss)
-                (self.directory / "impairment.json").write_text(json.dumps(
-                    {k: v for k, v in stats.items() if k != "lateness_hist"}, indent=2))
-                if self.capture is not None:
-                    self._analyse_captures(result)
-                if kept is not None:
-                    self.keep_world(world, kept)
-            finally:
-                if kept is not None:
-                    kept.stop()
+            self.say(f"world built in {world.build_seconds:.1f} s")
+            result = self.run_in(world)
         result.timings.update(build_s=round(world.build_seconds, 2),
                               teardown_s=round(world.teardown_seconds, 2),
                               total_s=round(time.monotonic() - started, 1))
         write_results(result)
+        return result
+
+    def run_in(self, world: World) -> RunResult:
+        """Calibrate ``world`` (built from this runner's spec, or re-impaired to it) and run
+        each architecture in it; CalibrationFailed when the world is off. The world stays up."""
+        self.directory.mkdir(parents=True, exist_ok=False)
+        (self.directory / "logs").mkdir()
+        backend = world.backend
+        self.say(f"calibrating {len(world.links) + 1} paths")
+        before, t0 = engine_stats(world), time.monotonic()
+        report = calibrate(world, count=self.scenario.calibration_count,
+                           rate=self.scenario.calibration_rate,
+                           progress=lambda done, total: self.progress(
+                               "calibration", done, total))
+        engine = EngineWindow.between(before, engine_stats(world), time.monotonic() - t0)
+        (self.directory / "calibration.json").write_text(
+            json.dumps(report.to_dict() | {"engine": asdict(engine)}, indent=2))
+        result = RunResult(self.directory, self.scenario, self.client_regions,
+                           self.clusters, backend.name, report)
+        self._write_config(result)
+        if not report.ok:
+            raise CalibrationFailed(report)
+        self.say(f"calibration passed ({len(report.paths)} paths)")
+        kept = None
+        try:
+            for n, arch in enumerate(self.order, start=1):
+                last = n == len(self.order)
+                run, kept = self._run_architecture(
+                    world, arch, keep_edge=last and self.keep_world is not None)
+                result.architectures.append(run)
+                write_results(result)
+            stats = backend.stats()
+            result.timings["engine"] = {k: v for k, v in stats.items()
+                                        if not isinstance(v, (dict, list))}
+            # every impaired interface's counters over the run (seen, delayed, dropped_loss)
+            (self.directory / "impairment.json").write_text(json.dumps(
+                {k: v for k, v in stats.items() if k != "lateness_hist"}, indent=2))
+            if self.capture is not None:
+                self._analyse_captures(result)
+            if kept is not None:
+                self.keep_world(world, kept)
+        finally:
+            if kept is not None:
+                kept.stop()
         return result
 
     def _write_config(self, result: RunResult) -> None:
@@ -249,7 +263,8 @@ class ScenarioRunner:
         (self.directory / "config.json").write_text(json.dumps({
             "scenario": asdict(self.scenario), "client_regions": self.client_regions,
             "clusters": self.clusters, "world_regions": list(self.spec.regions),
-            "architectures": list(self.scenario.architectures), "baseline": BASELINE,
+            "architectures": list(self.scenario.architectures), "order": list(self.order),
+            "baseline": BASELINE,
             "backend": result.backend, "commit": commit, "impairments": impairments,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2, default=str))
 

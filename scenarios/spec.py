@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 
 from scenarios.faultspec import FaultSpec
+from scenarios.sweepspec import SweepSpec
 from voiceedge.errors import ConfigError
 
 PORT_PER_SESSION, CLUSTER_RELAY, GLOBAL_RELAY = "port-per-session", "cluster-relay", "global-relay"
@@ -44,6 +45,7 @@ class Scenario:
     faults: tuple[FaultSpec, ...] = ()
     media_timeout_s: float = 1.5      # the clients' media watchdog (docs/client.md)
     reconnect_attempts: int = 3       # the clients' bounded retry after a failed connection
+    sweep: SweepSpec | None = None    # the parameters a sweep varies (scenarios/sweepspec.py)
     description: str = ""
     source: str = ""
 
@@ -61,7 +63,7 @@ class Scenario:
         known = {"name", "description", "clusters", "sessions_per_region", "call_duration_s",
                  "start_rate", "architectures", "last_mile", "profiles", "calibration",
                  "min_success_pct", "full_clients_per_region", "transceivers_per_cluster",
-                 "faults", "client", "clients"}
+                 "faults", "client", "clients", "sweep"}
         unknown = set(doc) - known
         if unknown:
             raise ScenarioError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -111,6 +113,12 @@ class Scenario:
             raise ScenarioError(f"{path}: faults: {exc}") from None
         if len({f.name for f in faults}) != len(faults):
             raise ScenarioError(f"{path}: faults: names repeat")
+        sweep = None
+        if doc.get("sweep") is not None:
+            try:
+                sweep = SweepSpec.parse(doc["sweep"], str(path))
+            except ValueError as exc:
+                raise ScenarioError(str(exc)) from None
         scenario = cls(
             name=need("name", str, lambda v: v.replace("-", "").replace("_", "").isalnum(),
                       "letters, digits, - and _ only"),
@@ -129,7 +137,7 @@ class Scenario:
             min_success_pct=float(need("min_success_pct", (int, float), lambda v: 0 <= v <= 100,
                                        "0..100")) if "min_success_pct" in doc else 100.0,
             transceivers_per_cluster=per_cluster, faults=faults,
-            media_timeout_s=float(media_timeout), reconnect_attempts=attempts,
+            media_timeout_s=float(media_timeout), reconnect_attempts=attempts, sweep=sweep,
             description=str(doc.get("description", "")).strip(), source=str(path))
         if scenario.calibration_count < 20 or scenario.calibration_rate <= 0:
             raise ScenarioError(f"{path}: calibration: count >= 20 and a positive rate")

@@ -256,6 +256,34 @@ class World:
                  "; ".join(f"{c.src}->{c.dst} {c.impairment}" for c in changed))
         return changed
 
+    def reimpair(self, spec: WorldSpec) -> list[ImpairedLink]:
+        """Make ``spec`` the world's configuration from now on: every direction whose
+        impairment differs is changed in place (hosts, addresses and routes stay), and
+        calibration then judges the world against ``spec``. The topology must be the same (a
+        sweep over impairments: scenarios/sweep.py). Returns the directions changed."""
+        if (spec.regions, spec.clusters) != (self.spec.regions, self.spec.clusters):
+            raise ValueError("reimpair changes impairments only: regions and clusters must be "
+                             "the world's (build another world for another topology)")
+        if self.net is None:
+            raise RuntimeError("the world is not built (use it inside `with World`)")
+        changed = []
+        applied = {link.key for link in self.links} | self._applied_later
+        for key, link in list(self.directions.items()):
+            new = spec.impairments.get(key) or Impairment()
+            if new == link.impairment:
+                continue
+            node = self.node(link.receiver)
+            if link.key not in applied:  # null so far, so never applied: apply that first
+                self.backend.apply(node, link.interface, link.impairment)
+            self._applied_later.add(link.key)  # applied from now on, whatever it becomes
+            self.backend.change(node, link.interface, new)
+            self.directions[key] = replace(link, impairment=new)
+            changed.append(self.directions[key])
+        self.links = [link for link in self.directions.values() if not link.impairment.is_null]
+        self.spec = spec
+        log.info("world re-impaired: %d directions changed", len(changed))
+        return changed
+
     def restore_link(self, kind: str, a: str, b: str | None = None) -> list[ImpairedLink]:
         """Put back the configured impairment of both directions of a link; returns them."""
         links = self.link_directions(kind, a, b)

@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     from bench import relay as relay_bench
     from topology.impairment import bench as impairment_bench
     from scenarios import cli as scenario_cli
+    from scenarios import sweepcli
     from scenarios import demo_edge
     from services.agent import cli as agent_cli
     from services.browser import cli as browser_cli
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     hostile_bench.add_parser(bench_sub)
 
     scenario_cli.add_parser(sub)
+    sweepcli.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,909 @@
+"""A sweep folder (scenarios/sweep.py writes it), analysed: each point's medians with their CIs,
+each architecture's difference from the baseline along the swept parameters, where an advantage
+stops being significant (the crossover), and the sweep's report.
+
+    results/<scenario>-sweep-<region>-<time>/
+      sweep.json     the parameters; each point's values, status, directory, order, seconds
+      points/<id>/   each point's own results folder (analysis/load.py)
+      sessions.csv   every measured point's sessions, ``point`` and the parameters in front
+
+``write_sweep_report(dir)`` adds sweep_stats.csv, sweep_summary.json, plots/sweep_*.png,
+sweep_report.html and sweep_report.md (docs/sweeps.md, "Reading a sweep"). Only points whose
+status is ``measured`` are analysed; the others are listed with their status, never plotted.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from analysis.jsonout import dumps, plain
+from analysis.load import DEFAULT_BASELINE, Results, ResultsError, load_results
+from analysis.mos import EModel
+from analysis.stats import METRIC_BY_NAME, Bootstrap, Difference, Stats, compute_stats
+from analysis.tables import Table, fmt, to_html, to_markdown
+
+SWEEP_FILE = "sweep.json"
+MEASURED = "measured"
+# The statuses whose points are analysed: "failed" is a measured point where an architecture
+# fell below min_success_pct (its success rate is a finding, and in the tables).
+ANALYSED = (MEASURED, "failed")
+SWEEP_METRICS = ("setup_over_floor_ms", "first_ice_rtt_ms", "rtt_ms", "jitter_ms", "loss_pct",
+                 "mos")
+BETTER, NONE, WORSE = "better", "none", "worse"  # an architecture against the baseline
+STATE_WORDS = {BETTER: "significantly better", NONE: "no significant difference",
+               WORSE: "significantly worse"}
+BEYOND = "beyond the swept range"
+_UNITS = {"loss_pct": " percentage points", "mos": ""}
+
+
+class SweepError(ResultsError):
+    """A folder that is not a readable sweep folder; the message is one line."""
+
+
+# ------------------------------------------------------------------ the folder
+
+@dataclass(frozen=True)
+class Parameter:
+    """A swept parameter and its values, in sweep.json's order."""
+
+    name: str
+    values: tuple
+
+    @property
+    def label(self) -> str:
+        """The short name: 'rtt_scale' for public_internet.rtt_scale."""
+        return self.name.split(".")[-1]
+
+    @property
+    def numeric(self) -> bool:
+        """Numbers: an axis, ordered by value; otherwise categories, in the given order."""
+        return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in self.values)
+
+    def show(self, value) -> str:
+        if isinstance(value, (list, tuple)):
+            return "+".join(map(str, value))
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    def position(self, value) -> float:
+        """Where a value sits on a plot's axis: itself, or its index for categories."""
+        return float(value) if self.numeric else float(list(self.values).index(value))
+
+
+@dataclass
+class Point:
+    """One point of sweep.json; ``results`` is loaded for an analysed point."""
+
+    id: str
+    values: dict
+    status: str
+    directory: str
+    order: list = field(default_factory=list)
+    seconds: float | None = None
+    error: str | None = None
+    results: Results | None = None
+    problem: str = ""  # why a measured point's folder could not be read
+
+    @property
+    def analysed(self) -> bool:
+        return self.results is not None
+
+
+@dataclass
+class Sweep:
+    path: Path
+    doc: dict
+    parameters: tuple[Parameter, ...]
+    points: list[Point]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def scenario(self) -> str:
+        return str(self.doc.get("scenario") or "?")
+
+    @property
+    def region(self) -> str:
+        return str(self.doc.get("region") or "?")
+
+    @property
+    def baseline(self) -> str:
+        return str(self.doc.get("baseline") or DEFAULT_BASELINE)
+
+    @property
+    def architectures(self) -> list[str]:
+        """sweep.json's architectures, then any other a point measured."""
+        out = list(self.doc.get("architectures") or [])
+        for p in self.analysed_points:
+            out += [a for a in p.results.architectures if a not in out]
+        return out
+
+    @property
+    def analysed_points(self) -> list[Point]:
+        return [p for p in self.points if p.analysed]
+
+    def where(self, point: Point) -> str:
+        """'rtt_scale 1.2' (and ', loss_pct 2' for a second parameter)."""
+        return ", ".join(f"{p.label} {p.show(point.values[p.name])}" for p in self.parameters)
+
+
+def _fail(file: Path, what: str):
+    raise SweepError(f"{file}: {what}")
+
+
+def _parameters(doc: dict, file: Path) -> tuple[Parameter, ...]:
+    raw = doc.get("parameters")
+    if not isinstance(raw, list) or not 1 <= len(raw) <= 2:
+        _fail(file, "'parameters' is not a list of one or two parameters")
+    out = []
+    for p in raw:
+        if (not isinstance(p, dict) or not isinstance(p.get("name"), str)
+                or not isinstance(p.get("values"), list) or not p["values"]):
+            _fail(file, "each parameter needs a 'name' and a non-empty list of 'values'")
+        out.append(Parameter(p["name"], tuple(p["values"])))
+    return tuple(out)
+
+
+def _point(raw, parameters: tuple[Parameter, ...], file: Path) -> Point:
+    if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+        _fail(file, "each point needs an 'id'")
+    pid, values = raw["id"], raw.get("values")
+    if not isinstance(values, dict) or any(p.name not in values for p in parameters):
+        _fail(file, f"point {pid}: 'values' lacks a parameter's value")
+    for p in parameters:
+        if values[p.name] not in p.values:
+            _fail(file, f"point {pid}: {p.name} {values[p.name]!r} is not one of its values")
+    if not isinstance(raw.get("status"), str):
+        _fail(file, f"point {pid}: no 'status'")
+    directory = raw.get("directory") or f"points/{pid}"
+    if not isinstance(directory, str) or Path(directory).is_absolute() \
+            or ".." in Path(directory).parts:
+        _fail(file, f"point {pid}: 'directory' must be a path inside the sweep folder")
+    return Point(pid, values, raw["status"], directory, list(raw.get("order") or []),
+                 raw.get("seconds"), raw.get("error"))
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read sweep.json and the results folder of every point whose status is ``measured``.
+    SweepError (a ResultsError; one line) for a folder that is not a sweep folder; a measured
+    point whose folder cannot be read keeps the reason in ``Point.problem``."""
+    path = Path(path)
+    if not path.is_dir():
+        raise SweepError(f"{path} is not a directory")
+    file = path / SWEEP_FILE
+    if not file.is_file():
+        raise SweepError(f"{path} is not a sweep folder (no {SWEEP_FILE})")
+    try:
+        doc = json.loads(file.read_text())
+    except ValueError as exc:
+        raise SweepError(f"{file} is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        _fail(file, "not a JSON object")
+    parameters = _parameters(doc, file)
+    if not isinstance(doc.get("points"), list):
+        _fail(file, "'points' is not a list")
+    points = [_point(p, parameters, file) for p in doc["points"]]
+    if len({p.id for p in points}) != len(points):
+        _fail(file, "point ids repeat")
+    if not isinstance(doc.get("architectures", []), list):
+        _fail(file, "'architectures' is not a list")
+    for p in points:
+        if p.status in ANALYSED:
+            try:
+                p.results = load_results(path / p.directory)
+            except ResultsError as exc:
+                p.problem = str(exc)
+    return Sweep(path, doc, parameters, points)
+
+
+# ------------------------------------------------------------------ statistics per point
+
+@dataclass(frozen=True)
+class Cell:
+    """One architecture's median of one metric at one point, its CI, and (but for the
+    baseline) its difference from the baseline's median with that difference's CI."""
+
+    point: str
+    architecture: str
+    metric: str
+    p50: float
+    lo: float
+    hi: float
+    n: int
+    saturated: int  # successful sessions left out: measured while the host lagged
+    diff: Difference | None
+
+    @property
+    def state(self) -> str | None:
+        return state_of(self.diff, self.metric)
+
+
+def state_of(diff: Difference | None, metric: str) -> str | None:
+    """BETTER or WORSE when the difference's CI excludes zero (lower is better, but for MOS),
+    NONE when it does not; None without a difference."""
+    if diff is None or math.isnan(diff.estimate):
+        return None
+    if not diff.significant:
+        return NONE
+    return BETTER if (diff.lo > 0) == METRIC_BY_NAME[metric].higher_is_better else WORSE
+
+
+def _cells(point: Point, stats: Stats, architectures: list[str], baseline: str) -> list[Cell]:
+    out = []
+    have_baseline = baseline in point.results.architectures
+    for arch in architectures:
+        if arch not in point.results.architectures:
+            continue
+        saturated = int(stats.success_row(arch).saturated)
+        for metric in SWEEP_METRICS:
+            row = stats.row(arch, metric)
+            diff = (stats.difference(arch, baseline, metric)
+                    if have_baseline and arch != baseline else None)
+            out.append(Cell(point.id, arch, metric, float(row.p50), float(row.p50_lo),
+                            float(row.p50_hi), int(row.n), saturated, diff))
+    return out
+
+
+# ------------------------------------------------------------------ crossovers
+
+@dataclass(frozen=True)
+class Transition:
+    """Neighbouring measured points (parameter values) where the state changes."""
+
+    start: float
+    end: float
+    before: str
+    after: str
+
+
+def transitions(xs, states) -> tuple[Transition, ...]:
+    return tuple(Transition(xs[i], xs[i + 1], states[i], states[i + 1])
+                 for i in range(len(xs) - 1) if states[i] != states[i + 1])
+
+
+def zero_crossings(xs, ys) -> tuple[float, ...]:
+    """Where the piecewise-linear ys changes sign (interpolated between neighbours; across a
+    run of exact zeros, the run's middle). Touching zero without changing sign is none."""
+    out, last = [], None  # last: index of the last non-zero value
+    for i, y in enumerate(ys):
+        if y == 0:
+            continue
+        if last is not None and (ys[last] < 0) != (y < 0):
+            if last == i - 1:
+                out.append(xs[last] + (xs[i] - xs[last]) * ys[last] / (ys[last] - y))
+            else:
+                out.append((xs[last + 1] + xs[i - 1]) / 2)
+        last = i
+    return tuple(float(x) for x in out)
+
+
+def _below(a: float, b: float, fa: float, fb: float) -> tuple[float, float] | None:
+    """The part of [a, b] where the line through (a, fa), (b, fb) is <= 0."""
+    if fa <= 0 and fb <= 0:
+        return a, b
+    if fa > 0 and fb > 0:
+        return None
+    t = a + (b - a) * fa / (fa - fb)
+    return (a, t) if fa <= 0 else (t, b)
+
+
+def insignificant_spans(xs, los, his) -> tuple[tuple[float | None, float | None], ...]:
+    """Where the CI, its bounds interpolated linearly between neighbouring points, includes
+    zero (lo <= 0 <= hi): (start, end) spans; None for an end at the edge of the swept range
+    (the span goes on beyond it, as far as this sweep can tell)."""
+    if len(xs) == 1:
+        return ((None, None),) if los[0] <= 0 <= his[0] else ()
+    pieces = []
+    for i in range(len(xs) - 1):
+        a, b = xs[i], xs[i + 1]
+        lo_part = _below(a, b, los[i], los[i + 1])
+        hi_part = _below(a, b, -his[i], -his[i + 1])
+        if lo_part and hi_part and max(lo_part[0], hi_part[0]) <= min(lo_part[1], hi_part[1]):
+            pieces.append([max(lo_part[0], hi_part[0]), min(lo_part[1], hi_part[1])])
+    spans: list[list[float]] = []
+    for piece in pieces:
+        if spans and spans[-1][1] == piece[0]:
+            spans[-1][1] = piece[1]
+        else:
+            spans.append(piece)
+    return tuple((None if s == xs[0] else float(s), None if e == xs[-1] else float(e))
+                 for s, e in spans)
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Along a one-parameter numeric sweep: an architecture's state against the baseline at
+    each measured point, where it changes (between which points), where the difference's
+    estimate crosses zero and where its CI includes zero (both interpolated linearly)."""
+
+    architecture: str
+    baseline: str
+    metric: str
+    parameter: Parameter
+    xs: tuple[float, ...]
+    states: tuple[str, ...]
+    transitions: tuple[Transition, ...]
+    zeros: tuple[float, ...]
+    spans: tuple[tuple[float | None, float | None], ...]
+
+    def _x(self, x: float | None, side: str) -> str:
+        return f"{side} the swept range" if x is None else f"≈{x:.3g}"
+
+    def changes(self) -> str:
+        """'1.2-1.4: none -> better' per transition, or what holds throughout."""
+        if not self.states:
+            return "no measured point to compare"
+        if not self.transitions:
+            return f"{STATE_WORDS[self.states[0]]} throughout"
+        show = self.parameter.show
+        return "; ".join(f"between {show(t.start)} and {show(t.end)}: {t.before} -> {t.after}"
+                         for t in self.transitions)
+
+    def zero_text(self) -> str:
+        if not self.zeros:
+            return BEYOND
+        return ", ".join(f"≈{z:.3g}" for z in self.zeros)
+
+    def span_text(self) -> str:
+        if not self.spans:
+            return "nowhere (significant at every point)"
+        if self.spans == ((None, None),):
+            return "throughout the swept range"
+        return "; ".join(f"from {self._x(s, 'below')} to {self._x(e, 'above')}"
+                         for s, e in self.spans)
+
+    def sentence(self) -> str:
+        p, label = self.parameter, METRIC_BY_NAME[self.metric].label
+        head = f"{self.architecture}'s {label} against {self.baseline}'s along {p.label}"
+        if not self.states:
+            return f"{head}: no measured point to compare."
+        if not self.transitions:
+            return (f"{head}: {STATE_WORDS[self.states[0]]} at every measured point "
+                    f"({p.show(self.xs[0])} to {p.show(self.xs[-1])}); no crossover in the "
+                    f"swept range.")
+        parts = [f"{STATE_WORDS[t.before]} at {p.show(t.start)}, {STATE_WORDS[t.after]} at "
+                 f"{p.show(t.end)} (crossover between them)" for t in self.transitions]
+        return (f"{head}: " + "; ".join(parts) + f". The difference of medians crosses zero "
+                f"at {p.label} {self.zero_text()}; its 95% CI includes zero "
+                f"{self.span_text()}.")
+
+    def to_dict(self) -> dict:
+        return {"architecture": self.architecture, "baseline": self.baseline,
+                "metric": self.metric, "parameter": self.parameter.name,
+                "states": [{"value": x, "state": s} for x, s in zip(self.xs, self.states)],
+                "transitions": [{"between": [t.start, t.end], "from": t.before, "to": t.after}
+                                for t in self.transitions],
+                "estimate_zero": list(self.zeros),  # empty: beyond the swept range
+                "ci_includes_zero": [{"from": s, "to": e} for s, e in self.spans],
+                "sentence": self.sentence()}
+
+
+def crossover(parameter: Parameter, architecture: str, baseline: str, metric: str,
+              points: list[tuple[float, Difference]]) -> Crossover:
+    """The crossover of one architecture and metric from (parameter value, difference) pairs
+    (points without a difference are left out)."""
+    pts = sorted(((x, d) for x, d in points if d is not None and not math.isnan(d.estimate)),
+                 key=lambda t: t[0])
+    xs = tuple(float(x) for x, _ in pts)
+    states = tuple(state_of(d, metric) for _, d in pts)
+    return Crossover(architecture, baseline, metric, parameter, xs, states,
+                     transitions(xs, states), zero_crossings(xs, [d.estimate for _, d in pts]),
+                     insignificant_spans(xs, [d.lo for _, d in pts], [d.hi for _, d in pts])
+                     if pts else ())
+
+
+# ------------------------------------------------------------------ the analysis
+
+@dataclass(frozen=True)
+class Conclusion:
+    """One architecture against the baseline, one metric, at one point, in words."""
+
+    point: str
+    where: str
+    architecture: str
+    baseline: str
+    metric: str
+    diff: Difference
+
+    @property
+    def state(self) -> str | None:
+        return state_of(self.diff, self.metric)
+
+    def sentence(self) -> str:
+        d, m = self.diff, self.metric
+        label, unit = METRIC_BY_NAME[m].label, _UNITS.get(m, f" {METRIC_BY_NAME[m].unit}")
+        head = f"at {self.where}, {self.architecture}'s {label}"
+        if math.isnan(d.estimate):
+            return f"{head}: no measured sessions to compare with {self.baseline}'s"
+        if d.estimate == 0:
+            text = (f"{head} equals {self.baseline}'s (difference 0{unit}, CI "
+                    f"[{fmt(d.lo, m)}, {fmt(d.hi, m)}])")
+        else:
+            below = d.estimate < 0
+            size, a, b = (-d.estimate, -d.hi, -d.lo) if below else (d.estimate, d.lo, d.hi)
+            text = (f"{head} is {fmt(size, m)}{unit} [{fmt(a, m)}, {fmt(b, m)}] "
+                    f"{'below' if below else 'above'} {self.baseline}'s")
+        verdict = {BETTER: "significant (better)", WORSE: "significant (worse)",
+                   NONE: "not significant"}[self.state]
+        return f"{text}: {verdict}"
+
+
+@dataclass
+class Grid:
+    """A metric's difference from the baseline over a two-parameter sweep: rows the second
+    parameter's values, columns the first's; NaN and the point's status where not analysed."""
+
+    x: Parameter
+    y: Parameter
+    estimate: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    significant: np.ndarray
+    labels: list[list[str]]  # '' where analysed, else the point's status (or 'no point')
+
+
+@dataclass
+class SweepAnalysis:
+    sweep: Sweep
+    cells: dict[tuple[str, str, str], Cell]  # (point, architecture, metric)
+    crossovers: list[Crossover]
+    bootstrap: Bootstrap
+    model: EModel
+    stats: dict[str, Stats] = field(default_factory=dict)  # per analysed point
+
+    def cell(self, point: str, architecture: str, metric: str) -> Cell | None:
+        return self.cells.get((point, architecture, metric))
+
+    def crossover_of(self, architecture: str, metric: str) -> Crossover | None:
+        return next((c for c in self.crossovers if (c.architecture, c.metric)
+                     == (architecture, metric)), None)
+
+    def series(self, architecture: str, metric: str, fixed=None) -> list[tuple[float, Cell]]:
+        """(position on the first parameter's axis, cell) of the analysed points, in order;
+        with ``fixed``, only the points where the second parameter has that value."""
+        params = self.sweep.parameters
+        out = []
+        for p in self.sweep.analysed_points:
+            if fixed is not None and p.values[params[1].name] != fixed:
+                continue
+            c = self.cell(p.id, architecture, metric)
+            if c is not None and c.n:
+                out.append((params[0].position(p.values[params[0].name]), c))
+        return sorted(out, key=lambda t: t[0])
+
+    def conclusions(self) -> list[Conclusion]:
+        """Every architecture but the baseline, every metric, at every analysed point."""
+        out = []
+        for p in self.sweep.analysed_points:
+            for arch in self.sweep.architectures:
+                for metric in SWEEP_METRICS:
+                    c = self.cell(p.id, arch, metric)
+                    if c is not None and c.diff is not None:
+                        out.append(Conclusion(p.id, self.sweep.where(p), arch,
+                                              self.sweep.baseline, metric, c.diff))
+        return out
+
+    def grid(self, architecture: str, metric: str = "mos") -> Grid | None:
+        """The difference over a two-parameter sweep (None for one parameter)."""
+        if len(self.sweep.parameters) != 2:
+            return None
+        x, y = self.sweep.parameters
+        shape = (len(y.values), len(x.values))
+        est, lo, hi = (np.full(shape, np.nan) for _ in range(3))
+        sig = np.zeros(shape, dtype=bool)
+        labels = [["no point"] * shape[1] for _ in range(shape[0])]
+        for p in self.sweep.points:
+            i, j = list(y.values).index(p.values[y.name]), list(x.values).index(p.values[x.name])
+            if not p.analysed:
+                labels[i][j] = "unreadable" if p.problem else p.status
+                continue
+            c = self.cell(p.id, architecture, metric)
+            if c is None or c.diff is None or math.isnan(c.diff.estimate):
+                labels[i][j] = "no sessions"
+                continue
+            labels[i][j] = ""
+            est[i, j], lo[i, j], hi[i, j] = c.diff.estimate, c.diff.lo, c.diff.hi
+            sig[i, j] = c.diff.significant
+        return Grid(x, y, est, lo, hi, sig, labels)
+
+    def stats_rows(self) -> list[dict]:
+        """The rows of sweep_stats.csv."""
+        rows = []
+        for p in self.sweep.analysed_points:
+            values = {q.name: _cell_value(p.values[q.name]) for q in self.sweep.parameters}
+            for arch in self.sweep.architectures:
+                for metric in SWEEP_METRICS:
+                    c = self.cell(p.id, arch, metric)
+                    if c is None:
+                        continue
+                    d = c.diff
+                    rows.append(plain({
+                        "point": p.id, **values, "architecture": arch, "metric": metric,
+                        "p50": c.p50, "lo": c.lo, "hi": c.hi, "n": c.n, "saturated": c.saturated,
+                        "diff": d.estimate if d else None, "diff_lo": d.lo if d else None,
+                        "diff_hi": d.hi if d else None}, 4))
+        return rows
+
+    def summary(self) -> dict:
+        """sweep_summary.json: the points with their status, the crossovers per metric, the
+        conclusions per point, the warnings."""
+        s = self.sweep
+        crossovers: dict = {}
+        for c in self.crossovers:
+            crossovers.setdefault(c.metric, {})[c.architecture] = c.to_dict()
+        b = self.bootstrap
+        return plain({
+            "directory": str(s.path), "scenario": s.scenario, "source": s.doc.get("source"),
+            "region": s.region, "baseline": s.baseline, "architectures": s.architectures,
+            "parameters": [{"name": p.name, "values": list(p.values)} for p in s.parameters],
+            "metrics": list(SWEEP_METRICS),
+            "bootstrap": {"resamples": b.resamples, "level": b.level, "seed": b.seed},
+            "points": [_point_entry(p, s) for p in s.points],
+            "crossovers": crossovers,
+            "conclusions": [{"point": c.point, "architecture": c.architecture,
+                             "metric": c.metric, "difference_p50": c.diff.estimate,
+                             "ci": [c.diff.lo, c.diff.hi], "significant": c.diff.significant,
+                             "state": c.state, "sentence": c.sentence()}
+                            for c in self.conclusions()],
+            "warnings": warnings(self)}, 4)
+
+
+def _cell_value(value):
+    """A parameter value as a CSV cell, as in the sweep's sessions.csv (lists joined by '+')."""
+    return "+".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+
+
+def _calibration(point: Point, sweep: Sweep) -> str:
+    """'passed', 'FAILED', or '-' when the point has no calibration.json."""
+    path = sweep.path / point.directory / "calibration.json"
+    try:
+        ok = json.loads(path.read_text()).get("ok")
+    except (OSError, ValueError, AttributeError):
+        return "-"
+    return "passed" if ok else "FAILED"
+
+
+def _point_entry(p: Point, sweep: Sweep) -> dict:
+    entry = {"id": p.id, "values": p.values, "status": p.status, "directory": p.directory,
+             "order": p.order, "seconds": p.seconds, "error": p.error, "analysed": p.analysed,
+             "problem": p.problem or None, "calibration": _calibration(p, sweep)}
+    if p.analysed:
+        r = p.results
+        entry["calibration_at_load_ok"] = {a: bool(c.get("ok"))
+                                           for a, c in r.calibration_at_load.items()}
+        entry["missing"] = {"architectures": r.missing_architectures, "files": r.missing_files}
+        entry["sessions"] = _sessions(r)
+    return entry
+
+
+def _sessions(results: Results) -> dict[str, dict]:
+    """Per architecture: sessions, ok, and the ok ones measured while the host lagged."""
+    s = results.sessions
+    return {a: {"sessions": int((s.architecture == a).sum()),
+                "ok": int((s.ok & (s.architecture == a)).sum()),
+                "saturated": int((s.ok & s.saturated & (s.architecture == a)).sum())}
+            for a in results.architectures}
+
+
+def analyse_sweep(directory: str | Path | Sweep, boot: Bootstrap = Bootstrap(),
+                  model: EModel = EModel()) -> SweepAnalysis:
+    """Each analysed point's statistics (analysis.stats.compute_stats: successful sessions
+    measured while the host kept up), a Cell per (point, architecture, metric), and for a
+    sweep of one numeric parameter a Crossover per (architecture but the baseline, metric)."""
+    sweep = directory if isinstance(directory, Sweep) else load_sweep(directory)
+    cells, stats = {}, {}
+    for p in sweep.analysed_points:
+        stats[p.id] = compute_stats(p.results, boot, model)
+        for c in _cells(p, stats[p.id], sweep.architectures, sweep.baseline):
+            cells[(c.point, c.architecture, c.metric)] = c
+    analysis = SweepAnalysis(sweep, cells, [], boot, model, stats)
+    param = sweep.parameters[0]
+    if len(sweep.parameters) == 1 and param.numeric:
+        for arch in sweep.architectures:
+            if arch == sweep.baseline:
+                continue
+            for metric in SWEEP_METRICS:
+                pts = [(x, c.diff) for x, c in analysis.series(arch, metric)]
+                analysis.crossovers.append(crossover(param, arch, sweep.baseline, metric, pts))
+    return analysis
+
+
+# ------------------------------------------------------------------ the report
+
+def warnings(analysis: SweepAnalysis) -> list[str]:
+    """What a reader must know before trusting the sweep's numbers."""
+    s, out = analysis.sweep, []
+    skipped = [p for p in s.points if not p.analysed]
+    if skipped:
+        listed = "; ".join(f"{p.id} ({s.where(p)}) {p.status}"
+                           + (f": {p.problem}" if p.problem else "") for p in skipped)
+        out.append(f"{len(skipped)} of {len(s.points)} points not analysed ({listed}): listed "
+                   f"below, never plotted or used for a crossover.")
+    for p in s.analysed_points:
+        r = p.results
+        if r.missing_text():
+            out.append(f"{p.id} ({s.where(p)}): incomplete: {r.missing_text()}.")
+        bad = [a for a, c in r.calibration_at_load.items() if not c.get("ok", False)]
+        if bad:
+            out.append(f"{p.id} ({s.where(p)}): calibration at load FAILED for "
+                       f"{', '.join(bad)}: the world was not the configured one while they ran.")
+    hit = [f"{p.id} {a}: {n['saturated']} of {n['ok']}" for p in s.analysed_points
+           for a, n in _sessions(p.results).items() if n["saturated"]]
+    if hit:
+        out.append(f"Host saturated at some points ({', '.join(hit)}): those sessions are left "
+                   f"out of every statistic (see Sessions per point).")
+    return out
+
+
+def points_table(analysis: SweepAnalysis) -> Table:
+    s = analysis.sweep
+    table = Table(["point", *(p.label for p in s.parameters), "status", "calibration",
+                   "calibration at load", "architectures in the order run", "seconds", "note"],
+                  note="Only measured points (status 'measured' or 'failed') are analysed. "
+                       "Calibration: the point's world measured against its configuration before any call; at "
+                       "load: again while each architecture's calls ran.")
+    for p in s.points:
+        at_load = "-"
+        if p.analysed and p.results.calibration_at_load:
+            failed = [a for a, c in p.results.calibration_at_load.items() if not c.get("ok")]
+            at_load = "FAILED: " + ", ".join(failed) if failed else "passed"
+        table.rows.append([p.id, *(q.show(p.values[q.name]) for q in s.parameters), p.status,
+                           _calibration(p, s), at_load, ", ".join(p.order) or "-",
+                           "-" if p.seconds is None else f"{p.seconds:.0f}",
+                           p.problem or p.error or ""])
+    return table
+
+
+def sessions_table(analysis: SweepAnalysis) -> Table:
+    """Saturated sessions per point: ok/sessions and how many of the ok ones were left out."""
+    s = analysis.sweep
+    table = Table(["point", *(p.label for p in s.parameters), *s.architectures],
+                  note="ok/sessions; saturated: successful sessions measured while a process "
+                       "on their path lagged, left out of every statistic.")
+    for p in s.analysed_points:
+        counts = _sessions(p.results)
+        cells = []
+        for a in s.architectures:
+            n = counts.get(a)
+            cells.append("-" if n is None else f"{n['ok']}/{n['sessions']}"
+                         + (f", {n['saturated']} saturated" if n["saturated"] else ""))
+        table.rows.append([p.id, *(q.show(p.values[q.name]) for q in s.parameters), *cells])
+    return table
+
+
+def crossover_table(analysis: SweepAnalysis) -> Table:
+    label = analysis.sweep.parameters[0].label
+    table = Table(["metric", "architecture", "state at each point", "changes between points",
+                   "estimate crosses zero", "CI includes zero"],
+                  note=f"Against {analysis.sweep.baseline}, along {label}; better/worse: the "
+                       f"95% CI of the difference of medians excludes zero; none: it does not. "
+                       f"Crossings interpolated linearly between neighbouring measured points.")
+    for c in analysis.crossovers:
+        states = ", ".join(f"{c.parameter.show(x)} {s}" for x, s in zip(c.xs, c.states))
+        table.rows.append([METRIC_BY_NAME[c.metric].label, c.architecture, states or "-",
+                           c.changes(), c.zero_text(), c.span_text()])
+    return table
+
+
+def medians_table(analysis: SweepAnalysis, metric: str) -> Table:
+    s = analysis.sweep
+    others = [a for a in s.architectures if a != s.baseline]
+    table = Table(["point", *(p.label for p in s.parameters),
+                   *(f"{a} p50 [CI]" for a in s.architectures),
+                   *(f"Δ {a} [CI]" for a in others)],
+                  note=f"p50 [95% bootstrap CI]; Δ: the median minus {s.baseline}'s (within "
+                       f"each client region, averaged), * where its CI excludes zero.")
+    for p in s.analysed_points:
+        row = [p.id, *(q.show(p.values[q.name]) for q in s.parameters)]
+        for a in s.architectures:
+            c = analysis.cell(p.id, a, metric)
+            row.append("-" if c is None or not c.n else
+                       f"{fmt(c.p50, metric)} [{fmt(c.lo, metric)}, {fmt(c.hi, metric)}]")
+        for a in others:
+            c = analysis.cell(p.id, a, metric)
+            d = c.diff if c is not None else None
+            row.append("-" if d is None or math.isnan(d.estimate) else
+                       f"{d.estimate:+.{_digits(metric)}f} [{d.lo:+.{_digits(metric)}f}, "
+                       f"{d.hi:+.{_digits(metric)}f}]" + ("*" if d.significant else ""))
+        table.rows.append(row)
+    return table
+
+
+def _digits(metric: str) -> int:
+    return 2 if metric in ("mos", "loss_pct") else 1
+
+
+def _method(analysis: SweepAnalysis) -> list[str]:
+    from analysis.report import _method as run_method
+
+    n = len(analysis.conclusions())
+    return run_method(analysis.bootstrap, analysis.model) + [
+        "Each point is a run of its own: every architecture in the same world, the world "
+        "calibrated again at the point (a point that does not calibrate measures nothing), the "
+        "architectures in an order rotated from point to point (sweep.json's order).",
+        "A point's figures are the medians over its successful sessions measured while the host "
+        "kept up (saturated sessions are counted, never used); its difference from the baseline "
+        "is significant when the 95% CI of the difference excludes zero; better means lower, "
+        "but higher for MOS.",
+        "Crossover (a sweep of one numeric parameter): where an architecture's state against "
+        "the baseline (better / none / worse) changes between neighbouring measured points; "
+        "also where the difference's estimate crosses zero and where its CI includes zero, both "
+        "interpolated linearly between neighbouring measured points ('beyond the swept range' "
+        "when it does not happen inside it). The interpolation assumes the difference changes "
+        "smoothly between points; it is no measurement.",
+        f"Multiple comparisons: this report makes {n} statements at 95% (points x architectures "
+        f"x metrics); about one in twenty can be chance. A crossover that rests on one point "
+        f"whose neighbours disagree is weak evidence; one the neighbouring points agree on is "
+        f"not.",
+        "Points whose status is 'measured' or 'failed' (measured, with an architecture below "
+        "min_success_pct) are analysed; 'not calibrated' and 'pending' points are listed, "
+        "never plotted or used.",
+    ]
+
+
+def _title(s: Sweep) -> str:
+    return (f"voiceedge sweep: {s.scenario} — clients in {s.region}, "
+            + " x ".join(f"{p.label} {', '.join(p.show(v) for v in p.values)}"
+                         for p in s.parameters))
+
+
+def _meta(s: Sweep) -> str:
+    first = next((p.results for p in s.analysed_points), None)
+    commit = (first.config.get("commit") if first else None) or "-"
+    return (f"{s.name} · baseline {s.baseline} · architectures {', '.join(s.architectures)} · "
+            f"{len(s.analysed_points)} of {len(s.points)} points measured · commit {commit}")
+
+
+def render_html(analysis: SweepAnalysis, plots: dict[str, Path]) -> str:
+    from analysis.report import _CSS, _img
+    from analysis.sweepplots import caption, intro
+
+    e, s = html.escape, analysis.sweep
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>"
+             f"{e(_title(s))}</title><style>{_CSS}</style></head><body>",
+             f"<h1>{e(_title(s))}</h1>", f"<p class='meta'>{e(_meta(s))}</p>"]
+    found = warnings(analysis)
+    if found:
+        parts.append("<div class='warn'>" + "".join(f"<p>{e(w)}</p>" for w in found) + "</div>")
+    parts.append("<h2 id='crossovers'>Where an advantage stops being significant</h2>")
+    if analysis.crossovers:
+        parts.append("<ul>" + "".join(f"<li>{e(line)}</li>" for line in _crossings(analysis))
+                     + "</ul>")
+        parts.append(to_html(crossover_table(analysis)))
+    else:
+        parts.append(f"<p>{e(_no_crossovers(s))}</p>")
+    parts += ["<h2 id='points'>Parameters and points</h2>", to_html(points_table(analysis)),
+              "<h2 id='sessions'>Sessions per point</h2>", to_html(sessions_table(analysis)),
+              "<h2 id='plots'>Plots</h2>", f"<p>{e(intro(analysis))}</p>"]
+    for name, path in plots.items():
+        parts.append(f"<figure id='{e(name)}'>{_img(path)}<figcaption>"
+                     f"{e(caption(name, analysis))}</figcaption></figure>")
+    parts.append("<h2 id='conclusions'>At each point</h2>")
+    for p in s.analysed_points:
+        items = "".join(f"<li>{e(c.sentence())}</li>" for c in analysis.conclusions()
+                        if c.point == p.id)
+        parts.append(f"<h3>{e(p.id)}: {e(s.where(p))}</h3><ul>{items}</ul>")
+    parts.append("<h2 id='medians'>Medians per point</h2>")
+    for metric in SWEEP_METRICS:
+        info = METRIC_BY_NAME[metric]
+        parts += [f"<details><summary>{e(info.label)}"
+                  f"{e(f' ({info.unit})' if info.unit else '')}</summary>",
+                  to_html(medians_table(analysis, metric)), "</details>"]
+    parts.append("<h2 id='method'>Method</h2><ul>")
+    parts += [f"<li>{e(line)}</li>" for line in _method(analysis)]
+    parts.append("</ul></body></html>")
+    return "\n".join(parts)
+
+
+def _crossings(analysis: SweepAnalysis) -> list[str]:
+    """The crossovers that happen, in words (or that none does)."""
+    found = [c.sentence() for c in analysis.crossovers if c.transitions]
+    return found or [f"No architecture's state against {analysis.sweep.baseline} (better, no "
+                     f"significant difference, worse) changes within the swept range, for any "
+                     f"metric: see the table."]
+
+
+def _no_crossovers(s: Sweep) -> str:
+    if len(s.parameters) == 2:
+        return ("Two parameters: see each architecture's MOS heat map and the figure of each "
+                "metric below; crossovers are computed along one numeric parameter only.")
+    return (f"{s.parameters[0].label}'s values are not numbers: the points have no order to "
+            f"cross over in; see each point's conclusions below.")
+
+
+def render_markdown(analysis: SweepAnalysis, plots: dict[str, Path], base: Path) -> str:
+    from analysis.sweepplots import caption, intro
+
+    s = analysis.sweep
+    lines = [f"# {_title(s)}", "", f"`{_meta(s)}`", ""]
+    for w in warnings(analysis):
+        lines += [f"> **Warning:** {w}", ""]
+    lines += ["## Where an advantage stops being significant", ""]
+    if analysis.crossovers:
+        lines += [f"- {line}" for line in _crossings(analysis)] + [""]
+        lines += [to_markdown(crossover_table(analysis))]
+    else:
+        lines += [_no_crossovers(s), ""]
+    lines += ["## Parameters and points", "", to_markdown(points_table(analysis)),
+              "## Sessions per point", "", to_markdown(sessions_table(analysis)), "## Plots", "",
+              intro(analysis), ""]
+    for name, path in plots.items():
+        rel = path.relative_to(base) if path.is_relative_to(base) else path
+        lines += [f"![{name}]({rel.as_posix()})", "",
+                  f"_{caption(name, analysis)}_", ""]
+    lines += ["## At each point", ""]
+    for p in s.analysed_points:
+        lines += [f"**{p.id}: {s.where(p)}**", ""]
+        lines += [f"- {c.sentence()}" for c in analysis.conclusions() if c.point == p.id] + [""]
+    lines += ["Medians per point: `sweep_report.html` and `sweep_stats.csv`.", "", "## Method",
+              ""]
+    lines += [f"- {line}" for line in _method(analysis)]
+    return "\n".join(lines) + "\n"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_stats(analysis: SweepAnalysis, out_dir: Path) -> Path:
+    names = [p.name for p in analysis.sweep.parameters]
+    fields = ["point", *names, "architecture", "metric", "p50", "lo", "hi", "n", "saturated",
+              "diff", "diff_lo", "diff_hi"]
+    path, tmp = out_dir / "sweep_stats.csv", out_dir / ".sweep_stats.csv.tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows({k: "" if r[k] is None else r[k] for k in fields}
+                    for r in analysis.stats_rows())
+    os.replace(tmp, path)
+    return path
+
+
+@dataclass
+class SweepWritten:
+    """A written sweep report and what it was computed from."""
+
+    analysis: SweepAnalysis
+    paths: dict[str, Path]  # html, markdown, stats, summary
+
+    def to_dict(self) -> dict:
+        return {"sweep": str(self.analysis.sweep.path),
+                "report": {k: str(v) for k, v in self.paths.items()},
+                "summary": self.analysis.summary()}
+
+
+def sweep_report(directory: str | Path, out_dir: str | Path | None = None,
+                 boot: Bootstrap = Bootstrap(), model: EModel = EModel()) -> SweepWritten:
+    """Write sweep_stats.csv, sweep_summary.json, plots/sweep_*.png, sweep_report.html and
+    sweep_report.md (into the sweep folder by default)."""
+    from analysis.sweepplots import write_sweep_plots
+
+    analysis = analyse_sweep(directory, boot, model)
+    out = Path(out_dir) if out_dir is not None else analysis.sweep.path
+    out.mkdir(parents=True, exist_ok=True)
+    stats_path = write_stats(analysis, out)
+    summary_path = out / "sweep_summary.json"
+    _write_atomic(summary_path, dumps(analysis.summary()))
+    plots = write_sweep_plots(analysis, out / "plots")
+    html_path, md_path = out / "sweep_report.html", out / "sweep_report.md"
+    _write_atomic(html_path, render_html(analysis, plots))
+    _write_atomic(md_path, render_markdown(analysis, plots, out))
+    return SweepWritten(analysis, {"html": html_path, "markdown": md_path,
+                                   "stats": stats_path, "summary": summary_path})
+
+
+def write_sweep_report(directory: str | Path, out_dir: str | Path | None = None,
+                       boot: Bootstrap = Bootstrap(), model: EModel = EModel()
+                       ) -> dict[str, Path]:
+    """``sweep_report(...)``'s paths: html, markdown, stats, summary."""
+    return sweep_report(directory, out_dir, boot, model).paths

@@ -1,0 +1,423 @@
+"""analysis/sweep.py and analysis/sweepplots.py on sweep folders built here: points whose
+differences from the baseline are constructed, so that where the crossovers must land is known
+before the code runs (no root, no network)."""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.collections import PathCollection
+
+from analysis.cli import add_parser, run as cli_run
+from analysis.mos import EModel, burst_ratio
+from analysis.stats import Bootstrap
+from analysis.sweep import (BEYOND, BETTER, NONE, WORSE, Transition, SweepError,
+                            analyse_sweep, insignificant_spans, load_sweep, sweep_report,
+                            transitions, zero_crossings)
+from analysis.sweepplots import heatmap_figure, metric_figure
+from scenarios.runner import SAMPLE_FIELDS, SESSION_FIELDS
+
+BASE, CLUSTER, GLOBAL = "port-per-session", "cluster-relay", "global-relay"
+ARCHS = (BASE, CLUSTER, GLOBAL)
+N = 41  # odd: a median is one session's value
+BOOT = Bootstrap(resamples=400)
+PACKETS = 290
+
+
+def _sessions(arch: str, setup_over: float, ice: float, rtt: float, loss_pct: float = 0.0,
+              saturated: int = 0) -> list[dict]:
+    """N successful sessions whose values are evenly spread around the given medians
+    (setup over floor +-20 ms, first ICE RTT and media RTT +-2 ms; jitter 2 ms throughout),
+    and ``saturated`` more measured while the host lagged, 5 s slower."""
+    lost = round(PACKETS * loss_pct / 100)
+    rows = []
+    for i in range(N + saturated):
+        u = -1 + 2 * (i % N) / (N - 1)
+        lag = i >= N
+        setup = 500.0 + setup_over + 20 * u + (5000 if lag else 0)
+        rows.append({
+            "architecture": arch, "client_region": "apac-se", "cluster_region": "eu-west",
+            "session": i, "ok": True, "error": "", "stage": "done", "signaling_ms": 200.0,
+            "offer_ms": 3.0, "first_ice_rtt_ms": ice + 2 * u, "ice_connected_ms": setup - 50,
+            "setup_ms": setup, "first_audio_ms": setup + rtt, "rtt_ms": rtt + 2 * u,
+            "jitter_ms": 2.0, "loss_pct": 100 * lost / PACKETS,
+            "packets_received": PACKETS - lost, "packets_lost": lost,
+            "loss_bursts": json.dumps([1] * lost), "echo_verified": True,
+            "datachannel_verified": True, "floor_signaling_rtt_ms": 190.0,
+            "floor_media_rtt_ms": rtt, "floor_setup_ms": 500.0, "saturated": lag,
+            "saturated_by": "transceiver-eu-west 180 ms" if lag else ""})
+    return rows
+
+
+def write_point(directory: Path, figures: dict[str, tuple], calibrated: bool = True,
+                sessions: bool = True) -> None:
+    """A point's results folder like scenarios/runner.py's; ``figures``: per architecture,
+    the arguments of _sessions after it. ``sessions=False``: config and calibration only
+    (a point that did not calibrate)."""
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({
+        "scenario": {"name": "sweep", "architectures": list(ARCHS)},
+        "architectures": list(ARCHS), "baseline": BASE, "client_regions": ["apac-se"],
+        "clusters": ["eu-west"], "backend": "userspace", "commit": "abc1234"}))
+    (directory / "calibration.json").write_text(json.dumps({"ok": calibrated, "paths": []}))
+    if not sessions:
+        return
+    with open(directory / "sessions.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=SESSION_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for arch, args in figures.items():
+            w.writerows(_sessions(arch, *args))
+    with open(directory / "samples.csv", "w", newline="") as f:
+        csv.writer(f).writerow(SAMPLE_FIELDS)
+    (directory / "ports.csv").write_text("architecture,concurrent_sessions,public_udp_ports\n")
+    (directory / "relays.json").write_text("{}")
+
+
+def write_sweep(directory: Path, parameters: list[tuple[str, list]], points: list[dict]) -> Path:
+    """sweep.json as scenarios/sweep.py writes it, and each point's folder: ``points`` items
+    have values, status and (for a folder) figures, calibrated, sessions."""
+    directory.mkdir(parents=True)
+    records = []
+    for i, p in enumerate(points):
+        pid = f"p{i:02d}"
+        record = {"id": pid, "values": p["values"], "status": p["status"], "directory": "",
+                  "order": [], "seconds": None, "error": p.get("error")}
+        if "figures" in p:
+            record.update(directory=f"points/{pid}", order=list(ARCHS), seconds=100.0 + i)
+            write_point(directory / "points" / pid, p["figures"], p.get("calibrated", True),
+                        p.get("sessions", True))
+        records.append(record)
+    (directory / "sweep.json").write_text(json.dumps({
+        "scenario": "sweep", "source": "scenarios/sweep.yaml", "region": "apac",
+        "baseline": BASE, "architectures": list(ARCHS),
+        "parameters": [{"name": n, "values": v} for n, v in parameters], "points": records}))
+    return directory
+
+
+def _same(setup_over: float, ice: float, rtt: float, **extra) -> dict:
+    """The baseline and cluster-relay alike (cluster-relay never differs)."""
+    return {BASE: (setup_over, ice, rtt, *extra.values()),
+            CLUSTER: (setup_over, ice, rtt, *extra.values())}
+
+
+# global-relay minus the baseline, constructed per rtt_scale: setup over floor +2, -2, -60,
+# -180 ms (the first two well inside a CI of about +-9 ms); first ICE RTT and media RTT +20,
+# +8, -20, -80 ms (CI about +-1 ms). The point at 1.3 did not calibrate, yet its folder has
+# sessions that would move the setup crossover to 1.2-1.3 if anything read them; 1.6 is pending.
+RTT_SCALE = [1.0, 1.2, 1.3, 1.4, 1.6, 1.8]
+RTT_POINTS = [
+    {"values": {"public_internet.rtt_scale": 1.0}, "status": "measured",
+     "figures": {**_same(100, 200, 200), GLOBAL: (102, 220, 220)}},
+    {"values": {"public_internet.rtt_scale": 1.2}, "status": "measured",
+     "figures": {**_same(100, 240, 240), GLOBAL: (98, 248, 248)}},
+    {"values": {"public_internet.rtt_scale": 1.3}, "status": "not calibrated",
+     "error": "calibration failed: 3 of 9 paths off", "calibrated": False,
+     "figures": {**_same(100, 260, 260), GLOBAL: (-100, 100, 100)}},
+    {"values": {"public_internet.rtt_scale": 1.4}, "status": "measured",
+     "figures": {**_same(100, 280, 280), GLOBAL: (40, 260, 260, 0.0, 5)}},
+    {"values": {"public_internet.rtt_scale": 1.6}, "status": "pending"},
+    {"values": {"public_internet.rtt_scale": 1.8}, "status": "measured",
+     "figures": {**_same(100, 360, 360), GLOBAL: (-80, 280, 280)}},
+]
+
+
+@pytest.fixture(scope="module")
+def rtt_dir(tmp_path_factory) -> Path:
+    return write_sweep(tmp_path_factory.mktemp("sweeps") / "sweep-sweep-apac-20261201-100000",
+                       [("public_internet.rtt_scale", RTT_SCALE)], RTT_POINTS)
+
+
+@pytest.fixture(scope="module")
+def rtt(rtt_dir):
+    return analyse_sweep(rtt_dir, BOOT)
+
+
+# rtt_scale x loss_pct: global-relay's media RTT equals the baseline's at 1.0 and is 80 ms
+# shorter at 1.8; the point (1.0, 2) did not calibrate.
+GRID_POINTS = [
+    {"values": {"public_internet.rtt_scale": 1.0, "public_internet.loss_pct": 0},
+     "status": "measured", "figures": {**_same(100, 200, 200), GLOBAL: (100, 200, 200)}},
+    {"values": {"public_internet.rtt_scale": 1.0, "public_internet.loss_pct": 2},
+     "status": "not calibrated", "error": "the world is not the configured one",
+     "figures": {**_same(100, 200, 200, loss=2.0), GLOBAL: (100, 200, 200, 2.0)}},
+    {"values": {"public_internet.rtt_scale": 1.8, "public_internet.loss_pct": 0},
+     "status": "measured", "figures": {**_same(100, 360, 360), GLOBAL: (60, 280, 280)}},
+    {"values": {"public_internet.rtt_scale": 1.8, "public_internet.loss_pct": 2},
+     "status": "measured",
+     "figures": {**_same(100, 360, 360, loss=2.0), GLOBAL: (60, 280, 280, 2.0)}},
+]
+
+
+@pytest.fixture(scope="module")
+def grid_dir(tmp_path_factory) -> Path:
+    return write_sweep(tmp_path_factory.mktemp("sweeps") / "sweep-sweep-apac-20261201-110000",
+                       [("public_internet.rtt_scale", [1.0, 1.8]),
+                        ("public_internet.loss_pct", [0, 2])], GRID_POINTS)
+
+
+# ------------------------------------------------------------------ crossings, by hand
+
+def test_zero_crossings_interpolate_between_neighbours():
+    assert zero_crossings([1.0, 2.0, 3.0], [2.0, -2.0, -4.0]) == (1.5,)
+    assert zero_crossings([0.0, 1.0, 2.0, 3.0], [1.0, 0.0, 0.0, -1.0]) == (1.5,)  # zero run
+    assert zero_crossings([0.0, 1.0, 2.0], [1.0, 0.0, 1.0]) == ()  # touches, no crossing
+    assert zero_crossings([0.0, 1.0], [-1.0, -3.0]) == ()
+    assert zero_crossings([0.0, 1.0, 2.0], [-1.0, 1.0, -1.0]) == (0.5, 1.5)
+
+
+def test_the_ci_includes_zero_between_where_its_bounds_cross():
+    xs = [0.0, 1.0, 2.0]
+    # not significant at 0 and 1, significant (above zero) at 2: lo crosses zero at 1.5
+    assert insignificant_spans(xs, [-1.0, -1.0, 1.0], [1.0, 1.0, 3.0]) == ((None, 1.5),)
+    # significant above, then below: lo crosses zero at 0.5, hi at 1.5
+    assert insignificant_spans(xs, [1.0, -1.0, -3.0], [3.0, 1.0, -1.0]) == ((0.5, 1.5),)
+    assert insignificant_spans(xs, [1.0, 2.0, 3.0], [2.0, 3.0, 4.0]) == ()
+    assert insignificant_spans(xs, [-1.0] * 3, [1.0] * 3) == ((None, None),)
+    assert transitions(xs, [NONE, BETTER, BETTER]) == (Transition(0.0, 1.0, NONE, BETTER),)
+
+
+# ------------------------------------------------------------------ loading
+
+def test_load_sweep_reads_only_the_measured_points(rtt_dir):
+    sweep = load_sweep(rtt_dir)
+    assert [p.id for p in sweep.analysed_points] == ["p00", "p01", "p03", "p05"]
+    skipped = {p.id: p.status for p in sweep.points if not p.analysed}
+    assert skipped == {"p02": "not calibrated", "p04": "pending"}
+    assert sweep.points[2].results is None  # its sessions.csv is never read
+    assert sweep.baseline == BASE and sweep.architectures == list(ARCHS)
+    assert sweep.where(sweep.points[1]) == "rtt_scale 1.2"
+
+
+def test_bad_sweep_folders_are_one_line_errors(tmp_path, rtt_dir):
+    with pytest.raises(SweepError, match="not a sweep folder"):
+        load_sweep(tmp_path)
+    (tmp_path / "sweep.json").write_text("{")
+    with pytest.raises(SweepError, match="not valid JSON"):
+        load_sweep(tmp_path)
+    doc = json.loads((rtt_dir / "sweep.json").read_text())
+    for change, message in ((lambda d: d.pop("parameters"), "parameters"),
+                            (lambda d: d["points"][0]["values"].update(
+                                {"public_internet.rtt_scale": 9.0}), "not one of its values"),
+                            (lambda d: d["points"][1].update(id="p00"), "ids repeat"),
+                            (lambda d: d["points"][0].update(directory="/elsewhere"),
+                             "inside"),
+                            (lambda d: d["points"][0].update(directory="/".join(["..", "x"])),
+                             "inside")):
+        bad = json.loads(json.dumps(doc))
+        change(bad)
+        (tmp_path / "sweep.json").write_text(json.dumps(bad))
+        with pytest.raises(SweepError, match=message) as exc:
+            load_sweep(tmp_path)
+        assert "\n" not in str(exc.value)
+
+
+def test_a_measured_point_without_its_folder_is_listed_not_analysed(tmp_path):
+    directory = write_sweep(tmp_path / "s", [("public_internet.rtt_scale", [1.0, 1.2])],
+                            [RTT_POINTS[0], {"values": {"public_internet.rtt_scale": 1.2},
+                                             "status": "measured"}])
+    sweep = load_sweep(directory)
+    assert [p.id for p in sweep.analysed_points] == ["p00"]
+    assert "points/p01" in sweep.points[1].problem
+
+
+# ------------------------------------------------------------------ statistics and crossovers
+
+def test_medians_and_differences_per_point_are_the_constructed_ones(rtt):
+    c = rtt.cell("p03", GLOBAL, "setup_over_floor_ms")
+    assert (c.p50, c.n) == (40.0, N)  # the 5 saturated sessions (5 s slower) left out
+    assert c.saturated == 5 and c.lo <= 40.0 <= c.hi
+    assert c.diff.estimate == pytest.approx(-60.0) and c.diff.significant
+    assert rtt.cell("p03", BASE, "setup_over_floor_ms").diff is None
+    assert rtt.cell("p00", GLOBAL, "first_ice_rtt_ms").diff.estimate == pytest.approx(20.0)
+    assert rtt.cell("p01", GLOBAL, "setup_over_floor_ms").state == NONE
+    assert rtt.cell("p05", GLOBAL, "rtt_ms").state == BETTER
+    assert rtt.cell("p00", GLOBAL, "mos").state == WORSE  # 20 ms more RTT: lower MOS
+    assert rtt.cell("p02", GLOBAL, "setup_over_floor_ms") is None
+
+
+def test_setup_advantage_crosses_over_between_1_2_and_1_4(rtt):
+    c = rtt.crossover_of(GLOBAL, "setup_over_floor_ms")
+    assert c.xs == (1.0, 1.2, 1.4, 1.8)  # neither 1.3 (not calibrated) nor 1.6 (pending)
+    assert c.states == (NONE, NONE, BETTER, BETTER)
+    assert c.transitions == (Transition(1.2, 1.4, NONE, BETTER),)
+    assert c.zeros == (pytest.approx(1.1),)  # +2 ms at 1.0, -2 ms at 1.2
+    (start, end), = c.spans
+    assert start is None and 1.2 < end < 1.3  # hi ~ +7 at 1.2, ~ -51 at 1.4
+    assert "crossover between them" in c.sentence() and "≈1.1" in c.sentence()
+
+
+def test_a_flip_from_worse_to_better_is_located(rtt):
+    c = rtt.crossover_of(GLOBAL, "first_ice_rtt_ms")
+    assert c.states == (WORSE, WORSE, BETTER, BETTER)
+    assert c.transitions == (Transition(1.2, 1.4, WORSE, BETTER),)
+    zero = 1.2 + 0.2 * 8 / 28  # +8 ms at 1.2, -20 ms at 1.4
+    assert c.zeros == (pytest.approx(zero),)
+    (start, end), = c.spans
+    assert 1.2 < start < zero < end < 1.3
+    mos = rtt.crossover_of(GLOBAL, "mos")  # higher is better
+    assert mos.transitions == (Transition(1.2, 1.4, WORSE, BETTER),)
+
+
+def test_no_difference_is_no_crossover(rtt):
+    c = rtt.crossover_of(CLUSTER, "setup_over_floor_ms")
+    assert c.states == (NONE,) * 4 and c.transitions == () and c.zeros == ()
+    assert c.spans == ((None, None),)
+    assert c.zero_text() == BEYOND
+    assert "no significant difference at every measured point" in c.sentence()
+    assert rtt.crossover_of(BASE, "mos") is None
+
+
+def test_conclusions_say_at_each_point_what_differs(rtt):
+    sentences = [c.sentence() for c in rtt.conclusions()]
+    assert len(sentences) == 4 * 2 * 6
+    assert any(re.fullmatch(r"at rtt_scale 1\.4, global-relay's setup over floor is 60 ms "
+                            r"\[\d+, \d+\] below port-per-session's: significant \(better\)", s)
+               for s in sentences), sentences
+    assert any(re.fullmatch(r"at rtt_scale 1, global-relay's setup over floor is 2\.0 ms "
+                            r"\[-\d+\.?\d*, \d+\.?\d*\] above port-per-session's: not significant",
+                            s) for s in sentences), sentences
+    assert not any("1.3" in s or "1.6" in s for s in sentences)
+
+
+# ------------------------------------------------------------------ plots
+
+def _x_of(patch) -> tuple[float, float]:
+    xs = patch.get_xy()[:, 0] if hasattr(patch, "get_xy") and not hasattr(patch, "get_width") \
+        else np.array([patch.get_x(), patch.get_x() + patch.get_width()])
+    return float(xs.min()), float(xs.max())
+
+
+def test_the_metric_plot_shows_measured_points_only_and_marks_the_crossover(rtt):
+    fig = metric_figure(rtt, "setup_over_floor_ms")
+    top, bottom = fig.axes[0], fig.axes[1]
+    plotted = {float(x) for ax in (top, bottom) for line in ax.lines
+               if line.get_label() in ARCHS for x in line.get_xdata()}
+    assert plotted == {1.0, 1.2, 1.4, 1.8}
+    for ax in (top, bottom):
+        for coll in ax.collections:  # dots (at their offsets) and CI bands (their outline)
+            xs = ({round(float(x), 6) for x in coll.get_offsets()[:, 0]}
+                  if isinstance(coll, PathCollection) else
+                  {round(float(x), 6) for path in coll.get_paths() for x in path.vertices[:, 0]})
+            assert xs and xs <= {1.0, 1.2, 1.4, 1.8}, xs
+    spans = [p for p in bottom.patches if p.get_gid() == f"crossover-{GLOBAL}"]
+    assert [_x_of(p) for p in spans] == [pytest.approx((1.2, 1.4))]
+    assert not [p for p in bottom.patches if p.get_gid() == f"crossover-{CLUSTER}"]
+    texts = [t.get_text() for t in bottom.texts]
+    assert "p02 not calibrated" in texts and "p04 pending" in texts
+
+
+def test_the_heat_map_of_two_parameters(grid_dir):
+    analysis = analyse_sweep(grid_dir, BOOT)
+    assert analysis.crossovers == []
+    grid = analysis.grid(GLOBAL, "mos")
+    model = EModel()
+    lost = round(PACKETS * 0.02)
+    lossy = (100 * lost / PACKETS, burst_ratio(PACKETS - lost, lost, [1] * lost))
+
+    def mos_gain(loss_pct: float, burst: float) -> float:
+        return model.mos(280, 2.0, loss_pct, burst) - model.mos(360, 2.0, loss_pct, burst)
+
+    # rows: loss_pct 0, 2; columns: rtt_scale 1.0, 1.8
+    assert grid.estimate[0, 0] == 0.0 and not grid.significant[0, 0]
+    assert math.isnan(grid.estimate[1, 0]) and grid.labels[1][0] == "not calibrated"
+    assert grid.estimate[0, 1] == pytest.approx(mos_gain(0.0, 1.0))
+    assert grid.estimate[1, 1] == pytest.approx(mos_gain(*lossy))
+    assert (grid.estimate[:, 1] > 0).all() and grid.significant[:, 1].all()
+    fig = heatmap_figure(analysis, GLOBAL)
+    ax = fig.axes[0]
+    assert [p.get_gid() for p in ax.patches].count("not-significant") == 1
+    texts = [t.get_text() for t in ax.texts]
+    assert "not calibrated" in texts and any(t.endswith("n.s.") for t in texts)
+
+
+# ------------------------------------------------------------------ files and report
+
+def test_sweep_report_writes_its_files(rtt_dir, tmp_path):
+    written = sweep_report(rtt_dir, tmp_path / "out", BOOT)
+    out = tmp_path / "out"
+    assert set(written.paths) == {"html", "markdown", "stats", "summary"}
+    rows = list(csv.DictReader(open(out / "sweep_stats.csv")))
+    assert list(rows[0]) == ["point", "public_internet.rtt_scale", "architecture", "metric",
+                             "p50", "lo", "hi", "n", "saturated", "diff", "diff_lo", "diff_hi"]
+    assert {r["point"] for r in rows} == {"p00", "p01", "p03", "p05"}
+    assert len(rows) == 4 * 3 * 6
+    row = next(r for r in rows if (r["point"], r["architecture"], r["metric"])
+               == ("p03", GLOBAL, "setup_over_floor_ms"))
+    assert (row["public_internet.rtt_scale"], float(row["p50"]), row["n"], row["saturated"]) \
+        == ("1.4", 40.0, str(N), "5")
+    assert float(row["diff"]) == pytest.approx(-60.0)
+    base = next(r for r in rows if r["architecture"] == BASE)
+    assert base["diff"] == base["diff_lo"] == ""
+
+    summary = json.loads((out / "sweep_summary.json").read_text())
+    assert [(p["id"], p["status"], p["analysed"]) for p in summary["points"]] == [
+        ("p00", "measured", True), ("p01", "measured", True), ("p02", "not calibrated", False),
+        ("p03", "measured", True), ("p04", "pending", False), ("p05", "measured", True)]
+    assert summary["points"][2]["calibration"] == "FAILED"
+    assert summary["points"][3]["sessions"][GLOBAL] == {"sessions": N + 5, "ok": N + 5,
+                                                        "saturated": 5}
+    setup = summary["crossovers"]["setup_over_floor_ms"][GLOBAL]
+    assert setup["transitions"] == [{"between": [1.2, 1.4], "from": "none", "to": "better"}]
+    assert setup["ci_includes_zero"][0]["from"] is None
+    assert len(summary["conclusions"]) == 48
+
+    md = (out / "sweep_report.md").read_text()
+    assert "## Where an advantage stops being significant" in md
+    assert "p02 (rtt_scale 1.3) not calibrated" in md
+    assert "| p03 | 1.4 | 41/41 | 41/41 | 46/46, 5 saturated |" in md
+    assert "![sweep_setup_over_floor_ms](plots/sweep_setup_over_floor_ms.png)" in md
+    assert "one in twenty" in md
+    page = (out / "sweep_report.html").read_text()
+    assert page.count("src=\"data:image/png;base64,") == 6
+    assert not re.search(r"(src|href)=\"(?!data:)", page)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["report", *argv])
+
+
+def test_voiceedge_report_on_a_sweep_folder_writes_the_sweep_report(grid_dir, tmp_path,
+                                                                    capsys):
+    assert cli_run(_args(str(grid_dir), "--out", str(tmp_path), "--resamples", "200")) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed == [str(tmp_path / "sweep_report.html"), str(tmp_path / "sweep_report.md")]
+    assert (tmp_path / "plots" / f"heatmap_mos_{GLOBAL}.png").is_file()
+    assert cli_run(_args(str(grid_dir), "--out", str(tmp_path), "--resamples", "200",
+                         "--json")) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["points"][1]["status"] == "not calibrated"
+    assert doc["report"]["html"] == str(tmp_path / "sweep_report.html")
+
+
+def test_a_sweep_of_names_has_no_crossover_but_a_report(tmp_path):
+    points = [{"values": {"last_mile": name}, "status": "measured",
+               "figures": {**_same(100, 200, 200), GLOBAL: (40, 180, 180)}}
+              for name in ("last_mile_broadband", "last_mile_mobile")]
+    directory = write_sweep(tmp_path / "s", [("last_mile", ["last_mile_broadband",
+                                                            "last_mile_mobile"])], points)
+    written = sweep_report(directory, boot=Bootstrap(resamples=200))
+    assert written.analysis.crossovers == []
+    assert written.analysis.cell("p01", GLOBAL, "setup_over_floor_ms").state == BETTER
+    md = written.paths["markdown"].read_text()
+    assert "last_mile's values are not numbers" in md
+    assert "at last_mile last_mile_mobile, global-relay's setup over floor is 60 ms" in md
+
+
+def test_the_sweep_analysis_never_imports_scenarios():
+    import subprocess
+    import sys
+
+    code = ("import sys, analysis.sweep, analysis.sweepplots; bad = [m for m in sys.modules "
+            "if m.split('.')[0] == 'scenarios' or m == 'voiceedge.cli']; print(bad); "
+            "sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
