@@ -22,13 +22,19 @@ def add_parser(sub) -> None:
                                    "scenarios first (the compact CI scenario, then the fault "
                                    "scenario). A folder with faults.json or faults.csv is "
                                    "checked against the fault budgets, any other against the "
-                                   "latency budgets. Exit status 1 when a budget is exceeded.")
+                                   "latency budgets. Exit status 1 when a budget is exceeded. "
+                                   "--sweep DIR checks a sweep folder against the file's "
+                                   "sweep_budgets instead.")
     p.add_argument("results", nargs="*", type=Path,
                    help="results folder(s) (default: run the scenarios)")
     p.add_argument("--only", choices=SETS,
                    help="only this set of budgets (and only its scenario); with folders, "
                         "check them all against this set")
     p.add_argument("--budgets", type=Path, default=BUDGETS_FILE, help="budgets file")
+    p.add_argument("--sweep", type=Path, metavar="DIR",
+                   help="check the sweep folder DIR (voiceedge sweep's) against the budgets "
+                        "file's sweep_budgets: each must hold at every point in its range "
+                        "(docs/budgets.md, 'Budgets over a sweep'); runs nothing")
     p.add_argument("--json", action="store_true", help="print only JSON")
     p.add_argument("--sessions", type=int, metavar="N",
                    help="estimate the detectable regressions of the latency budgets for runs "
@@ -69,7 +75,30 @@ def _scenario(name: str, path: Path, budgets_file: Path) -> Path:
     return path
 
 
+def run_sweep(args: argparse.Namespace) -> int:
+    """``voiceedge budgets --sweep DIR``: the sweep budgets against one sweep folder."""
+    from analysis.budgets import BudgetError
+    from analysis.sweepbudgets import check_sweep, load_sweep_budgets, print_sweep_table, \
+        to_json
+
+    if args.results or args.only or args.sessions is not None:
+        raise UserError("--sweep checks one sweep folder against the sweep budgets; it takes "
+                        "no results folders, --only or --sessions")
+    try:
+        budgets = load_sweep_budgets(args.budgets)
+        verdicts = check_sweep(args.sweep, budgets)
+    except BudgetError as exc:
+        raise UserError(str(exc)) from None
+    if args.json:
+        print(to_json(verdicts))
+    else:
+        print_sweep_table(verdicts, f"sweep budgets ({args.budgets.name}) on {args.sweep}")
+    return 0 if all(v.ok for v in verdicts) else 1
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "sweep", None) is not None:
+        return run_sweep(args)
     from analysis.budgets import BudgetError, BudgetFile, check, check_faults, \
         print_fault_table, print_table, to_json
 

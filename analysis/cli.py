@@ -12,11 +12,12 @@ def add_parser(sub) -> None:
     p = sub.add_parser("report", help="plotted HTML/Markdown report of a results folder, or "
                                       "compare two runs",
                        description="Write report.html (self-contained), report.md and plots/ "
-                                   "for a results folder and print their paths; or, with "
+                                   "for a results folder and print their paths (for a sweep's "
+                                   "folder, sweep_report.html and sweep_report.md); or, with "
                                    "--compare OLD NEW, print in Markdown what moved between two "
                                    "runs (changes whose 95%% CIs do not overlap are flagged).")
     p.add_argument("results", nargs="?", metavar="RESULTS_DIR", type=Path,
-                   help="a results folder written by `voiceedge scenario`")
+                   help="a results folder written by `voiceedge scenario` or `voiceedge sweep`")
     p.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), type=Path,
                    help="compare two results folders instead")
     p.add_argument("--out", metavar="DIR", type=Path,
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace, boot) -> int:
     from analysis.jsonout import dumps
-    from analysis.sweep import sweep_report
+    from analysis.sweepreport import sweep_report
 
     written = sweep_report(args.results, args.out, boot=boot)
     if args.json:

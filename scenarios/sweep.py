@@ -3,15 +3,15 @@
 The world is built once per topology (once, unless the sweep varies ``clusters``) and only
 its impairments change between points (``World.reimpair``); every point is calibrated again,
 and a point whose world does not calibrate is recorded as ``not calibrated`` and measures
-nothing. The architectures run in an order rotated from point to point, and the points from the outside
-of the first parameter's range in (serpentine over a grid), so that a drift over the sweep's
-time does not line up with the parameter or with an architecture.
+nothing. The architectures run in an order rotated from point to point, and the points from
+the outside of the first parameter's range in (serpentine over a grid), so that a drift over
+the sweep's time does not line up with the parameter or with an architecture.
 
 Results: ``results/<scenario>-sweep-<region>-<time>/`` with ``sweep.json`` (the parameters, and
 each point's values, status, order and time), ``points/<id>/`` (each point's own results
-folder) and ``sessions.csv`` (every measured point's sessions, with a ``point`` column and
-one column per parameter). A sweep can be resumed: the points already measured (or found
-not to calibrate) are not run again.
+folder) and the points' tables (``sessions.csv``, ``samples.csv``, ...: every measured point's
+rows, with a ``point`` column and one column per parameter). A sweep can be resumed: the
+points already measured (or found not to calibrate) are not run again.
 """
 from __future__ import annotations
 
@@ -68,6 +68,14 @@ def rotated(architectures: tuple[str, ...], n: int) -> tuple[str, ...]:
     """The architectures starting at the n-th (mod their count)."""
     k = n % len(architectures)
     return architectures[k:] + architectures[:k]
+
+
+def point_orders(points: list[SweepPoint], spec: SweepSpec,
+                 architectures: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """Each point's architecture order: rotated by the point's place in the run order, so that
+    consecutive points start with different architectures (and a resumed sweep keeps them)."""
+    return {p.id: rotated(tuple(architectures), place)
+            for place, p in enumerate(run_order(points, spec))}
 
 
 class SweepRunner:
@@ -172,7 +180,7 @@ class SweepRunner:
         finally:  # also after Ctrl-C or a stop: what was measured stays readable
             this_run["seconds"] = round(time.monotonic() - started, 1)
             self._write()
-            write_sessions(self.directory, self.spec, self.records)
+            write_tables(self.directory, self.spec, self.records)
         return self.records
 
     def _run_groups(self, groups: dict, timed: list[float], done_before: int) -> None:
@@ -202,8 +210,9 @@ class SweepRunner:
                               progress=self.progress)
 
     def _run_point(self, world: World, point: SweepPoint) -> float | None:
-        """Run one point in ``world``; its time when it measured, else None."""
-        order = rotated(tuple(self.scenario.architectures), point.index)
+        """Run one point in ``world``; its time when it measured, else None. Its architectures
+        are rotated by its place in the sweep's run order (the same when resumed)."""
+        order = point_orders(self.points, self.spec, self.scenario.architectures)[point.id]
         runner = self._runner(point, order)
         record = self.records[point.id]
         record.order, record.directory = list(order), f"points/{point.id}"
@@ -245,28 +254,37 @@ class SweepRunner:
                 f"--max-minutes {int(estimate_min) + 5}")
 
 
-def write_sessions(directory: Path, spec: SweepSpec, records: dict[str, PointRecord]) -> int:
-    """The sweep's sessions.csv: every measured point's sessions with ``point`` and one column
-    per parameter in front. Returns the rows written."""
+# A point's tables that the sweep's folder repeats, every measured point's rows in one file.
+TABLES = ("sessions.csv", "samples.csv", "attempts.csv", "gaps.csv", "steering.csv",
+          "ports.csv")
+
+
+def write_tables(directory: Path, spec: SweepSpec, records: dict[str, PointRecord]) -> int:
+    """The sweep's own copies of the points' tables (TABLES): every measured point's rows
+    with ``point`` and one column per parameter in front. Returns the sessions written."""
     names = [p.name for p in spec.parameters]
-    rows, fields = [], None
-    for point in spec.points():
-        record = records[point.id]
-        path = directory / record.directory / "sessions.csv" if record.directory else None
-        if record.status not in (MEASURED, FAILED) or path is None or not path.is_file():
-            continue
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            fields = fields or reader.fieldnames
-            for row in reader:
-                rows.append({"point": point.id,
-                             **{n: _cell(v) for n, v in point.values}, **row})
-    with open(directory / "sessions.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["point", *names, *(fields or [])],
-                           extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    return len(rows)
+    sessions = 0
+    for table in TABLES:
+        rows, fields = [], None
+        for point in spec.points():
+            record = records[point.id]
+            path = directory / record.directory / table if record.directory else None
+            if record.status not in (MEASURED, FAILED) or path is None or not path.is_file():
+                continue
+            with open(path, newline="") as f:
+                reader = csv.DictReader(f)
+                fields = fields or reader.fieldnames
+                for row in reader:
+                    rows.append({"point": point.id,
+                                 **{n: _cell(v) for n, v in point.values}, **row})
+        with open(directory / table, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["point", *names, *(fields or [])],
+                               extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+        if table == "sessions.csv":
+            sessions = len(rows)
+    return sessions
 
 
 def _cell(value):

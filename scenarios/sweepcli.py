@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
                "points": {r.id: {"values": r.values, "status": r.status, "seconds": r.seconds,
                                  "error": r.error} for r in records.values()}}
     if any(r.status == MEASURED for r in records.values()):
-        from analysis.sweep import write_sweep_report  # matplotlib: only once there is data
+        from analysis.sweepreport import write_sweep_report  # matplotlib: only once there is data
 
         say("writing the sweep report")
         summary["report"] = {k: str(v) for k, v in write_sweep_report(runner.directory).items()}

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from scenarios.spec import Scenario, ScenarioError
-from scenarios.sweep import rotated, run_order
+from scenarios.sweep import point_orders, rotated, run_order
 from scenarios.sweepspec import SweepSpec, scenario_at
 from tests.conftest import REPO
 
@@ -56,6 +56,11 @@ def test_run_order_interleaves_and_walks_the_grid():
     # rows outside-in (1.0, 1.8, 1.4), the columns serpentine
     assert [p.id for p in run_order(two.points(), two)] == [
         "p00", "p01", "p05", "p04", "p02", "p03"]
+    archs = ("a", "b", "c")
+    orders = point_orders(one.points(), one, archs)
+    firsts = [orders[p.id][0] for p in run_order(one.points(), one)]
+    assert firsts == ["a", "b", "c", "a", "b"]  # in the order run, not the points' indices
+    assert all(sorted(o) == sorted(archs) for o in orders.values())
     assert rotated(("a", "b", "c"), 0) == ("a", "b", "c")
     assert rotated(("a", "b", "c"), 4) == ("b", "c", "a")
 
@@ -169,6 +174,9 @@ def test_points_rotate_the_architectures_and_measure_the_effect(two_point_sweep)
     assert {r["point"] for r in rows} == {"p00", "p01"}
     assert {r["public_internet.rtt_scale"] for r in rows} == {"1.0", "2.0"}
     assert len(rows) == 2 * 2 * 3 and all(r["ok"] == "True" for r in rows)
+    for table in ("samples.csv", "ports.csv", "attempts.csv"):  # every table has its points
+        with open(directory / table, newline="") as f:
+            assert {r["point"] for r in csv.DictReader(f)} == {"p00", "p01"}, table
 
     def median(point: str, arch: str) -> float:
         values = sorted(float(r["first_ice_rtt_ms"]) for r in rows

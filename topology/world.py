@@ -281,7 +281,7 @@ class World:
             changed.append(self.directions[key])
         self.links = [link for link in self.directions.values() if not link.impairment.is_null]
         self.spec = spec
-        log.info("world re-impaired: %d directions changed", len(changed))
+        log.debug("world re-impaired: %d directions changed", len(changed))
         return changed
 
     def restore_link(self, kind: str, a: str, b: str | None = None) -> list[ImpairedLink]:
