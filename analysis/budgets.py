@@ -159,6 +159,16 @@ class Verdict:
         return "fault" if isinstance(self.budget, FaultBudget) else "latency"
 
 
+def read_budgets_yaml(path: Path):
+    """A budgets file's YAML document; BudgetError (one line) when it is missing or not YAML."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise BudgetError(f"budgets file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise BudgetError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+
+
 @dataclass(frozen=True)
 class BudgetFile:
     scenario: str
@@ -169,12 +179,7 @@ class BudgetFile:
     @classmethod
     def load(cls, path: str | Path = BUDGETS_FILE) -> "BudgetFile":
         path = Path(path)
-        try:
-            doc = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            raise BudgetError(f"budgets file {path} does not exist") from None
-        except yaml.YAMLError as exc:
-            raise BudgetError(f"{path}: not valid YAML: {exc}") from None
+        doc = read_budgets_yaml(path)
         if not isinstance(doc, dict):
             raise BudgetError(f"{path}: must be a mapping with scenario, region and budgets")
         budgets = [_budget(path, n, raw) for n, raw in enumerate(doc.get("budgets") or [])]

@@ -32,8 +32,8 @@ MEASURED = "measured"
 # The statuses whose points are analysed: "failed" is a measured point where an architecture
 # fell below min_success_pct (its success rate is a finding, and in the tables).
 ANALYSED = (MEASURED, "failed")
-SWEEP_METRICS = ("setup_over_floor_ms", "first_ice_rtt_ms", "rtt_ms", "jitter_ms", "loss_pct",
-                 "mos")
+SWEEP_METRICS = ("setup_ms", "setup_over_floor_ms", "first_ice_rtt_ms", "rtt_ms", "jitter_ms",
+                 "loss_pct", "mos")
 BETTER, NONE, WORSE = "better", "none", "worse"  # an architecture against the baseline
 STATE_WORDS = {BETTER: "significantly better", NONE: "no significant difference",
                WORSE: "significantly worse"}

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis.budgets import BUDGETS_FILE, BudgetError
+from analysis.budgets import BUDGETS_FILE, BudgetError, read_budgets_yaml
 from analysis.stats import Bootstrap
 from analysis.sweep import SWEEP_METRICS, Parameter, Point, Sweep, SweepAnalysis, \
     analyse_sweep, load_sweep
@@ -196,12 +196,7 @@ def load_sweep_budgets(path: str | Path = BUDGETS_FILE) -> tuple[SweepBudget, ..
     """The budgets file's ``sweep_budgets`` section. BudgetError (one line) for a file without
     one, or with a budget that cannot be read; the rest of the file is not read."""
     path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise BudgetError(f"budgets file {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise BudgetError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    doc = read_budgets_yaml(path)
     raw = doc.get(SECTION) if isinstance(doc, dict) else None
     if raw is None:
         raise BudgetError(f"{path} has no sweep budgets (a '{SECTION}' section)")

@@ -59,7 +59,6 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.markup import escape
 
     from scenarios.processes import ServiceError
     from scenarios.progress import ProgressBars
@@ -80,10 +79,7 @@ def run(args: argparse.Namespace) -> int:
                               capture=args.capture, turn=TURN in scenario.architectures,
                               browsers=scenario.chromium_per_region > 0)
     bars = ProgressBars(console, enabled=not args.json)
-
-    def say(msg: str, transient: bool = False) -> None:
-        if not args.json and not transient:
-            bars.print(f"[dim]… {escape(msg)}[/dim]")
+    say = bars.say
 
     try:
         runner = ScenarioRunner(scenario, args.region, args.results, backend, say, bars.update,
@@ -115,7 +111,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_target(args: argparse.Namespace, scenario, console) -> int:
     """``--target URL``: the scenario's clients against a deployment (scenarios/target.py)."""
-    from rich.markup import escape
 
     from scenarios.processes import ServiceError
     from scenarios.progress import ProgressBars
@@ -134,10 +129,7 @@ def _run_target(args: argparse.Namespace, scenario, console) -> int:
         raise UserError(str(exc)) from None
     check_client_prerequisites(browsers=scenario.chromium_per_region > 0)
     bars = ProgressBars(console, enabled=not args.json)
-
-    def say(msg: str, transient: bool = False) -> None:
-        if not args.json and not transient:
-            bars.print(f"[dim]… {escape(msg)}[/dim]")
+    say = bars.say
 
     try:
         runner = TargetRunner(scenario, target, args.results, say, bars.update)

@@ -6,6 +6,7 @@ transient, so no control characters leak into the output.
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
@@ -43,3 +44,9 @@ class ProgressBars:
         """A line above the bars (or a plain line without a terminal)."""
         if self._enabled:
             self._progress.console.print(text)
+
+    def say(self, msg: str, transient: bool = False) -> None:
+        """A runner's progress in words (``say(msg, transient)``): a dim line above the bars;
+        transient messages (the per-second status) are left to the bars."""
+        if self._enabled and not transient:
+            self._progress.console.print(f"[dim]… {escape(msg)}[/dim]")

@@ -47,7 +47,6 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.markup import escape
 
     from scenarios.processes import ServiceError
     from scenarios.progress import ProgressBars
@@ -63,10 +62,7 @@ def run(args: argparse.Namespace) -> int:
     check_world_prerequisites(backend, services=True, turn="turn" in scenario.architectures,
                               browsers=scenario.chromium_per_region > 0)
     bars = ProgressBars(console, enabled=not args.json)
-
-    def say(msg: str, transient: bool = False) -> None:
-        if not args.json and not transient:
-            bars.print(f"[dim]… {escape(msg)}[/dim]")
+    say = bars.say
 
     try:
         runner = SweepRunner(scenario, args.region, args.results, backend, say, bars.update,

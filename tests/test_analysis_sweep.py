@@ -276,7 +276,7 @@ def test_no_difference_is_no_crossover(rtt):
 
 def test_conclusions_say_at_each_point_what_differs(rtt):
     sentences = [c.sentence() for c in rtt.conclusions()]
-    assert len(sentences) == 4 * 2 * 6
+    assert len(sentences) == 4 * 2 * 7  # points x architectures x SWEEP_METRICS
     assert any(re.fullmatch(r"at rtt_scale 1\.4, global-relay's setup over floor is 60 ms "
                             r"\[\d+, \d+\] below port-per-session's: significant \(better\)", s)
                for s in sentences), sentences
@@ -347,7 +347,7 @@ def test_sweep_report_writes_its_files(rtt_dir, tmp_path):
     assert list(rows[0]) == ["point", "public_internet.rtt_scale", "architecture", "metric",
                              "p50", "lo", "hi", "n", "saturated", "diff", "diff_lo", "diff_hi"]
     assert {r["point"] for r in rows} == {"p00", "p01", "p03", "p05"}
-    assert len(rows) == 4 * 3 * 6
+    assert len(rows) == 4 * 3 * 7
     row = next(r for r in rows if (r["point"], r["architecture"], r["metric"])
                == ("p03", GLOBAL, "setup_over_floor_ms"))
     assert (row["public_internet.rtt_scale"], float(row["p50"]), row["n"], row["saturated"]) \
@@ -366,7 +366,7 @@ def test_sweep_report_writes_its_files(rtt_dir, tmp_path):
     setup = summary["crossovers"]["setup_over_floor_ms"][GLOBAL]
     assert setup["transitions"] == [{"between": [1.2, 1.4], "from": "none", "to": "better"}]
     assert setup["ci_includes_zero"][0]["from"] is None
-    assert len(summary["conclusions"]) == 48
+    assert len(summary["conclusions"]) == 4 * 2 * 7
 
     md = (out / "sweep_report.md").read_text()
     assert "## Where an advantage stops being significant" in md
@@ -375,7 +375,7 @@ def test_sweep_report_writes_its_files(rtt_dir, tmp_path):
     assert "![sweep_setup_over_floor_ms](plots/sweep_setup_over_floor_ms.png)" in md
     assert "one in twenty" in md
     page = (out / "sweep_report.html").read_text()
-    assert page.count("src=\"data:image/png;base64,") == 6
+    assert page.count("src=\"data:image/png;base64,") == 7  # one plot per SWEEP_METRICS
     assert not re.search(r"(src|href)=\"(?!data:)", page)
 
 

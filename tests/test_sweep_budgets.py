@@ -185,7 +185,7 @@ def test_a_measured_point_whose_folder_is_missing_fails_the_budget(tmp_path):
 
 @pytest.mark.parametrize("entry, message", [
     (_budget(percentile=95, max=1), "only percentile 50"),
-    (_budget(metric="setup_ms", max=1), "not one the sweep analysis has"),
+    (_budget(metric="signaling_ms", max=1), "not one the sweep analysis has"),
     (_budget(max=1, min=0), "exactly one bound"),
     (_budget(), "exactly one bound"),
     (_budget(max="x"), "exactly one bound"),
