@@ -28,7 +28,7 @@ from scenarios.sweepspec import SweepPoint, SweepSpec, scenario_at
 from topology.world import World
 
 MEASURED, NOT_CALIBRATED, FAILED, PENDING = "measured", "not calibrated", "failed", "pending"
-DONE = (MEASURED, NOT_CALIBRATED)  # what a resumed sweep does not run again
+DONE = (MEASURED, FAILED, NOT_CALIBRATED)  # what a resumed sweep does not run again
 SWEEP_FILE = "sweep.json"
 
 
@@ -176,14 +176,14 @@ class SweepRunner:
                     "points": []}  # the points it ran (or began)
         self.runs.append(this_run)
         try:
-            self._run_groups(groups, timed, done_before)
+            self._run_groups(groups, timed)
         finally:  # also after Ctrl-C or a stop: what was measured stays readable
             this_run["seconds"] = round(time.monotonic() - started, 1)
             self._write()
             write_tables(self.directory, self.spec, self.records)
         return self.records
 
-    def _run_groups(self, groups: dict, timed: list[float], done_before: int) -> None:
+    def _run_groups(self, groups: dict, timed: list[float]) -> None:
         from topology.impairment.backend import make_backend
 
         for clusters, points in groups.items():
@@ -197,7 +197,9 @@ class SweepRunner:
                     seconds = self._run_point(world, p)
                     if seconds is not None:
                         timed.append(seconds)
-                    self.progress("points", done_before + len(timed), len(self.points))
+                    self.progress("points", sum(r.status in DONE
+                                                for r in self.records.values()),
+                                  len(self.points))
                     left = sum(1 for r in self.records.values() if r.status not in DONE)
                     if len(timed) == 1 and left:
                         self._check_time(timed[0], left)

@@ -25,8 +25,8 @@ name: sweeptest
 description: The smallest sweep where the public internet's RTT matters.
 clusters: [na-east]
 sessions_per_region: 3
-call_duration_s: 3
-start_rate: 2
+call_duration_s: 2
+start_rate: 3
 architectures: [port-per-session, global-relay]
 calibration: {count: 60, rate: 100, at_load: false}
 sweep:
