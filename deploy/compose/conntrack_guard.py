@@ -22,9 +22,9 @@ How it watches, cheaply:
   * every ``sweep`` s it lists them anyway, should an event have been lost.
 
 Scope: IPv4, UDP, original destination port ``port`` and address ``public_host`` (any local
-address when it is 0.0.0.0), reply source that very address and port (no NAT), not ``relay_ip``; what
-wakes it must also be unanswered ([UNREPLIED]). An entry NATed to anything is never touched,
-nor is any other port, protocol or address.
+address when it is 0.0.0.0), reply source that very address and port (no NAT), not
+``relay_ip``; what wakes it must also be unanswered ([UNREPLIED]). An entry NATed to anything
+is never touched, nor is any other port, protocol or address.
 
 Cost, measured: idle, a listing every ``sweep`` s (about 10.8 ms of CPU each: fork, exec,
 netlink dump), 0.12 % of a core; polling every 0.2 s all the time would be 5 %.
@@ -137,7 +137,8 @@ class Guard:
                 and (is_local(e.dst) if cfg.any_address else e.dst == cfg.public_host))
 
     def conntrack(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([self.cfg.conntrack, *args], capture_output=True, text=True, timeout=10)
+        return subprocess.run([self.cfg.conntrack, *args], capture_output=True, text=True,
+                              timeout=10)
 
     def stale(self) -> list[Entry]:
         r = self.conntrack("-L", *self.cfg.selector())
@@ -148,14 +149,15 @@ class Guard:
 
     def delete(self, stale: list[Entry]) -> int:
         """Delete the un-NATed entries: one `conntrack -D` per destination address (however many
-        calls), matching UDP, the port, that address and a reply source (address and port) equal to it (no NAT
-        happened), so an entry NATed to the relay, or to anything else, is never matched. (An
-        un-NATed entry that was answered, which only a userland proxy makes, goes too: its next
-        datagram makes the same entry again.) Returns how many went."""
+        calls), matching UDP, the port, that address and a reply source (address and port)
+        equal to it (no NAT happened), so an entry NATed to the relay, or to anything else, is
+        never matched. (An un-NATed entry that was answered, which only a userland proxy makes,
+        goes too: its next datagram makes the same entry again.) Returns how many went."""
         n = 0
         for dst in sorted({e.dst for e in stale}):
-            r = self.conntrack("-D", "-f", "ipv4", "-p", "udp", "--orig-port-dst", str(self.cfg.port),
-                               "--orig-dst", dst, "--reply-src", dst,
+            r = self.conntrack("-D", "-f", "ipv4", "-p", "udp",
+                               "--orig-port-dst", str(self.cfg.port), "--orig-dst", dst,
+                               "--reply-src", dst,
                                "--reply-port-src", str(self.cfg.port))
             # "N flow entries have been deleted." (exit 1 when N is 0: they went meanwhile)
             words = r.stderr.split(":")[-1].split()
@@ -167,7 +169,8 @@ class Guard:
         """Un-NATed entries exist: delete them every `interval` until a listing finds none."""
         cfg, start, deleted = self.cfg, time.monotonic(), 0
         self.episodes += 1
-        log.info("un-NATed entries to %s:%d (no DNAT to the relay when they were created): %s; deleting",
+        log.info("un-NATed entries to %s:%d (no DNAT to the relay when they were created): "
+                 "%s; deleting",
                  stale[0].dst, cfg.port,
                  ", ".join(f"{e.src}:{e.sport} (reply from {e.reply_src})" for e in stale[:6])
                  + (f" and {len(stale) - 6} more" if len(stale) > 6 else ""))
