@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from analysis.jsonout import plain
 from scenarios.runner import CalibrationFailed, ScenarioRunner
 from scenarios.spec import BASELINE, Scenario, ScenarioError
 from scenarios.sweepspec import SweepPoint, SweepSpec, scenario_at
@@ -124,7 +125,7 @@ class SweepRunner:
                                 f"folder)") from None
         except ValueError as exc:
             raise ScenarioError(f"--resume {directory}: {SWEEP_FILE}: {exc}") from None
-        mine = [{"name": p.name, "values": _plain(p.values)} for p in self.spec.parameters]
+        mine = [{"name": p.name, "values": plain(p.values)} for p in self.spec.parameters]
         if doc.get("parameters") != mine or doc.get("region") != self.region:
             raise ScenarioError(f"--resume {directory}: that sweep's parameters or region are "
                                 f"not this one's ({doc.get('region')}: "
@@ -145,10 +146,10 @@ class SweepRunner:
         doc = {"scenario": self.scenario.name, "source": self.scenario.source,
                "region": self.region, "baseline": BASELINE,
                "architectures": list(self.scenario.architectures),
-               "parameters": [{"name": p.name, "values": _plain(p.values)}
+               "parameters": [{"name": p.name, "values": plain(p.values)}
                               for p in self.spec.parameters],
                "max_minutes": self.max_minutes,
-               "points": [_plain(vars(self.records[p.id])) for p in self.points],
+               "points": [plain(vars(self.records[p.id])) for p in self.points],
                "estimate": self.estimate, "runs": self.runs}
         tmp = self.directory / f".{SWEEP_FILE}.tmp"
         tmp.write_text(json.dumps(doc, indent=2))
@@ -292,12 +293,3 @@ def write_tables(directory: Path, spec: SweepSpec, records: dict[str, PointRecor
 def _cell(value):
     """A parameter value as a CSV cell (a list of clusters joined by '+')."""
     return "+".join(value) if isinstance(value, (list, tuple)) else value
-
-
-def _plain(value):
-    """Tuples as lists, recursively (sweep.json compares equal after a round trip)."""
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value

@@ -679,7 +679,8 @@ def test_the_baseline_comes_from_config_json(tmp_path):
 
 def test_analysis_never_imports_scenarios_or_the_cli():
     code = ("import sys, analysis.report, analysis.summary, analysis.budgets, analysis.cli, "
-            "analysis.budgets_cli, analysis.compare; bad = [m for m in sys.modules if "
+            "analysis.budgets_cli, analysis.compare, analysis.sweep, analysis.sweepplots, "
+            "analysis.sweepreport, analysis.sweepbudgets; bad = [m for m in sys.modules if "
             "m.split('.')[0] == 'scenarios' or m == 'voiceedge.cli']; print(bad); "
             "sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -410,16 +410,3 @@ def test_a_sweep_of_names_has_no_crossover_but_a_report(tmp_path):
     md = written.paths["markdown"].read_text()
     assert "last_mile's values are not numbers" in md
     assert "at last_mile last_mile_mobile, global-relay's setup over floor is 60 ms" in md
-
-
-def test_the_sweep_analysis_never_imports_scenarios():
-    import subprocess
-    import sys
-
-    code = ("import sys, analysis.sweep, analysis.sweepplots, analysis.sweepreport; "
-            "bad = [m for m in sys.modules "
-            "if m.split('.')[0] == 'scenarios' or m == 'voiceedge.cli']; print(bad); "
-            "sys.exit(1 if bad else 0)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parent.parent)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
