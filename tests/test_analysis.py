@@ -677,15 +677,56 @@ def test_the_baseline_comes_from_config_json(tmp_path):
     assert summary["architectures"]["port-per-session"]["vs_baseline_p50"]["setup_ms"] != 0
 
 
-def test_analysis_never_imports_scenarios_or_the_cli():
-    code = ("import sys, analysis.report, analysis.summary, analysis.budgets, analysis.cli, "
-            "analysis.budgets_cli, analysis.compare, analysis.sweep, analysis.sweepplots, "
-            "analysis.sweepreport, analysis.sweepbudgets; bad = [m for m in sys.modules if "
-            "m.split('.')[0] == 'scenarios' or m == 'voiceedge.cli']; print(bad); "
-            "sys.exit(1 if bad else 0)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parent.parent)
+# The analysis reads results folders only: it imports nothing of the packages that write them.
+# Within those packages, the leaf modules both sides share (each imports nothing of the project
+# beyond its own package): the error types, the names a results folder's writers and readers
+# agree on, the rule a measured delay is judged by, the wire formats the captures are decoded
+# with.
+FORBIDDEN = ("scenarios", "topology", "services", "bench", "voiceedge")
+SHARED_LEAVES = ("voiceedge", "voiceedge.errors", "voiceedge.results", "voiceedge.delayrule",
+                 "services", "services.wire")
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _shared(module: str) -> bool:
+    return module in SHARED_LEAVES or module.startswith("services.wire.")
+
+
+def _project_modules_after(code: str) -> list[str]:
+    """The project's modules (``FORBIDDEN`` packages, ``analysis``) loaded by running ``code``
+    in a fresh interpreter."""
+    probe = (f"import sys\n{code}\n"
+             f"print('\\n'.join(m for m in sys.modules if m.split('.')[0] in "
+             f"{FORBIDDEN + ('analysis',)!r}))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          cwd=_ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return sorted(proc.stdout.split())
+
+
+def test_analysis_never_imports_scenarios_or_the_cli():
+    """Every analysis module (analysis.pcap too, found by walking the package) imported, no
+    module of scenarios/, topology/, services/, bench/ or voiceedge.cli is loaded."""
+    loaded = _project_modules_after(
+        "import analysis, pkgutil, importlib\n"
+        "names = [m.name for m in pkgutil.walk_packages(analysis.__path__, 'analysis.')]\n"
+        "assert 'analysis.pcap.hops' in names and 'analysis.report' in names, names\n"
+        "for name in names: importlib.import_module(name)")
+    assert "analysis.pcap.hops" in loaded and "analysis.sweepplots" in loaded
+    bad = [m for m in loaded if m.split(".")[0] in FORBIDDEN and not _shared(m)]
+    assert not bad, f"analysis imports {bad}"
+
+
+@pytest.mark.parametrize("leaf", [m for m in SHARED_LEAVES if "." in m]
+                         + ["services.wire.hop", "services.wire.stun", "services.wire.sdp",
+                            "services.wire.ufrag"])
+def test_the_shared_leaves_import_nothing_of_the_project(leaf):
+    """What the guard above lets analysis import stays a leaf: it loads nothing of the project
+    but itself and the packages it is in."""
+    loaded = _project_modules_after(f"import {leaf}")
+    assert leaf in loaded
+    others = [m for m in loaded if m != leaf and not leaf.startswith(m + ".")]
+    assert not others, f"{leaf} imports {others}"
 
 
 # ------------------------------------------------------------------ the report in words
