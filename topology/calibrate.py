@@ -3,11 +3,11 @@
 Every impaired direction of every link is probed (topology/probe.py: UDP at a fixed rate,
 monotonic timestamps, 200-byte datagrams) and compared with its configuration:
 
-- mean one-way delay within max(1 ms, 5%) + 0.5 ms per hop;
-- spread within 25% + 0.5 ms of the configured jitter, with the standard deviation estimated
-  robustly (IQR / 1.349, exact for normal jitter): a handful of datagrams held up by the
-  probe's own scheduling on a busy 2-core machine must not fail a link (the plain standard
-  deviation is reported too);
+- one-way delays by the rule the captures' hops are judged by too (voiceedge/delayrule.py):
+  mean within max(1 ms, 5%) + 0.5 ms per hop; spread within 25% + 0.5 ms of the configured
+  jitter, with the standard deviation estimated robustly (IQR / 1.349, exact for normal
+  jitter): a handful of datagrams held up by the probe's own scheduling on a busy 2-core
+  machine must not fail a link (the plain standard deviation is reported too);
 - the count of lost datagrams between two quantiles of what the configured loss model gives
   for that many datagrams, simulated (bursty loss is far from binomial on a few hundred
   packets): each tail is 0.1% divided by the number of paths probed (Bonferroni), so a correct
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import math
-import statistics
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
@@ -31,17 +30,16 @@ import numpy as np
 from topology.impairment.model import BernoulliLoss, Impairment, LossModel
 from topology.probe import ProbeResult, udp_probe
 from topology.world import ImpairedLink, World
+from voiceedge.delayrule import DelayExpectation, judge_delays
 
 PROBE_BYTES = 200  # UDP payload of a probe datagram
 
 
 @dataclass(frozen=True)
-class Expectation:
-    mean_ms: float
-    sd_ms: float
+class Expectation(DelayExpectation):
+    """A path's configured delay and loss."""
+
     loss: LossModel | None = None
-    hops: int = 1
-    distribution: str = "normal"
 
     @property
     def loss_pct(self) -> float:
@@ -51,7 +49,7 @@ class Expectation:
     def of(cls, impairment: Impairment | None) -> "Expectation":
         if impairment is None:
             return cls(0.0, 0.0)
-        return cls(impairment.delay_ms, impairment.jitter_ms, impairment.loss,
+        return cls(impairment.delay_ms, impairment.jitter_ms, loss=impairment.loss,
                    distribution=impairment.distribution)
 
 
@@ -126,28 +124,6 @@ class CalibrationReport:
 
 
 FAMILY_TAIL = 0.001  # chance per run that a correct world fails its loss checks
-
-
-def mean_tolerance_ms(exp: Expectation) -> float:
-    """How far a measured mean one-way delay may be from the configured one."""
-    return max(1.0, 0.05 * exp.mean_ms) + 0.5 * exp.hops
-
-
-def judge_delays(exp: Expectation, delays: list[float]
-                 ) -> tuple[float | None, float | None, float | None, bool, bool]:
-    """(mean, standard deviation, robust spread (IQR / 1.349), mean_ok, sd_ok) of one-way
-    delays against what ``exp`` configures."""
-    mean = statistics.fmean(delays) if delays else None
-    sd = statistics.pstdev(delays) if len(delays) > 1 else None
-    robust = None
-    if len(delays) >= 8:
-        q1, q3 = np.percentile(delays, [25, 75])
-        robust = float(q3 - q1) / 1.349
-    mean_ok = mean is not None and abs(mean - exp.mean_ms) <= mean_tolerance_ms(exp)
-    # A uniform delay's IQR / 1.349 is 1.284 times its standard deviation.
-    expected_spread = exp.sd_ms * (1.284 if exp.distribution == "uniform" else 1.0)
-    sd_ok = robust is not None and abs(robust - expected_spread) <= 0.25 * expected_spread + 0.5
-    return mean, sd, robust, mean_ok, sd_ok
 
 
 def judge(exp: Expectation, sent: int, delays: list[float], reordered: int, kind: str, src: str,

@@ -35,6 +35,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from voiceedge.results import CAPTURES_FILE, RX_LOG_SUFFIX  # noqa: F401 (the runner's too)
+
 _STAT = re.compile(r"^(\d+) packets? (captured|received by filter|dropped by kernel|"
                    r"dropped by interface)")
 
@@ -191,10 +193,6 @@ class Capture:
 # ---------------------------------------------------------------------------- a world's captures
 
 ROUTER_ROLES = ("pub", "bb")
-CAPTURES_FILE = "captures.json"
-# Next to the pcaps: a client host's received RTP packets as its client saw them in user space
-# (``voiceedge client --rx-log``), after the impairment on the host's own ingress.
-RX_LOG_SUFFIX = ".rx.jsonl"
 
 
 @dataclass

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 
-GAP_MIN_MS = 60.0   # three 20 ms packet times: at least two packets in a row missing or late
+from voiceedge.results import GAP_MIN_MS  # the analysis reads it too
+
 MAX_GAPS = 500      # kept per session; the others are only counted
 
 
