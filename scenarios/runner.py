@@ -197,7 +197,7 @@ class ScenarioRunner:
     def run(self) -> RunResult:
         """Build, calibrate, run each architecture; results are written after each one, so an
         interrupted or failed run leaves a folder ``voiceedge report`` can read."""
-        from topology.impairment.backend import make_backend
+        from topology.impairment.factory import make_backend
 
         started = time.monotonic()
         backend = make_backend(self.backend_name)

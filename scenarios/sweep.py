@@ -185,7 +185,7 @@ class SweepRunner:
         return self.records
 
     def _run_groups(self, groups: dict, timed: list[float]) -> None:
-        from topology.impairment.backend import make_backend
+        from topology.impairment.factory import make_backend
 
         for clusters, points in groups.items():
             first = self._runner(points[0])

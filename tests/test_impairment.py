@@ -24,7 +24,8 @@ import pytest
 
 from topology.impairment import bench
 from topology.impairment.backend import (BackendUnavailable, Detection, ImpairmentError,
-                                         detect, make_backend)
+                                         detect)
+from topology.impairment.factory import make_backend
 from topology.impairment.direction import Direction
 from topology.impairment.lab import pair_lab
 from topology.impairment.model import (BernoulliLoss, GilbertElliottLoss, Impairment, NetNode,

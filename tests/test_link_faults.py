@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from topology.calibrate import PROBE_BYTES, Expectation, judge
-from topology.impairment.backend import make_backend
+from topology.impairment.factory import make_backend
 from topology.impairment.model import BernoulliLoss, Impairment
 from topology.probe import ProbeResult, udp_probe
 from topology.impairment.model import link_down, with_extra_loss

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from topology.calibrate import calibrate
-from topology.impairment.backend import make_backend
+from topology.impairment.factory import make_backend
 from topology.impairment.model import GilbertElliottLoss, Impairment
 from topology.plan import world_spec
 from topology.regions import RegionsCatalog
@@ -111,7 +111,7 @@ def test_teardown_after_ctrl_c_leaves_nothing(tmp_path):
     script = tmp_path / "hold.py"
     script.write_text(textwrap.dedent("""
         import sys, time
-        from topology.impairment.backend import make_backend
+        from topology.impairment.factory import make_backend
         from topology.plan import world_spec
         from topology.regions import RegionsCatalog
         from topology.world import World

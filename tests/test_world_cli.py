@@ -174,7 +174,7 @@ def test_ctrl_c_tears_the_world_down(up):
 HOLD = textwrap.dedent("""
     import subprocess, sys
     from pathlib import Path
-    from topology.impairment.backend import make_backend
+    from topology.impairment.factory import make_backend
     from topology.plan import world_spec
     from topology.regions import RegionsCatalog
     from topology.world import World

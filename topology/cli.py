@@ -47,7 +47,7 @@ def build_and_calibrate(regions: str, clusters: str | None, backend: str | None,
     """Build the world, calibrate it, tear it down; returns (report, world timings, engine
     stats). ``backend``: a name, or None for what the kernel supports. Raises ValueError for
     bad input."""
-    from topology.impairment.backend import make_backend
+    from topology.impairment.factory import make_backend
     from topology.world import World
 
     spec = world_spec_of(regions, clusters)

@@ -87,7 +87,7 @@ def run_up(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from topology.calibrate import calibrate
-    from topology.impairment.backend import make_backend
+    from topology.impairment.factory import make_backend
     from topology.world import World
     from topology.worldstate import WorldHold
 

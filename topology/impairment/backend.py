@@ -1,6 +1,7 @@
 """One interface, two backends: netem where the kernel has it, the userspace NFQUEUE engine
-where it does not. ``make_backend(None)`` picks one by asking the kernel (``detect``,
-which says which and why).
+where it does not. ``detect`` says which this kernel supports and why;
+``topology.impairment.factory.make_backend`` makes one (this module imports neither backend:
+both import it).
 
 Lifecycle: ``apply`` what each direction should suffer (before or after ``start``), ``start``,
 read ``stats`` while traffic runs, ``change`` a direction for a while (a fault) and back,
@@ -9,7 +10,6 @@ and is safe to call twice or after a failure; the context manager does start/sto
 """
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import threading
@@ -17,8 +17,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from topology.impairment.model import Impairment, NetNode
-
-log = logging.getLogger("voiceedge.impairment")
 
 BACKENDS = ("netem", "userspace")
 
@@ -113,28 +111,3 @@ def detect() -> Detection:
     answer = " ".join(probe.stderr.split()) or f"exit status {probe.returncode}"
     return Detection("userspace", f"this kernel has no sch_netem (tc qdisc add ... netem: "
                                   f"{answer})")
-
-
-def make_backend(name: str | None = None, **options) -> ImpairmentBackend:
-    """The backend called ``name``, or the one this kernel supports when ``name`` is None
-    (``detect``; the choice and its reason are logged). ``options`` go to the backend's
-    constructor. Asking for netem on a kernel without it is an error, never a silent run
-    without impairment."""
-    from topology.impairment.netem import NetemBackend
-    from topology.impairment.userspace import UserspaceBackend
-
-    if name is not None and name not in BACKENDS:
-        raise ValueError(f"unknown impairment backend {name!r} (choose from {', '.join(BACKENDS)})")
-    if name is None:
-        found = detect()
-        name = found.name
-        log.info("impairment backend: %s (chosen automatically: %s)", name, found.reason)
-    elif name == "netem":
-        found = detect()
-        if found.name != "netem":
-            raise BackendUnavailable(f"the netem backend was asked for, but {found.reason}; "
-                                     f"use the userspace backend")
-        log.info("impairment backend: netem (asked for; %s)", found.reason)
-    else:
-        log.info("impairment backend: %s (asked for)", name)
-    return NetemBackend(**options) if name == "netem" else UserspaceBackend(**options)
