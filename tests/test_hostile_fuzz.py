@@ -12,7 +12,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bench.hostile.cases import (
-    KINDS, OPENER_EVERY, CaseStream, Forge, attribute_lists, build_templates, stun_messages, tlv,
+    BUILDERS, KINDS, OPENER_EVERY, CaseStream, Forge, attribute_lists, build_templates,
+    stun_messages, tlv,
 )
 from services.wire import hop
 from services.wire.stun import StunError, is_stun, read_username, server_ufrag
@@ -76,6 +77,13 @@ def test_every_kind_is_what_it_says(templates):
         assert set(seen[kind]) <= expected, (kind, seen[kind])
     assert len(seen["stun_mutated"]) >= 3  # mutation reaches several outcomes
     assert seen["forged_then_media"]["not_stun"] > seen["forged_then_media"]["routable"] > 0
+
+
+def test_every_kind_has_its_builder_in_the_order_of_the_kinds(templates):
+    # the order is the wire format of a run (kind i sends from 127.(100+i).x.y)
+    assert tuple(BUILDERS) == KINDS
+    assert all(t.kind == kind for kind in KINDS for t in templates[kind]), \
+        {kind: {t.kind for t in templates[kind]} for kind in KINDS}
 
 
 def test_the_same_seed_sends_the_same_cases(templates):

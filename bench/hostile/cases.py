@@ -447,7 +447,26 @@ def build_forged_many_ports(rng, n, forge):
             for t in build_ufrag_forged(rng, n, forge)]
 
 
-BUILDERS = {k: globals()[f"build_{k}"] for k in KINDS}
+# Each kind's builder: (rng, n, forge) -> n templates; the hypothesis kinds also take
+# ``seed_value``. In the order of KINDS (tests/test_hostile_fuzz.py checks).
+BUILDERS = {
+    "stun_bad_cookie": build_stun_bad_cookie,
+    "stun_length_past_end": build_stun_length_past_end,
+    "stun_attr_overflow": build_stun_attr_overflow,
+    "stun_bad_integrity": build_stun_bad_integrity,
+    "ufrag_forged": build_ufrag_forged,
+    "ufrag_bitflip": build_ufrag_bitflip,
+    "ufrag_replay": build_ufrag_replay,
+    "username_huge": build_username_huge,
+    "stun_mutated": build_stun_mutated,
+    "rtp": build_rtp,
+    "dtls": build_dtls,
+    "channeldata": build_channeldata,
+    "jumbo": build_jumbo,
+    "empty": build_empty,
+    "forged_then_media": build_forged_then_media,
+    "forged_many_ports": build_forged_many_ports,
+}
 _HYPOTHESIS_KINDS = {"stun_attr_overflow", "stun_mutated"}
 
 
