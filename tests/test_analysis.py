@@ -305,7 +305,14 @@ def test_effective_equipment_impairment_and_burst_ratio():
 def test_session_mos_from_rtt_jitter_and_loss():
     model = EModel()
     assert model.one_way_delay(200.0, 5.0) == 130.0  # 100 + 2 x 5 + 20
-    assert model.mos(0.0, 0.0, 0.0) == pytest.approx(mos_from_r(93.2 - 0.48))
+    # By hand from G.107's defaults (R0 - Is = 93.2) and Opus as analysis/mos.py takes it
+    # (Ie = 0, Bpl = 25.1): d = 20 ms, R = 93.2 - 0.48 = 92.72
+    assert model.mos(0.0, 0.0, 0.0) == pytest.approx(4.3998023665)
+    # d = 150 + 6 + 20 = 176 ms (below the knee): Id = 4.224, R = 88.976
+    assert model.mos(300, 3, 0.0) == pytest.approx(4.3131121127)
+    # d = 326 ms: Id = 7.824 + 0.11 x 148.7 = 24.181; 3% loss in bursts (BurstR 2):
+    # Ie_eff = 95 x 3 / (3/2 + 25.1) = 10.714286; R = 58.304714
+    assert model.mos(600, 3, 3.0, burst_r=2.0) == pytest.approx(3.0118159466)
     assert model.mos(300, 3, 0.0) > model.mos(600, 3, 0.0) > model.mos(600, 3, 3.0)
 
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
-from topology.impairment.model import BernoulliLoss, GilbertElliottLoss
+from topology.impairment.model import BernoulliLoss, GilbertElliottLoss, Impairment
 from topology.regions import LinkProfile, RegionsCatalog
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,13 +47,20 @@ def read_csv() -> tuple[list[dict], str]:
     return rows, " ".join(header)
 
 
-def test_backbone_matches_the_measured_csv_row_by_row():
+def csv_rtt() -> dict[tuple[str, str], float]:
+    """The measured RTTs straight from the data file, by short name (SHORT_NAMES)."""
     rows, _ = read_csv()
-    by_provider = {r.provider_region: r.name for r in CATALOG.regions}
-    assert len(rows) == len(CATALOG.backbone) == 10 * 9
-    for row in rows:
-        a, b = by_provider[row["src"]], by_provider[row["dst"]]
-        assert CATALOG.backbone_rtt_ms(a, b) == float(row["p95_rtt_ms"]), (a, b)
+    by_provider = {provider: name for name, provider in SHORT_NAMES.items()}
+    return {(by_provider[r["src"]], by_provider[r["dst"]]): float(r["p95_rtt_ms"]) for r in rows}
+
+
+CSV_RTT = csv_rtt()
+
+
+def test_backbone_matches_the_measured_csv_row_by_row():
+    assert len(CSV_RTT) == len(CATALOG.backbone) == 10 * 9
+    for (a, b), rtt in CSV_RTT.items():
+        assert CATALOG.backbone_rtt_ms(a, b) == rtt, (a, b)
 
 
 def test_backbone_source_is_the_csv_source_verbatim():
@@ -138,7 +145,7 @@ def test_nearest_breaks_ties_by_name(tmp_path):
 @given(st.sampled_from(NAMES), st.lists(st.sampled_from(NAMES), min_size=1), st.randoms())
 def test_nearest_is_a_minimal_candidate_whatever_the_order(region, candidates, rnd):
     def rtt(c):
-        return 0 if c == region else CATALOG.backbone_rtt_ms(region, c)
+        return 0 if c == region else CSV_RTT[(region, c)]
 
     best = CATALOG.nearest(region, candidates).name
     assert best in candidates
@@ -154,19 +161,22 @@ PAIRS = [(a, b) for a in NAMES for b in NAMES if a != b]
 
 
 def test_public_internet_is_longer_than_the_backbone_for_every_pair():
-    inflation = CATALOG.profiles["public_internet"].rtt_scale
+    # regions.yaml: public_internet rtt_scale 1.4, on the measured P95 (the CSV)
     for a, b in PAIRS:
         assert CATALOG.public_rtt_ms(a, b) > CATALOG.backbone_rtt_ms(a, b), (a, b)
-        assert CATALOG.public_rtt_ms(a, b) == pytest.approx(
-            CATALOG.backbone_rtt_ms(a, b) * inflation)
+        assert CATALOG.public_rtt_ms(a, b) == pytest.approx(CSV_RTT[(a, b)] * 1.4)
+    assert CATALOG.public_rtt_ms("na-east", "eu-west") == pytest.approx(124.6)  # 89 x 1.4
+    assert CATALOG.public_rtt_ms("af", "au") == pytest.approx(487.2)            # 348 x 1.4
 
 
 def test_public_internet_within_a_region_is_the_intra_region_path():
-    intra = CATALOG.profiles["intra_region"]
+    # regions.yaml's intra_region: rtt_ms 6, jitter 1.0, normal, reordering, bernoulli 0.05 %
+    intra = Impairment(delay_ms=3.0, jitter_ms=1.0, distribution="normal", reorder=True,
+                       loss=BernoulliLoss(0.05))
     for name in NAMES:
-        assert CATALOG.public_rtt_ms(name, name) == intra.rtt_ms
-        assert CATALOG.impairment("public_internet", name, name) == intra.impairment(intra.rtt_ms)
-    assert intra.rtt_ms < min(CATALOG.backbone.values())
+        assert CATALOG.public_rtt_ms(name, name) == 6
+        assert CATALOG.impairment("public_internet", name, name) == intra
+    assert min(CATALOG.backbone.values()) == 34  # me -> in, the shortest measured path
 
 
 def test_no_backbone_path_from_a_region_to_itself():
@@ -176,18 +186,29 @@ def test_no_backbone_path_from_a_region_to_itself():
         CATALOG.backbone_rtt_ms("au", "au")
 
 
-@pytest.mark.parametrize("kind", ["backbone", "public_internet"])
-@pytest.mark.parametrize("a, b", [("apac-se", "apac-ne"), ("af", "apac-se"), ("na-east", "sa")])
-def test_one_direction_gets_half_the_rtt_measured_from_its_sender(kind, a, b):
-    profile = CATALOG.profiles[kind]
+# (kind, a, b, a -> b one-way ms, b -> a one-way ms, jitter ms, expected loss %), typed from
+# regions.yaml: measured P95 RTTs apac-se -> apac-ne 74, apac-ne -> apac-se 74, af -> apac-se
+# 211, apac-se -> af 190, na-east -> sa 119, sa -> na-east 121; backbone x 1.0, jitter 0.5,
+# bernoulli 0.01 %; public_internet x 1.4, jitter 2.0, gilbert_elliott 0.75 %.
+HALF_RTT = [
+    ("backbone", "apac-se", "apac-ne", 37.0, 37.0, 0.5, 0.01),
+    ("backbone", "af", "apac-se", 105.5, 95.0, 0.5, 0.01),
+    ("backbone", "na-east", "sa", 59.5, 60.5, 0.5, 0.01),
+    ("public_internet", "apac-se", "apac-ne", 51.8, 51.8, 2.0, 0.75),
+    ("public_internet", "af", "apac-se", 147.7, 133.0, 2.0, 0.75),
+    ("public_internet", "na-east", "sa", 83.3, 84.7, 2.0, 0.75),
+]
+
+
+@pytest.mark.parametrize("kind, a, b, forward_ms, back_ms, jitter_ms, loss_pct", HALF_RTT)
+def test_one_direction_gets_half_the_rtt_measured_from_its_sender(kind, a, b, forward_ms,
+                                                                  back_ms, jitter_ms, loss_pct):
     forward, back = CATALOG.impairment(kind, a, b), CATALOG.impairment(kind, b, a)
-    assert forward.delay_ms == pytest.approx(CATALOG.backbone_rtt_ms(a, b) * profile.rtt_scale / 2)
-    # The emulated round trip is the mean of the two measured directions (x the profile's scale).
-    assert forward.delay_ms + back.delay_ms == pytest.approx(
-        (CATALOG.backbone_rtt_ms(a, b) + CATALOG.backbone_rtt_ms(b, a)) / 2 * profile.rtt_scale)
-    assert forward.jitter_ms == profile.jitter_ms > 0
-    assert forward.expected_loss_pct == pytest.approx(profile.loss_pct)
-    assert (forward.distribution, forward.reorder) == (profile.distribution, profile.reorder)
+    assert forward.delay_ms == pytest.approx(forward_ms)
+    assert back.delay_ms == pytest.approx(back_ms)
+    assert forward.jitter_ms == back.jitter_ms == jitter_ms
+    assert forward.expected_loss_pct == pytest.approx(loss_pct)
+    assert (forward.distribution, forward.reorder) == ("normal", True)
 
 
 def test_default_profiles_loss_models():
@@ -200,15 +221,17 @@ def test_default_profiles_loss_models():
     assert 0.5 <= public.expected_pct <= 1
 
 
-@pytest.mark.parametrize("kind", ["last_mile_broadband", "last_mile_mobile", "intra_region"])
-def test_fixed_rtt_profiles_ignore_the_backbone(kind):
-    profile = CATALOG.profiles[kind]
-    assert not profile.from_backbone
+# (kind, one-way ms, jitter ms, expected loss %), typed from regions.yaml (rtt_ms 12, 40, 6)
+@pytest.mark.parametrize("kind, delay_ms, jitter_ms, loss_pct", [
+    ("last_mile_broadband", 6.0, 1.0, 0.1), ("last_mile_mobile", 20.0, 5.0, 0.5),
+    ("intra_region", 3.0, 1.0, 0.05)])
+def test_fixed_rtt_profiles_ignore_the_backbone(kind, delay_ms, jitter_ms, loss_pct):
+    assert not CATALOG.profiles[kind].from_backbone
     for name in ("au", "sa"):
         imp = CATALOG.impairment(kind, name)
-        assert imp.delay_ms == profile.rtt_ms / 2
-        assert imp.jitter_ms == profile.jitter_ms
-        assert imp.expected_loss_pct == pytest.approx(profile.loss_pct)
+        assert imp.delay_ms == delay_ms
+        assert imp.jitter_ms == jitter_ms
+        assert imp.expected_loss_pct == pytest.approx(loss_pct)
 
 
 def test_mobile_last_mile_is_worse_than_broadband():
