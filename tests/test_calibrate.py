@@ -8,10 +8,29 @@ import numpy as np
 from topology.calibrate import FAMILY_TAIL, Expectation, judge, loss_band
 from topology.impairment.model import BernoulliLoss, GilbertElliottLoss, Impairment
 from topology.loadcal import EngineWindow
+from voiceedge.delayrule import DelayExpectation, judge_delays, mean_tolerance_ms
 
 
 def verdict(impairment: Impairment, delays, sent=200):
     return judge(Expectation.of(impairment), sent, list(delays), 0, "public", "a", "b", "x", "y")
+
+
+def test_the_delay_rule_in_numbers():
+    """voiceedge/delayrule.py, shared with the captures' hops: mean within max(1 ms, 5%) +
+    0.5 ms per hop; robust spread (IQR / 1.349) within 25% + 0.5 ms of the jitter (x 1.284
+    for a uniform delay)."""
+    assert mean_tolerance_ms(DelayExpectation(10.0, 0.0)) == 1.5
+    assert mean_tolerance_ms(DelayExpectation(100.0, 0.0)) == 5.5
+    assert mean_tolerance_ms(DelayExpectation(100.0, 0.0, hops=3)) == 6.5
+    delays = [10.0] * 4 + [14.0] * 4  # mean 12, sd 2, IQR 4: robust spread 4 / 1.349 = 2.965
+    mean, sd, robust, mean_ok, sd_ok = judge_delays(DelayExpectation(12.0, 3.0), delays)
+    assert (mean, sd, round(robust, 3), mean_ok, sd_ok) == (12.0, 2.0, 2.965, True, True)
+    assert not judge_delays(DelayExpectation(13.6, 3.0), delays)[3]  # 1.6 ms off, 1.5 allowed
+    assert judge_delays(DelayExpectation(13.5, 3.0), delays)[3]
+    # jitter 1.6 ms: normal allows 0.9 ms around 1.6; uniform 1.014 around 2.054
+    assert not judge_delays(DelayExpectation(12.0, 1.6), delays)[4]
+    assert judge_delays(DelayExpectation(12.0, 1.6, distribution="uniform"), delays)[4]
+    assert judge_delays(DelayExpectation(12.0, 0.0), delays[:7])[2:] == (None, True, False)
 
 
 def test_a_configured_path_passes_and_a_few_scheduling_outliers_do_not_fail_it():

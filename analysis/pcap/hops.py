@@ -40,7 +40,7 @@ import numpy as np
 from analysis.pcap.classify import (BINDING_REQUEST, BINDING_SUCCESS, DTLS, REQUEST, RTP, STUN,
                                     SUCCESS, classify, stun_type, turn_control)
 from analysis.pcap.reader import read_udp
-from voiceedge.delayrule import DelayExpectation, judge_delays, mean_tolerance_ms
+from voiceedge.delayrule import DelayExpectation as Expectation, judge_delays, mean_tolerance_ms
 from voiceedge.results import CAPTURES_FILE, RX_LOG_SUFFIX
 
 ANALYSIS_FILE = "analysis.json"
@@ -339,7 +339,7 @@ def _hop_stats(seen, paths, points: list[Point], impairments: dict,
     for region, values in turnaround.items():
         merged[(UP, f"transceiver {region} (check -> answer)")] = {
             "kind": "transceiver", "frm": host_of[region], "to": host_of[region],
-            "exp": DelayExpectation(0.0, 0.0), "hidden": 0.0, "delays": values,
+            "exp": Expectation(0.0, 0.0), "hidden": 0.0, "delays": values,
             "places": [last_up + 1]}
     for (direction, label), m in merged.items():
         values = m["delays"]
@@ -365,18 +365,18 @@ def _hop_stats(seen, paths, points: list[Point], impairments: dict,
     return stats
 
 
-def _configured(impairments: dict, link: str | None, src: str, dst: str) -> DelayExpectation:
+def _configured(impairments: dict, link: str | None, src: str, dst: str) -> Expectation:
     """What config.json's ``impairments`` give the ``link`` direction from ``src`` to ``dst``
     (nothing configured: 0)."""
     configured = impairments.get(f"{link} {src}->{dst}") if link else None
     if not configured:
-        return DelayExpectation(0.0, 0.0)
-    return DelayExpectation(configured["delay_ms"], configured["jitter_ms"],
-                            distribution=configured.get("distribution", "normal"))
+        return Expectation(0.0, 0.0)
+    return Expectation(configured["delay_ms"], configured["jitter_ms"],
+                       distribution=configured.get("distribution", "normal"))
 
 
 def _name_hop(a: Point, b: Point, impairments: dict, arch: str = ""):
-    """(label, kind, from host, to host, DelayExpectation on the wire, configured ms hidden)."""
+    """(label, kind, from host, to host, Expectation on the wire, configured ms hidden)."""
     if b.role == "app":  # the client's receive time: after its last mile down
         exp = _configured(impairments, "last_mile_down", b.region, b.region)
         return (f"last mile down {b.region} (client app)", "last_mile_down_app", a.host, b.host,
@@ -384,7 +384,7 @@ def _name_hop(a: Point, b: Point, impairments: dict, arch: str = ""):
     if a.host == b.host:
         tier = ("cluster relay" if a.role != "edge" else
                 "TURN server" if arch == TURN_ARCH else "ingress relay")
-        return f"{tier} {a.region}", "relay", a.host, b.host, DelayExpectation(0.0, 0.0), 0.0
+        return f"{tier} {a.region}", "relay", a.host, b.host, Expectation(0.0, 0.0), 0.0
     link = _LINK_KINDS.get((a.role, b.role))
     exp = _configured(impairments, link, a.region, b.region)
     arrow = f"{a.region}->{b.region}"
@@ -393,7 +393,7 @@ def _name_hop(a: Point, b: Point, impairments: dict, arch: str = ""):
     elif link == "last_mile_down":
         # captured on the client's ingress, before the impairment there
         return (f"last mile down {b.region} (wire)", link, a.host, b.host,
-                DelayExpectation(0.0, 0.0), exp.mean_ms)
+                Expectation(0.0, 0.0), exp.mean_ms)
     elif link == "public":
         label = f"public internet {arrow}"
     elif link == "backbone":
@@ -401,7 +401,7 @@ def _name_hop(a: Point, b: Point, impairments: dict, arch: str = ""):
     else:
         link, label = "link", f"{a.host}->{b.host} (in region)"
     if not b.sent:  # an end host's received frame: before its own ingress impairment
-        return label, link, a.host, b.host, DelayExpectation(0.0, 0.0), exp.mean_ms
+        return label, link, a.host, b.host, Expectation(0.0, 0.0), exp.mean_ms
     return label, link, a.host, b.host, exp, 0.0
 
 
