@@ -18,6 +18,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from services.client.verify import DEFAULT_VERIFIES
+from services.clienttypes import AIORTC
+
 
 @dataclass
 class MediaSample:
@@ -43,7 +46,7 @@ class SessionResult:
     error: str | None = None
     stage: str = "setup"                  # where it ended: setup, signaling, connect, call, done
     client: str = "full"                  # full (decodes, RMS echo) or light (RTP headers only)
-    client_type: str = "aiortc"           # which WebRTC stack: aiortc or chromium
+    client_type: str = AIORTC             # which WebRTC stack: services/clienttypes.py
     offer_style: str = "gathered"         # offer sent after ICE gathering, or "immediate"
 
     # timeline
@@ -75,7 +78,11 @@ class SessionResult:
     echo_rms: float | None = None         # full clients only
     echo_voiced_pct: float | None = None  # voiced payloads after echo_skip_ms, both kinds
     echo_verified: bool = False
-    datachannel_verified: bool = False
+    datachannel_verified: bool = False    # the event came back in a form that counts (verify.py)
+    datachannel_echo: str | None = None   # how it came back: "envelope", "raw", None (never)
+    # the checks the session was asked for (services/client/verify.py) and those that passed
+    verifies: list[str] = field(default_factory=lambda: list(DEFAULT_VERIFIES))
+    verified: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)  # types of received data-channel events
 
     # signaling details
@@ -103,6 +110,11 @@ class SessionResult:
     # [ssrc, sequence number, unix arrival] of every received RTP packet, with
     # ClientConfig.record_arrivals (written to a file of their own, not in the JSON line)
     rx_arrivals: list[list] = field(default_factory=list)
+
+    @property
+    def fully_verified(self) -> bool:
+        """Whether every check the session was asked for passed."""
+        return set(self.verified) >= set(self.verifies)
 
     def to_dict(self, with_samples: bool = True) -> dict:
         d = asdict(self)
