@@ -28,7 +28,7 @@ import pandas as pd
 from analysis.jsonout import plain
 from analysis.load import Results
 from analysis.stats import percentile
-from services.client.gaps import GAP_MIN_MS  # the shortest gap the clients record
+from services.gaps import GAP_MIN_MS  # the shortest gap the clients record
 
 FAULT_FIELDS = (
     "fault", "kind", "target", "architecture", "applicable", "redis", "at_s", "end_s",

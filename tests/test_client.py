@@ -26,10 +26,10 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
 from services.client.config import ClientConfig
-from services.client.gaps import GAP_MIN_MS, GapTracker
 from services.client.runner import run_sessions
 from services.client.seqstats import SeqTracker, extend_seq, loss_stats, unwrap
 from services.client.session import CallSession, ping_event, run_session
+from services.gaps import GAP_MIN_MS, ArrivalGaps
 from services.logs import Event
 from tests.conftest import REPO
 from tests.logcheck import service_records
@@ -591,31 +591,33 @@ def test_config_rejects_nonsense():
 # -- pure parts ----------------------------------------------------------------------------------
 
 def test_gap_tracker_records_long_gaps_on_the_wall_clock():
-    g = GapTracker(unix_offset=1000.0)
-    assert (g.first, g.last, g.gaps, g.count) == (None, None, [], 0)
+    g = ArrivalGaps(unix_offset=1000.0)
+    assert (g.first, g.last, g.listed(), g.count) == (None, None, [], 0)
     for t in (10.0, 10.02, 10.04, 10.0999, 10.16):   # 59.9 ms: not a gap; 60.1 ms: a gap
-        g.add(t)
-    assert g.gaps == [[1010.0999, 60.1, 0]]
+        g.arrived(t)
+    assert g.listed() == [[1010.0999, 60.1, 0]]
     g.attempt = 2                                      # a new connection's packets
-    g.add(12.0)
-    g.add(12.02)
-    assert g.gaps[-1] == [1010.16, 1840.0, 2]          # starts at the last packet before it
+    g.arrived(12.0)
+    g.arrived(12.02)
+    assert g.listed()[-1] == [1010.16, 1840.0, 2]      # starts at the last packet before it
     assert (g.first, g.last) == (10.0, 12.02)
     assert (g.unix(g.first), g.unix(None)) == (1010.0, None)
 
 
 def test_gap_tracker_threshold_is_inclusive_and_the_list_capped():
-    g = GapTracker(min_ms=GAP_MIN_MS, max_gaps=2, unix_offset=0.0)
+    assert GAP_MIN_MS == 60.0   # the one threshold: the client's and the transceiver's
+    g = ArrivalGaps(min_ms=GAP_MIN_MS, cap=2)
     for i in range(5):
-        g.add(i * GAP_MIN_MS / 1000.0 * 2)             # every gap is 2 x GAP_MIN_MS
-    assert len(g.gaps) == 2 and g.unlisted == 2 and g.count == 4
-    g = GapTracker(min_ms=100.0, unix_offset=0.0)
-    g.add(1.0)
-    g.add(1.1)
-    assert [x[1] for x in g.gaps] == [pytest.approx(100.0)]
-    assert GapTracker().unix_offset == pytest.approx(time.time() - time.monotonic(), abs=0.1)
+        g.arrived(i * 0.12)                            # every gap is 120 ms
+    assert len(g.listed()) == 2 and g.dropped == 2 and g.count == 4
+    g = ArrivalGaps(min_ms=100.0)
+    g.arrived(1.0)
+    g.arrived(1.1)
+    assert [x[1] for x in g.listed()] == [pytest.approx(100.0)]
+    assert ArrivalGaps.monotonic().unix_offset == pytest.approx(time.time() - time.monotonic(),
+                                                               abs=0.1)
     with pytest.raises(ValueError):
-        GapTracker(min_ms=0)
+        ArrivalGaps(min_ms=0)
 
 
 @pytest.mark.parametrize("seqs, expected, received, bursts", [

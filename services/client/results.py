@@ -100,7 +100,7 @@ class SessionResult:
     # connected_unix (None: never), location, cluster, transceiver, error (None: ended with the call)
     attempts: list[dict] = field(default_factory=list)
     # [start_unix (last packet before), ms, attempt (whose packet ended it)] per gap >= 60 ms
-    # between consecutive received RTP packets, across reconnections (services/client/gaps.py)
+    # between consecutive received RTP packets, across reconnections (services/gaps.py)
     rx_gaps: list[list] = field(default_factory=list)
     rx_gaps_unlisted: int = 0             # gaps beyond the first 500, counted only
     first_rx_unix: float | None = None    # first and last received RTP packet of the call

@@ -37,7 +37,6 @@ from aiortc.rtcconfiguration import RTCBundlePolicy, RTCIceTransportPolicy
 
 from services.client.bundle import bundled_answer
 from services.client.config import FULL, KINDS, LIGHT, ClientConfig
-from services.client.gaps import GapTracker
 from services.client.iceservers import RELAY, IceServersError, IceSettings
 from services.client.iceservers import fetch as fetch_ice_servers
 from services.client.light import receive_without_decoding
@@ -48,6 +47,7 @@ from services.client.tone import PreEncodedOpusTrack, opus_tone
 from services.client.turnlog import TurnLog, recording
 from services.client.verify import ENVELOPE, datachannel_counts, echo_form, verified
 from services.client.voiced import VoicedCount
+from services.gaps import ArrivalGaps
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def ping_event(index: int) -> dict:
 class _Connection:
     """One attempt of a session: its peer connection, the signaling of its offer, its probes."""
 
-    def __init__(self, number: int, reason: str, voiced: VoicedCount, gaps: GapTracker,
+    def __init__(self, number: int, reason: str, voiced: VoicedCount, gaps: ArrivalGaps,
                  record_arrivals: bool = False) -> None:
         self.number = number                 # 0: the first call
         self.pc: RTCPeerConnection | None = None
@@ -122,7 +122,7 @@ class CallSession:
         self._http = http
         self._t0 = 0.0
         self._voiced = VoicedCount(config.echo_skip_ms / 1000.0)
-        self._gaps = GapTracker()
+        self._gaps = ArrivalGaps.monotonic()  # the call's, across its attempts
         self._conns: list[_Connection] = []
         self._conn: _Connection | None = None      # the current attempt
         self._ice = IceSettings(config.ice_servers, config.ice_transport_policy)
@@ -568,7 +568,7 @@ class CallSession:
         r.packets_received = self._packets()[0]
         r.loss_pct = round(100.0 * r.packets_lost / r.packets_expected, 3) \
             if r.packets_expected else None
-        r.rx_gaps, r.rx_gaps_unlisted = list(gaps.gaps), gaps.unlisted
+        r.rx_gaps, r.rx_gaps_unlisted = gaps.listed(), gaps.dropped
         r.first_rx_unix, r.last_rx_unix = gaps.unix(gaps.first), gaps.unix(gaps.last)
         voiced_pct = self._voiced.voiced_pct
         r.echo_voiced_pct = None if voiced_pct is None else round(voiced_pct, 1)
