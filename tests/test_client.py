@@ -139,6 +139,7 @@ class EchoPeerServer:
         app = web.Application()
         app.router.add_post("/v1/calls", self._post)
         app.router.add_post("/deaf/v1/calls", self._post)
+        app.router.add_post("/raw/v1/calls", self._post)  # data-channel events echoed raw
         app.router.add_post("/reject/v1/calls", self._reject)
         app.router.add_post("/{fault:stall|close|deaf}/{n:[0-9]+}/{token}/v1/calls",
                             self._post)
@@ -185,7 +186,11 @@ class EchoPeerServer:
 
             @channel.on("message")
             def on_message(message) -> None:
-                channel.send(json.dumps({"type": "agent.echo", "event": json.loads(message)}))
+                if request.path == "/raw/v1/calls":  # an edge without the agent's envelope
+                    channel.send(message)
+                else:
+                    channel.send(json.dumps({"type": "agent.echo",
+                                             "event": json.loads(message)}))
 
         await pc.setRemoteDescription(offer)
         await pc.setLocalDescription(await pc.createAnswer())
@@ -277,6 +282,31 @@ def test_one_session_measures_the_timeline_and_verifies_echo(echo_peer):
 
     line = result.to_json()
     assert "\n" not in line and json.loads(line)["first_ice_rtt_ms"] == result.first_ice_rtt_ms
+
+
+@pytest.mark.netns
+def test_a_raw_data_channel_echo_verifies_only_where_the_envelope_is_not_asked_for(echo_peer):
+    async def both():
+        return await asyncio.gather(
+            run_session(config(echo_peer.url("/raw")), 0),
+            run_session(config(echo_peer.url("/raw"), verifies=("audio", "datachannel")), 1),
+            run_session(config(echo_peer.url()), 2))
+
+    default, raw_ok, envelope = asyncio.run(both())
+    assert default.ok and raw_ok.ok and envelope.ok
+    # today's rule (the project's edge): only the envelope counts
+    assert default.datachannel_echo == "raw" and not default.datachannel_verified
+    assert default.verifies == ["audio", "datachannel", "envelope"]
+    assert default.verified == ["audio"] and not default.fully_verified
+    # an architecture that declares a raw echo enough
+    assert raw_ok.datachannel_echo == "raw" and raw_ok.datachannel_verified
+    assert raw_ok.verifies == raw_ok.verified == ["audio", "datachannel"]
+    assert raw_ok.fully_verified
+    assert envelope.datachannel_echo == "envelope" and envelope.fully_verified
+    assert envelope.verified == ["audio", "datachannel", "envelope"]
+    line = json.loads(raw_ok.to_json(with_samples=False))
+    assert (line["verifies"], line["verified"], line["datachannel_echo"]) == (
+        ["audio", "datachannel"], ["audio", "datachannel"], "raw")
 
 
 def test_without_echo_the_echo_is_not_verified(echo_peer):
@@ -742,7 +772,11 @@ def test_cli_failures_and_user_errors(echo_peer, capsys, caplog):
     for bad in (["--url", "ftp://x"], ["--url", "http://x/", "--rate", "0"],
                 ["--url", "http://x/", "--media-timeout", "0"],
                 ["--url", "http://x/", "--reconnect-attempts", "-1"],
-                ["--url", "http://x/", "--header", "nocolon"], ["--url", "http://x/", "-n", "0"]):
+                ["--url", "http://x/", "--header", "nocolon"], ["--url", "http://x/", "-n", "0"],
+                ["--url", "http://x/", "--verify", "audio,video"],
+                ["--url", "http://x/", "--index-base", "-1"]):
         args = parse_cli(*bad)
         with pytest.raises(UserError):
             args.func(args)
+    cfg = config_from_args(parse_cli("--url", "http://x/", "--verify", "envelope,audio"))
+    assert cfg.verifies == ("audio", "datachannel", "envelope")

@@ -1,13 +1,19 @@
 """Calls through an answer whose candidates are in the BUNDLE tag's m-line only, as Pion writes
 it (RFC 8843 allows it): the project's edge (relay, transceiver, agent in a lab namespace, as
 in the demo) answers, and a small signaling proxy in front of it moves the answer's candidates
-to its first m-line before the client sees it. The client takes them from there
+to its first m-line before the client sees it. The aiortc client takes them from there
 (services/client/bundle.py); without that, aiortc 1.16 finds none and the call never sets up.
+Chromium (the browser client) takes them from there itself.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
+import sys
+import threading
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
@@ -18,6 +24,7 @@ from scenarios.edge import Edge
 from services.client import session as client_session
 from services.client.config import ClientConfig
 from services.client.session import run_session
+from tests.conftest import REPO
 from topology.netns import in_namespace, lab_namespace
 
 pytestmark = [pytest.mark.netns]
@@ -47,48 +54,71 @@ def first_mline_only(sdp: str) -> str:
 
 
 class StockBundleProxy:
-    """POST /v1/calls to the edge's front, answered with the candidates in the first m-line
-    only; DELETE of the Location passed on. Records the answers before and after."""
+    """The edge's signaling front behind a proxy on 127.0.0.1 in the lab namespace, with its
+    own event loop in a thread (for clients in this process and in child processes alike):
+    every request passed on (the call page too), a 201 answer to ``POST /v1/calls`` handed on
+    with its candidates in the first m-line only. ``answers``: (the edge's, what was handed
+    on) per call."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, netns: str, upstream: str) -> None:
+        self.netns = netns
         self.upstream = upstream.removesuffix("/v1/calls")
-        self.answers: list[tuple[str, str]] = []  # (the edge's, what the client got)
+        self.answers: list[tuple[str, str]] = []
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=in_namespace, name="bundle-proxy",
+                                        args=(netns, self.loop.run_forever), daemon=True)
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
-        self.url = ""
+        self.origin = ""
 
-    async def __aenter__(self) -> "StockBundleProxy":
-        self._http = aiohttp.ClientSession()
+    @property
+    def url(self) -> str:
+        return f"{self.origin}/v1/calls"
+
+    def __enter__(self) -> "StockBundleProxy":
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+    async def _start(self) -> None:
+        self._http = aiohttp.ClientSession(auto_decompress=False)
         app = web.Application()
-        app.router.add_post("/v1/calls", self._post)
-        app.router.add_delete("/v1/calls/{call}", self._delete)
+        app.router.add_route("*", "/{tail:.*}", self._forward)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1/calls"
-        return self
+        self.origin = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
 
-    async def __aexit__(self, *exc) -> None:
+    async def _stop(self) -> None:
         await self._runner.cleanup()
         await self._http.close()
 
-    async def _post(self, request: web.Request) -> web.Response:
-        async with self._http.post(f"{self.upstream}/v1/calls", data=await request.read(),
-                                   headers={"Content-Type": "application/sdp"}) as r:
-            body = await r.text()
-            if r.status != 201:
-                return web.Response(status=r.status, text=body)
-            location = r.headers["Location"]
-        stock = first_mline_only(body)
-        self.answers.append((body, stock))
-        return web.Response(status=201, text=stock, content_type="application/sdp",
-                            headers={"Location": "/v1/calls/" + location.rsplit("/", 1)[-1]})
-
-    async def _delete(self, request: web.Request) -> web.Response:
-        async with self._http.delete(f"{self.upstream}/v1/calls/"
-                                     f"{request.match_info['call']}") as r:
-            return web.Response(status=r.status, text=await r.text())
+    async def _forward(self, request: web.Request) -> web.Response:
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() in ("content-type", "authorization", "accept")}
+        async with self._http.request(request.method, self.upstream + request.path_qs,
+                                      data=await request.read(), headers=headers,
+                                      allow_redirects=False) as r:
+            body = await r.read()
+            keep = {k: v for k, v in r.headers.items()
+                    if k.lower() in ("content-type", "x-voiceedge-cluster",
+                                     "x-voiceedge-transceiver")}
+            if "Location" in r.headers:  # same paths here: the proxy's own origin
+                keep["Location"] = urlsplit(r.headers["Location"]).path
+            status = r.status
+        if request.method == "POST" and request.path == "/v1/calls" and status == 201:
+            edges = body.decode()
+            stock = first_mline_only(edges)
+            self.answers.append((edges, stock))
+            body = stock.encode()
+        return web.Response(status=status, body=body, headers=keep)
 
 
 @pytest.fixture(scope="module")
@@ -103,14 +133,11 @@ def edge(tmp_path_factory):
 
 
 def calls(ns, edge, setup_timeout_s: float):
-    async def main():
-        async with StockBundleProxy(edge.signaling_url(edge.plan.fronts[0])) as proxy:
-            config = ClientConfig(url=proxy.url, duration_s=2.0,
-                                  setup_timeout_s=setup_timeout_s)
-            result = await run_session(config, index=0)
-            return result, proxy.answers
-
-    return in_namespace(ns.name, asyncio.run, main())
+    """One aiortc session through the proxy: (its result, the answers the proxy changed)."""
+    with StockBundleProxy(ns.name, edge.signaling_url(edge.plan.fronts[0])) as proxy:
+        config = ClientConfig(url=proxy.url, duration_s=2.0, setup_timeout_s=setup_timeout_s)
+        result = in_namespace(ns.name, asyncio.run, run_session(config, index=0))
+        return result, proxy.answers
 
 
 def test_a_call_through_an_answer_with_candidates_in_the_first_m_line_only(edge):
@@ -133,3 +160,26 @@ def test_without_taking_the_tags_candidates_the_same_answer_never_sets_up(edge, 
     assert candidates_per_mline(stock) == [1, 0]
     assert not r.ok and r.error == "setup timeout"
     assert r.ice_connected_ms is None
+
+
+@pytest.mark.browser
+def test_chromium_takes_the_tags_candidates_itself(edge, tmp_path):
+    """The browser client needs no such step: Chromium applies a BUNDLE answer's transport
+    from the tag's m-line (as JSEP says), so the same answers set up its calls."""
+    if not os.access("/usr/bin/chromium", os.X_OK):
+        pytest.fail("no Chromium at /usr/bin/chromium: run `make browsers` (make test does)")
+    ns, e = edge
+    results = tmp_path / "sessions.jsonl"
+    with StockBundleProxy(ns.name, e.signaling_url(e.plan.fronts[0])) as proxy:
+        proc = subprocess.run(
+            ["ip", "netns", "exec", ns.name, sys.executable, "-m", "voiceedge", "browser",
+             "--url", proxy.url, "-n", "2", "--rate", "2", "--duration", "2",
+             "--offer", "alternate", "--results", str(results), "--json"],
+            capture_output=True, text=True, cwd=REPO, timeout=120)
+        answers = list(proxy.answers)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(answers) == 2 and all(candidates_per_mline(stock) == [1, 0]
+                                     for _, stock in answers)
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [r["ok"] for r in lines] == [True, True], [r["error"] for r in lines]
+    assert all(r["client_type"] == "chromium" and r["datachannel_verified"] for r in lines)

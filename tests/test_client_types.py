@@ -3,6 +3,8 @@ the registry into one command per client type and region, which the clients' own
 accept; and what a session verifies (services/client/verify.py). No network."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from scenarios.clients import (CLIENT_TYPES, REGISTRY, RegionClients, client_typ
 from scenarios.spec import Scenario, ScenarioError
 from services.client.cli import config_from_args
 from services.client.verify import (ENVELOPE, RAW, echo_form, parse_verifies, verified)
+from tests.conftest import REPO
 from voiceedge.cli import build_parser
 
 BASE = ("name: mix\nclusters: [na-east]\ncall_duration_s: 4\nstart_rate: 2\n"
@@ -132,3 +135,11 @@ def test_a_raw_or_wrapped_echo_is_told_apart():
 ])
 def test_what_passed_of_what_was_asked(verifies, audio, echo, expected):
     assert verified(verifies, audio, echo) == expected
+
+
+def test_verify_of_the_scenario_command_is_for_a_target_only():
+    proc = subprocess.run([sys.executable, "-m", "voiceedge", "scenario",
+                           str(REPO / "scenarios" / "ci.yaml"), "--verify", "audio"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 2 and "--verify is for --target" in proc.stderr
+    assert "Traceback" not in proc.stderr
