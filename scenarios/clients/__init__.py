@@ -21,7 +21,7 @@ REGISTRY: dict[str, ClientType] = {t.name: t for t in (AiortcClient(), ChromiumC
 CLIENT_TYPES = tuple(REGISTRY)
 
 __all__ = ["CLIENT_TYPES", "REGISTRY", "ClientCommand", "ClientType", "RegionClients",
-           "client_type", "commands", "needs_browser", "parse_mix"]
+           "client_type", "commands", "needs_browser", "parse_mix", "results_suffixes"]
 
 
 def client_type(name: str) -> ClientType:
