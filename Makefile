@@ -38,9 +38,9 @@ venv: deps $(BIN)/.installed
 browsers:
 	@scripts/install-debian-deps.sh browsers
 
-# Exit status 0 when scenario file $(1) has browser clients (clients: {chromium: N}).
+# Exit status 0 when a client type of scenario file $(1)'s mix needs a browser (chromium).
 wants_browsers = $(BIN)/python -c 'import sys; from scenarios.spec import Scenario; \
-	sys.exit(0 if Scenario.load(sys.argv[1]).chromium_per_region else 1)' $(1) 2>/dev/null
+	sys.exit(0 if Scenario.load(sys.argv[1]).needs_browser else 1)' $(1) 2>/dev/null
 
 scenario: venv
 	@if $(call wants_browsers,$(SCENARIO)); then scripts/install-debian-deps.sh browsers; fi

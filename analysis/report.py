@@ -11,7 +11,7 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis import clients, tables, turn
+from analysis import clients, tables, turn, verification
 from analysis.pcap import tables as pcap_tables
 from analysis.compare import compare  # noqa: F401  (part of this module's API)
 from analysis.faults import FaultEffect, fault_effects
@@ -206,6 +206,8 @@ def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: E
         parts.append(f"<h3>{e(arch)}</h3><ul class='findings'>{items}</ul>")
     parts += ["<h2 id='summary'>Summary per architecture</h2>",
               tables.to_html(tables.headline(results, stats))]
+    parts += ["<h2 id='verified'>What the clients verified</h2>",
+              tables.to_html(verification.table(results))]
     if clients.mixed(results):
         parts += ["<h2 id='clients'>Setup timeline by client type and offer style</h2>",
                   tables.to_html(clients.timeline(results))]
@@ -283,6 +285,8 @@ def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], mode
         lines += [f"- {f.sentence()}" for f in found if f.architecture == arch] + [""]
     lines += ["", "## Summary per architecture", "",
               tables.to_markdown(tables.headline(results, stats))]
+    lines += ["## What the clients verified", "",
+              tables.to_markdown(verification.table(results))]
     if clients.mixed(results):
         lines += ["## Setup timeline by client type and offer style", "",
                   tables.to_markdown(clients.timeline(results))]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis import verification
 from analysis.clients import TIMELINE, groups
 from analysis.faults import fault_rows, write_faults_csv
 from analysis.jsonout import dumps, plain
@@ -123,6 +124,7 @@ def summary_of(results: Results, stats: Stats) -> dict:
                 stats, arch, baseline)
         out["architectures"][arch] = entry
     out["clients"] = client_types(results)
+    out["verification"] = verification.summary(results)
     if results.faults:
         out["faults"] = fault_rows(results)
     return out

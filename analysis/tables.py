@@ -360,6 +360,8 @@ def configuration(results: Results) -> Table:
                                          or scenario.get("architectures", []))),
              ("sessions per region", scenario.get("sessions_per_region")),
              ("Chromium sessions per region", scenario.get("chromium_per_region", 0)),
+             ("client mix per region", ", ".join(
+                 f"{kind} {n}" for kind, n in (scenario.get("clients") or {}).items())),
              ("call duration (s)", scenario.get("call_duration_s")),
              ("start rate (sessions/s)", scenario.get("start_rate")),
              ("last mile", scenario.get("last_mile")),

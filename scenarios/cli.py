@@ -39,6 +39,11 @@ def add_parser(sub) -> None:
                         "signaling front (e.g. http://127.0.0.1:8080) instead of an emulated "
                         "world: no world, no calibration, one architecture 'deployment' "
                         "(docs/deployment.md, 'Scenarios against a deployment')")
+    p.add_argument("--verify", metavar="CHECKS",
+                   help="with --target: what the clients count as verified, comma-separated "
+                        "from audio, datachannel, envelope (default all three: the project's "
+                        "edge; an edge that echoes data-channel events raw: audio,datachannel; "
+                        "docs/client.md, Verification)")
     p.add_argument("--results", default="results", type=Path,
                    help="where the results folder goes (default ./results)")
     p.add_argument("--backend", choices=("auto", "netem", "userspace"), default="auto",
@@ -71,13 +76,16 @@ def run(args: argparse.Namespace) -> int:
     scenario = Scenario.load(args.file)  # ConfigError: one line, exit 2
     if args.target is not None:
         return _run_target(args, scenario, console)
+    if args.verify is not None:
+        raise UserError("--verify is for --target: in the emulated world each architecture "
+                        "declares what its clients verify")
     args.region = args.region or "apac"
     if args.capture_cap_mb <= 0:
         raise UserError("--capture-cap-mb must be positive")
     backend = None if args.backend == "auto" else args.backend
     check_world_prerequisites(backend, services=True,  # EnvironmentProblem: one line, exit 2
                               capture=args.capture, turn=TURN in scenario.architectures,
-                              browsers=scenario.chromium_per_region > 0)
+                              browsers=scenario.needs_browser)
     bars = ProgressBars(console, enabled=not args.json)
     say = bars.say
 
@@ -127,12 +135,21 @@ def _run_target(args: argparse.Namespace, scenario, console) -> int:
         target = Target.parse(args.target)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    check_client_prerequisites(browsers=scenario.chromium_per_region > 0)
+    verifies = None
+    if args.verify is not None:
+        from services.client.verify import parse_verifies
+
+        try:
+            verifies = parse_verifies(args.verify)
+        except ValueError as exc:
+            raise UserError(f"--verify: {exc}") from None
+    check_client_prerequisites(browsers=scenario.needs_browser)
     bars = ProgressBars(console, enabled=not args.json)
     say = bars.say
 
     try:
-        runner = TargetRunner(scenario, target, args.results, say, bars.update)
+        runner = TargetRunner(scenario, target, args.results, say, bars.update,
+                              verifies=verifies)
     except ScenarioError as exc:
         raise UserError(str(exc)) from None
     say(f"scenario {scenario.name} against the deployment at {target.url} (no emulated "

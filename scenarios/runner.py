@@ -30,7 +30,9 @@ from scenarios.edge import (ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, 
                             IngressPlan, TurnPlan, count_ports)
 from scenarios.faults import FaultInjector, FaultRecord
 from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
-from scenarios.spec import AIORTC, BASELINE, GLOBAL_RELAY, TURN, Scenario, ScenarioError
+from scenarios.clients import ClientCommand, RegionClients, results_suffixes
+from scenarios.clients import commands as client_commands
+from scenarios.spec import BASELINE, GLOBAL_RELAY, TURN, Scenario, ScenarioError
 from scenarios.saturation import LagWindows, flag
 from scenarios.timeline import TIMELINE, merge_timeline
 from topology.calibrate import CalibrationReport, calibrate, session_links
@@ -40,7 +42,7 @@ from topology.netns import in_namespace
 from topology.plan import world_spec
 from topology.regions import RegionsCatalog
 from topology.world import World
-from services.browser.cli import READY_EVENT as BROWSER_READY
+from services.clienttypes import AIORTC
 
 SESSION_FIELDS = (
     "architecture", "client_region", "cluster_region", "session", "client", "ok", "error",
@@ -51,8 +53,8 @@ SESSION_FIELDS = (
     "floor_signaling_rtt_ms", "floor_media_rtt_ms", "floor_setup_ms", "saturated",
     "saturated_by", "started_unix", "ended_unix", "connected_unix", "reconnections",
     "transceiver", "first_rx_unix", "last_rx_unix", "client_type", "offer_style", "gathered_ms",
-    "ice_checking_ms", "turn_transactions", "ice_pair")
-BROWSER_SUFFIX = "-chromium"  # logs/sessions-REGION-chromium.jsonl: the browser sessions' lines
+    "ice_checking_ms", "turn_transactions", "ice_pair", "verifies", "verified",
+    "datachannel_echo")
 # Every call a client made for a session: the first (attempt 0) and each reconnection.
 ATTEMPT_FIELDS = ("architecture", "client_region", "session", "attempt", "reason",
                   "started_unix", "connected_unix", "cluster_region", "transceiver", "error")
@@ -126,14 +128,6 @@ class RunResult:
         """Architectures whose success rate is below the scenario's ``min_success_pct``."""
         return [a.architecture for a in self.architectures
                 if a.success_pct < self.scenario.min_success_pct]
-
-
-def browser_start_rate(sc: Scenario) -> float:
-    """Chromium sessions a second: a region's browser sessions spread over its aiortc
-    sessions' start window, never faster than the scenario's start rate."""
-    window_s = sc.sessions_per_region / sc.start_rate
-    return min(sc.chromium_per_region / window_s if window_s > 0 else sc.start_rate,
-               sc.start_rate)
 
 
 def git_commit() -> str:
@@ -261,7 +255,7 @@ class ScenarioRunner:
         commit = git_commit()
         impairments = {f"{k[0]} {k[1]}->{k[2]}": asdict(v) for k, v in self.spec.impairments.items()}
         (self.directory / "config.json").write_text(json.dumps({
-            "scenario": asdict(self.scenario), "client_regions": self.client_regions,
+            "scenario": self.scenario.to_dict(), "client_regions": self.client_regions,
             "clusters": self.clusters, "world_regions": list(self.spec.regions),
             "architectures": list(self.scenario.architectures), "order": list(self.order),
             "baseline": BASELINE,
@@ -338,35 +332,7 @@ class ScenarioRunner:
                 captures.start()
                 self.say(f"[{arch}] capturing at {len(captures.points)} hosts")
             edge.start()
-            if sc.chromium_per_region:
-                # Every browser launched with its pages loaded before any call starts: their
-                # start-up is seconds of CPU on this machine and must not lie under the calls.
-                browsers = [self._browser_clients(
-                    arch, edge.signaling_url(front), front.region, logs,
-                    world.node(f"client{world.index[front.region]}").ns_path, n,
-                    len(plan.fronts)) for n, front in enumerate(plan.fronts)]
-                clients += browsers
-                for browser in browsers:
-                    browser.wait_ready(lambda b=browser: _logged(b.log_path, BROWSER_READY),
-                                       timeout=20 + 5 * sc.chromium_per_region)
-            for front in plan.fronts:
-                host = f"client{world.index[front.region]}"
-                netns = world.node(host).ns_path
-                if not sc.sessions_per_region:
-                    continue
-                clients.append(ServiceProcess(f"client-{front.region}", voiceedge_cmd(
-                    "client", "--url", edge.signaling_url(front),
-                    "-n", str(sc.sessions_per_region), "--rate", str(sc.start_rate),
-                    "--full-clients", str(sc.full_clients_per_region),
-                    "--duration", str(sc.call_duration_s),
-                    "--media-timeout", str(sc.media_timeout_s),
-                    "--reconnect-attempts", str(sc.reconnect_attempts),
-                    *(["--retry-setup"] if sc.faults else []),
-                    *(["--rx-log", str(captures.directory / f"{host}{RX_LOG_SUFFIX}")]
-                      if captures is not None else []), "--results",
-                    str(logs / f"sessions-{front.region}.jsonl"), "--samples",
-                    str(logs / f"samples-{front.region}.jsonl"), *self.client_ice_args(arch)),
-                    logs / f"client-{front.region}.log", netns=netns).start())
+            self._start_clients(world, arch, edge, logs, captures, clients)
             if sc.faults:
                 injector = FaultInjector(sc.faults, edge, world, self.say)
                 injector.start()
@@ -379,7 +345,7 @@ class ScenarioRunner:
             # each call again: 10 s set-up and 1 s wait per attempt, the client's own bounds);
             # what ran is counted from the clients' results, live sessions from the edge. It
             # counts the fronts that got clients, not the configured regions.
-            planned = (sc.sessions_per_region + sc.chromium_per_region) * len(plan.fronts)
+            planned = sc.total_per_region * len(plan.fronts)
             deadline = (time.monotonic() + planned / sc.start_rate + sc.call_duration_s + 90
                         + 11 * sc.reconnect_attempts * bool(sc.faults))
             while any(c.alive() for c in clients):
@@ -437,28 +403,46 @@ class ScenarioRunner:
         TURN server the front hands out (both client types)."""
         return ["--ice-from-signaling"] if arch == TURN else []
 
-    def _browser_clients(self, arch: str, url: str, region: str, logs: Path,
-                         netns: str, n: int, regions: int) -> ServiceProcess:
-        """Client region ``n``'s (of ``regions``) headless Chromium sessions (docs/browser.md),
-        spread over the aiortc sessions' start window and interleaved with the other regions'
-        (a browser session is seconds of CPU: two at once on the 2-core machine make every
-        process on the calls' paths lag), none with the first calls, while the clients'
-        processes start. Their indices follow the aiortc sessions' so every (region,
-        session) names one session. Offer styles alternate, gathered first; with one
-        browser session a region, from region to region instead."""
+    def _start_clients(self, world: World, arch: str, edge: Edge, logs: Path,
+                       captures: WorldCapture | None, clients: list[ServiceProcess]) -> None:
+        """Every client region's client processes, one per client type of the scenario's mix
+        (scenarios/clients/), appended to ``clients`` as they start (the caller stops them).
+        The types with a ready event (the browsers) are launched, and ready, before any call
+        starts: their start-up is seconds of CPU and must not lie under the calls."""
         sc = self.scenario
-        rate = browser_start_rate(sc)
-        offer = ("alternate" if sc.chromium_per_region > 1
-                 else ("gathered", "immediate")[n % 2])
-        return ServiceProcess(f"browser-{region}", voiceedge_cmd(
-            "browser", "--url", url, "-n", str(sc.chromium_per_region),
-            "--rate", f"{rate:.3f}", "--start-delay", f"{(n + 0.5) / (regions * rate):.3f}",
-            "--duration", str(sc.call_duration_s),
-            "--offer", offer, "--index-base", str(sc.sessions_per_region),
-            "--results", str(logs / f"sessions-{region}{BROWSER_SUFFIX}.jsonl"),
-            "--samples", str(logs / f"samples-{region}{BROWSER_SUFFIX}.jsonl"), "-q",
-            *self.client_ice_args(arch)),
-            logs / f"browser-{region}.log", netns=netns).start()
+        verifies, extra_args = self.client_options(arch)
+        fronts = edge.plan.fronts
+        regions = []
+        for n, front in enumerate(fronts):
+            host = f"client{world.index[front.region]}"
+            where = RegionClients(
+                edge.signaling_url(front), front.region, logs, n, len(fronts),
+                retry_setup=bool(sc.faults),
+                rx_log=(captures.directory / f"{host}{RX_LOG_SUFFIX}"
+                        if captures is not None else None))
+            regions.append((world.node(host).ns_path,
+                            client_commands(sc, where, verifies, extra_args)))
+
+        def start(command: ClientCommand, netns: str) -> ServiceProcess:
+            proc = ServiceProcess(command.name, voiceedge_cmd(*command.argv),
+                                  command.log_path(logs), netns=netns).start()
+            clients.append(proc)
+            return proc
+
+        warming = [(start(c, netns), c) for netns, commands in regions for c in commands
+                   if c.ready_event is not None]
+        for proc, c in warming:
+            proc.wait_ready(lambda p=proc, e=c.ready_event: _logged(p.log_path, e),
+                            timeout=c.ready_timeout_s)
+        for netns, commands in regions:
+            for c in commands:
+                if c.ready_event is None:
+                    start(c, netns)
+
+    def client_options(self, arch: str) -> tuple[tuple[str, ...] | None, list[str]]:
+        """(what ``arch``'s clients verify, None: the clients' default; their extra options)
+        for every client type's command."""
+        return None, self.client_ice_args(arch)
 
     # ------------------------------------------------------------ results
 
@@ -685,6 +669,11 @@ def _count_results(logs: Path) -> tuple[int, int]:
     return done, failed
 
 
+def _checks(names: list | None) -> str | None:
+    """A session's checks (services/client/verify.py) as one sessions.csv cell."""
+    return None if names is None else ",".join(names)
+
+
 def write_results(result: RunResult) -> None:
     """Every file of the finished architectures, then the derived statistics."""
     from analysis.summary import finalize
@@ -735,7 +724,7 @@ def client_rows(arch: str, region: str, logs: Path, lag: LagWindows, upstream: d
     where no topology is configured: a deployment target)."""
     sessions, samples, attempts, gaps = [], [], [], []
     rows = []
-    for suffix in ("", BROWSER_SUFFIX):
+    for suffix in results_suffixes():
         path = logs / f"sessions-{region}{suffix}.jsonl"
         if path.exists():
             rows += [json.loads(l) for l in path.read_text().splitlines()]
@@ -746,6 +735,7 @@ def client_rows(arch: str, region: str, logs: Path, lag: LagWindows, upstream: d
         row.update(architecture=arch, client_region=region, cluster_region=cluster,
                    session=r.get("index"), loss_bursts=json.dumps(r.get("loss_bursts") or []),
                    client_type=r.get("client_type") or AIORTC,
+                   verifies=_checks(r.get("verifies")), verified=_checks(r.get("verified")),
                    turn_transactions=json.dumps(r.get("turn_transactions") or []),
                    connected_unix=first.get("connected_unix"),
                    reconnections=r.get("reconnections", 0))
@@ -766,8 +756,7 @@ def client_rows(arch: str, region: str, logs: Path, lag: LagWindows, upstream: d
         for start, ms, attempt in r.get("rx_gaps") or []:
             gaps.append({**key, "direction": "down", "start_unix": start, "ms": ms,
                          "attempt": attempt})
-    for spath in (logs / f"samples-{region}.jsonl",
-                  logs / f"samples-{region}{BROWSER_SUFFIX}.jsonl"):
+    for spath in (logs / f"samples-{region}{suffix}.jsonl" for suffix in results_suffixes()):
         if not spath.exists():
             continue
         for line in spath.read_text().splitlines():

@@ -1,13 +1,15 @@
 """Scenario files: what a run builds, whom it calls, and how."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
+from scenarios.clients import needs_browser, parse_mix
 from scenarios.faultspec import FaultSpec
 from scenarios.sweepspec import SweepSpec
+from services.clienttypes import AIORTC, CHROMIUM
 from voiceedge.errors import ConfigError
 
 PORT_PER_SESSION, CLUSTER_RELAY, GLOBAL_RELAY = "port-per-session", "cluster-relay", "global-relay"
@@ -15,8 +17,6 @@ TURN = "turn"  # clients relay-only through a TURN server in their region; port-
 ARCHITECTURES = (PORT_PER_SESSION, CLUSTER_RELAY, GLOBAL_RELAY, TURN)
 # The architectures a scenario runs when its file names none (TURN is asked for by name).
 DEFAULT_ARCHITECTURES = (PORT_PER_SESSION, CLUSTER_RELAY, GLOBAL_RELAY)
-AIORTC, CHROMIUM = "aiortc", "chromium"   # client types
-CLIENT_TYPES = (AIORTC, CHROMIUM)
 BASELINE = PORT_PER_SESSION  # what every other architecture is compared with
 DEFAULT_SCENARIO = Path(__file__).with_name("default.yaml")
 
@@ -29,9 +29,9 @@ class ScenarioError(ConfigError):
 class Scenario:
     name: str
     clusters: tuple[str, ...]
-    sessions_per_region: int = 7      # aiortc sessions per client region
-    chromium_per_region: int = 0      # headless Chromium sessions per client region
-    full_clients_per_region: int = 2  # sessions with the full client (docs/client.md); rest light
+    # Sessions per client region by client type (scenarios/clients/), in the registry's order.
+    clients: dict = field(default_factory=lambda: {AIORTC: 7})
+    full_clients_per_region: int = 2  # aiortc sessions with the full client; the rest light
     call_duration_s: float = 6.0
     start_rate: float = 3.0
     architectures: tuple[str, ...] = DEFAULT_ARCHITECTURES
@@ -48,6 +48,32 @@ class Scenario:
     sweep: SweepSpec | None = None    # the parameters a sweep varies (scenarios/sweepspec.py)
     description: str = ""
     source: str = ""
+
+    @property
+    def sessions_per_region(self) -> int:
+        """aiortc sessions per client region (``sessions_per_region: N`` is
+        ``clients: {aiortc: N}``)."""
+        return self.clients.get(AIORTC, 0)
+
+    @property
+    def chromium_per_region(self) -> int:
+        return self.clients.get(CHROMIUM, 0)
+
+    @property
+    def total_per_region(self) -> int:
+        """Sessions of every client type per client region."""
+        return sum(self.clients.values())
+
+    @property
+    def needs_browser(self) -> bool:
+        """Whether a client type of the mix needs Chromium (the Makefile asks)."""
+        return needs_browser(self.clients)
+
+    def to_dict(self) -> dict:
+        """The scenario as config.json records it, with the aiortc and Chromium counts under
+        their older names too (results folders written before the mix have only those)."""
+        return asdict(self) | {"sessions_per_region": self.sessions_per_region,
+                               "chromium_per_region": self.chromium_per_region}
 
     @classmethod
     def load(cls, path: str | Path) -> "Scenario":
@@ -87,7 +113,8 @@ class Scenario:
         profiles = doc.get("profiles", {}) or {}
         if not isinstance(profiles, dict):
             raise ScenarioError(f"{path}: profiles: a mapping of profile -> overrides")
-        sessions, chromium = _client_mix(path, doc)
+        mix = _client_mix(path, doc)
+        sessions = mix.get(AIORTC, 0)
         full = (need("full_clients_per_region", int, lambda v: 0 <= v <= sessions,
                      f"0..sessions_per_region ({sessions})")
                 if "full_clients_per_region" in doc else min(2, sessions))
@@ -123,8 +150,7 @@ class Scenario:
             name=need("name", str, lambda v: v.replace("-", "").replace("_", "").isalnum(),
                       "letters, digits, - and _ only"),
             clusters=tuple(clusters),
-            sessions_per_region=sessions, chromium_per_region=chromium,
-            full_clients_per_region=full,
+            clients=mix, full_clients_per_region=full,
             call_duration_s=float(need("call_duration_s", (int, float), lambda v: 2 <= v <= 600,
                                        "2..600 s")),
             start_rate=float(need("start_rate", (int, float), lambda v: 0 < v <= 50, "0..50/s")),
@@ -149,27 +175,17 @@ class Scenario:
         return scenario
 
 
-def _client_mix(path: Path, doc: dict) -> tuple[int, int]:
-    """(aiortc, chromium) sessions per client region: ``sessions_per_region`` (aiortc only) or
-    a ``clients`` mix such as ``{aiortc: 20, chromium: 2}``, not both."""
+def _client_mix(path: Path, doc: dict) -> dict[str, int]:
+    """Sessions per client region by client type: ``sessions_per_region`` (aiortc only) or a
+    ``clients`` mix such as ``{aiortc: 20, chromium: 2}`` (scenarios/clients/), not both."""
     if "clients" not in doc:
         value = doc.get("sessions_per_region")
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 200:
             raise ScenarioError(f"{path}: sessions_per_region: 1..200 ({value!r})")
-        return value, 0
+        return {AIORTC: value}
     if "sessions_per_region" in doc:
         raise ScenarioError(f"{path}: give sessions_per_region or clients, not both")
-    mix = doc["clients"]
-    if not isinstance(mix, dict) or not mix or set(mix) - set(CLIENT_TYPES):
-        raise ScenarioError(f"{path}: clients: a mapping of client type to sessions per region, "
-                            f"types {', '.join(CLIENT_TYPES)} ({mix!r})")
-    for kind, n in mix.items():
-        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 200:
-            raise ScenarioError(f"{path}: clients: {kind}: 0..200 sessions ({n!r})")
-    aiortc, chromium = mix.get(AIORTC, 0), mix.get(CHROMIUM, 0)
-    if aiortc + chromium < 1:
-        raise ScenarioError(f"{path}: clients: at least one session")
-    if chromium > 20:
-        raise ScenarioError(f"{path}: clients: chromium: at most 20 per region (each is a "
-                            f"browser page with its own renderer)")
-    return aiortc, chromium
+    try:
+        return parse_mix(doc["clients"])
+    except ValueError as exc:
+        raise ScenarioError(f"{path}: clients: {exc}") from None

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--max-minutes must be positive")
     backend = None if args.backend == "auto" else args.backend
     check_world_prerequisites(backend, services=True, turn="turn" in scenario.architectures,
-                              browsers=scenario.chromium_per_region > 0)
+                              browsers=scenario.needs_browser)
     bars = ProgressBars(console, enabled=not args.json)
     say = bars.say
 

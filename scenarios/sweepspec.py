@@ -21,6 +21,9 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Any
 
+from scenarios.clients import parse_mix
+from services.clienttypes import AIORTC
+
 LAST_MILE, CLUSTERS, SESSIONS = "last_mile", "clusters", "sessions_per_region"
 MAX_PARAMETERS = 2
 MAX_POINTS = 64
@@ -163,6 +166,6 @@ def scenario_at(scenario, point: SweepPoint):
         elif name == CLUSTERS:
             changes["clusters"] = tuple(value)
         elif name == SESSIONS:
-            changes["sessions_per_region"] = value
+            changes["clients"] = parse_mix({**scenario.clients, AIORTC: value})
             changes["full_clients_per_region"] = min(scenario.full_clients_per_region, value)
     return replace(scenario, profiles=profiles, **changes)

@@ -17,18 +17,18 @@ import json
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
-from scenarios.runner import (BROWSER_SUFFIX, ArchitectureRun, RunResult, _count_results,
-                              _logged, _upstream_gaps, browser_start_rate,
-                              client_rows, git_commit, write_results)
+from scenarios.clients import RegionClients
+from scenarios.clients import commands as client_commands
+from scenarios.runner import (ArchitectureRun, RunResult, _count_results, _logged,
+                              _upstream_gaps, client_rows, git_commit, write_results)
 from scenarios.saturation import LagWindows
 from scenarios.spec import Scenario, ScenarioError
 from scenarios.timeline import TIMELINE, merge_timeline
-from services.browser.cli import READY_EVENT as BROWSER_READY
 
 ARCHITECTURE = "deployment"  # the one architecture of a target run
 REGION = "target"            # its one client region: this host
@@ -97,8 +97,12 @@ class TargetRunner:
     """One run of a scenario's clients against a deployment."""
 
     def __init__(self, scenario: Scenario, target: Target, results_root: Path = Path("results"),
-                 say=lambda msg, transient=False: None, progress=None) -> None:
-        """``say`` and ``progress`` as ScenarioRunner's. ScenarioError for a scenario that
+                 say=lambda msg, transient=False: None, progress=None,
+                 verifies: tuple[str, ...] | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        """``say`` and ``progress`` as ScenarioRunner's; ``verifies``: what the clients
+        count as verified (None: the project's edge, services/client/verify.py);
+        ``extra_args``: more options for every client. ScenarioError for a scenario that
         needs the emulated world (faults)."""
         if scenario.faults:
             raise ScenarioError(f"{scenario.source or scenario.name}: faults break the "
@@ -106,6 +110,8 @@ class TargetRunner:
                                 f"has none to break (use a scenario without faults)")
         self.scenario = scenario
         self.target = target
+        self.verifies = verifies
+        self.extra_args = tuple(extra_args)
         self.say = say
         self.progress = progress or (lambda what, done, total: None)
         self.client_regions = [REGION]
@@ -125,14 +131,8 @@ class TargetRunner:
         clients: list[ServiceProcess] = []
         interrupted = False
         try:
-            if sc.chromium_per_region:
-                browser = self._browser(logs).start()
-                clients.append(browser)
-                browser.wait_ready(lambda: _logged(browser.log_path, BROWSER_READY),
-                                   timeout=20 + 5 * sc.chromium_per_region)
-            if sc.sessions_per_region:
-                clients.append(self._aiortc(logs).start())
-            planned = sc.sessions_per_region + sc.chromium_per_region
+            self._start_clients(logs, clients)
+            planned = sc.total_per_region
             deadline = (time.monotonic() + planned / sc.start_rate + sc.call_duration_s + 90)
             while any(c.alive() for c in clients):
                 if time.monotonic() > deadline:
@@ -168,39 +168,24 @@ class TargetRunner:
 
     def _write_config(self, health: dict) -> None:
         (self.directory / "config.json").write_text(json.dumps({
-            "scenario": asdict(self.scenario), "mode": MODE,
+            "scenario": self.scenario.to_dict(), "mode": MODE,
             "target": {"url": self.target.url, "healthz": health},
             "client_regions": [REGION], "clusters": [], "world_regions": [],
             "architectures": [ARCHITECTURE], "baseline": None, "backend": MODE,
             "commit": git_commit(), "impairments": {},
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2, default=str))
 
-    def _aiortc(self, logs: Path) -> ServiceProcess:
-        sc = self.scenario
-        return ServiceProcess(f"client-{REGION}", voiceedge_cmd(
-            "client", "--url", self.target.calls_url,
-            "-n", str(sc.sessions_per_region), "--rate", str(sc.start_rate),
-            "--full-clients", str(sc.full_clients_per_region),
-            "--duration", str(sc.call_duration_s),
-            "--media-timeout", str(sc.media_timeout_s),
-            "--reconnect-attempts", str(sc.reconnect_attempts),
-            "--results", str(logs / f"sessions-{REGION}.jsonl"),
-            "--samples", str(logs / f"samples-{REGION}.jsonl")),
-            logs / f"client-{REGION}.log")
-
-    def _browser(self, logs: Path) -> ServiceProcess:
-        """The Chromium sessions, spread over the aiortc sessions' start window (as in an
-        emulated run), none with the first calls."""
-        sc = self.scenario
-        rate = browser_start_rate(sc)
-        return ServiceProcess(f"browser-{REGION}", voiceedge_cmd(
-            "browser", "--url", self.target.calls_url, "-n", str(sc.chromium_per_region),
-            "--rate", f"{rate:.3f}", "--start-delay", f"{0.5 / rate:.3f}",
-            "--duration", str(sc.call_duration_s), "--offer", "alternate",
-            "--index-base", str(sc.sessions_per_region),
-            "--results", str(logs / f"sessions-{REGION}{BROWSER_SUFFIX}.jsonl"),
-            "--samples", str(logs / f"samples-{REGION}{BROWSER_SUFFIX}.jsonl"), "-q"),
-            logs / f"browser-{REGION}.log")
+    def _start_clients(self, logs: Path, clients: list[ServiceProcess]) -> None:
+        """The scenario's client mix on this host (scenarios/clients/), as in an emulated
+        run: the types with a ready event (the browsers) ready before the others start."""
+        where = RegionClients(self.target.calls_url, REGION, logs)
+        commands = client_commands(self.scenario, where, self.verifies, self.extra_args)
+        for c in commands:
+            proc = ServiceProcess(c.name, voiceedge_cmd(*c.argv), c.log_path(logs)).start()
+            clients.append(proc)
+            if c.ready_event is not None:
+                proc.wait_ready(lambda p=proc, e=c.ready_event: _logged(p.log_path, e),
+                                timeout=c.ready_timeout_s)
 
 
 def _peak_and_addresses(sessions: list[dict]) -> tuple[int, set[str]]:

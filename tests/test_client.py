@@ -26,10 +26,10 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
 from services.client.config import ClientConfig
-from services.client.gaps import GAP_MIN_MS, GapTracker
 from services.client.runner import run_sessions
 from services.client.seqstats import SeqTracker, extend_seq, loss_stats, unwrap
 from services.client.session import CallSession, ping_event, run_session
+from services.gaps import GAP_MIN_MS, ArrivalGaps
 from services.logs import Event
 from tests.conftest import REPO
 from tests.logcheck import service_records
@@ -139,6 +139,7 @@ class EchoPeerServer:
         app = web.Application()
         app.router.add_post("/v1/calls", self._post)
         app.router.add_post("/deaf/v1/calls", self._post)
+        app.router.add_post("/raw/v1/calls", self._post)  # data-channel events echoed raw
         app.router.add_post("/reject/v1/calls", self._reject)
         app.router.add_post("/{fault:stall|close|deaf}/{n:[0-9]+}/{token}/v1/calls",
                             self._post)
@@ -185,7 +186,11 @@ class EchoPeerServer:
 
             @channel.on("message")
             def on_message(message) -> None:
-                channel.send(json.dumps({"type": "agent.echo", "event": json.loads(message)}))
+                if request.path == "/raw/v1/calls":  # an edge without the agent's envelope
+                    channel.send(message)
+                else:
+                    channel.send(json.dumps({"type": "agent.echo",
+                                             "event": json.loads(message)}))
 
         await pc.setRemoteDescription(offer)
         await pc.setLocalDescription(await pc.createAnswer())
@@ -277,6 +282,31 @@ def test_one_session_measures_the_timeline_and_verifies_echo(echo_peer):
 
     line = result.to_json()
     assert "\n" not in line and json.loads(line)["first_ice_rtt_ms"] == result.first_ice_rtt_ms
+
+
+@pytest.mark.netns
+def test_a_raw_data_channel_echo_verifies_only_where_the_envelope_is_not_asked_for(echo_peer):
+    async def both():
+        return await asyncio.gather(
+            run_session(config(echo_peer.url("/raw")), 0),
+            run_session(config(echo_peer.url("/raw"), verifies=("audio", "datachannel")), 1),
+            run_session(config(echo_peer.url()), 2))
+
+    default, raw_ok, envelope = asyncio.run(both())
+    assert default.ok and raw_ok.ok and envelope.ok
+    # today's rule (the project's edge): only the envelope counts
+    assert default.datachannel_echo == "raw" and not default.datachannel_verified
+    assert default.verifies == ["audio", "datachannel", "envelope"]
+    assert default.verified == ["audio"] and not default.fully_verified
+    # an architecture that declares a raw echo enough
+    assert raw_ok.datachannel_echo == "raw" and raw_ok.datachannel_verified
+    assert raw_ok.verifies == raw_ok.verified == ["audio", "datachannel"]
+    assert raw_ok.fully_verified
+    assert envelope.datachannel_echo == "envelope" and envelope.fully_verified
+    assert envelope.verified == ["audio", "datachannel", "envelope"]
+    line = json.loads(raw_ok.to_json(with_samples=False))
+    assert (line["verifies"], line["verified"], line["datachannel_echo"]) == (
+        ["audio", "datachannel"], ["audio", "datachannel"], "raw")
 
 
 def test_without_echo_the_echo_is_not_verified(echo_peer):
@@ -591,31 +621,33 @@ def test_config_rejects_nonsense():
 # -- pure parts ----------------------------------------------------------------------------------
 
 def test_gap_tracker_records_long_gaps_on_the_wall_clock():
-    g = GapTracker(unix_offset=1000.0)
-    assert (g.first, g.last, g.gaps, g.count) == (None, None, [], 0)
+    g = ArrivalGaps(unix_offset=1000.0)
+    assert (g.first, g.last, g.listed(), g.count) == (None, None, [], 0)
     for t in (10.0, 10.02, 10.04, 10.0999, 10.16):   # 59.9 ms: not a gap; 60.1 ms: a gap
-        g.add(t)
-    assert g.gaps == [[1010.0999, 60.1, 0]]
+        g.arrived(t)
+    assert g.listed() == [[1010.0999, 60.1, 0]]
     g.attempt = 2                                      # a new connection's packets
-    g.add(12.0)
-    g.add(12.02)
-    assert g.gaps[-1] == [1010.16, 1840.0, 2]          # starts at the last packet before it
+    g.arrived(12.0)
+    g.arrived(12.02)
+    assert g.listed()[-1] == [1010.16, 1840.0, 2]      # starts at the last packet before it
     assert (g.first, g.last) == (10.0, 12.02)
     assert (g.unix(g.first), g.unix(None)) == (1010.0, None)
 
 
 def test_gap_tracker_threshold_is_inclusive_and_the_list_capped():
-    g = GapTracker(min_ms=GAP_MIN_MS, max_gaps=2, unix_offset=0.0)
+    assert GAP_MIN_MS == 60.0   # the one threshold: the client's and the transceiver's
+    g = ArrivalGaps(min_ms=GAP_MIN_MS, cap=2)
     for i in range(5):
-        g.add(i * GAP_MIN_MS / 1000.0 * 2)             # every gap is 2 x GAP_MIN_MS
-    assert len(g.gaps) == 2 and g.unlisted == 2 and g.count == 4
-    g = GapTracker(min_ms=100.0, unix_offset=0.0)
-    g.add(1.0)
-    g.add(1.1)
-    assert [x[1] for x in g.gaps] == [pytest.approx(100.0)]
-    assert GapTracker().unix_offset == pytest.approx(time.time() - time.monotonic(), abs=0.1)
+        g.arrived(i * 0.12)                            # every gap is 120 ms
+    assert len(g.listed()) == 2 and g.dropped == 2 and g.count == 4
+    g = ArrivalGaps(min_ms=100.0)
+    g.arrived(1.0)
+    g.arrived(1.1)
+    assert [x[1] for x in g.listed()] == [pytest.approx(100.0)]
+    assert ArrivalGaps.monotonic().unix_offset == pytest.approx(time.time() - time.monotonic(),
+                                                               abs=0.1)
     with pytest.raises(ValueError):
-        GapTracker(min_ms=0)
+        ArrivalGaps(min_ms=0)
 
 
 @pytest.mark.parametrize("seqs, expected, received, bursts", [
@@ -740,7 +772,11 @@ def test_cli_failures_and_user_errors(echo_peer, capsys, caplog):
     for bad in (["--url", "ftp://x"], ["--url", "http://x/", "--rate", "0"],
                 ["--url", "http://x/", "--media-timeout", "0"],
                 ["--url", "http://x/", "--reconnect-attempts", "-1"],
-                ["--url", "http://x/", "--header", "nocolon"], ["--url", "http://x/", "-n", "0"]):
+                ["--url", "http://x/", "--header", "nocolon"], ["--url", "http://x/", "-n", "0"],
+                ["--url", "http://x/", "--verify", "audio,video"],
+                ["--url", "http://x/", "--index-base", "-1"]):
         args = parse_cli(*bad)
         with pytest.raises(UserError):
             args.func(args)
+    cfg = config_from_args(parse_cli("--url", "http://x/", "--verify", "envelope,audio"))
+    assert cfg.verifies == ("audio", "datachannel", "envelope")

@@ -69,6 +69,10 @@ def test_every_session_of_both_client_types_is_tagged_and_ok(mixed_run):
             + [("chromium", AIORTC + i) for i in range(CHROMIUM)])
         for r in rows:
             assert r["echo_verified"] == "True" and r["datachannel_verified"] == "True", r
+            # both client types asked for the project's edge's checks, and passed them
+            assert r["verifies"] == r["verified"] == "audio,datachannel,envelope", r
+            assert r["datachannel_echo"] == "envelope", r
+        assert summary["verification"][arch]["fully_verified"] == SESSIONS
         styles = {r["offer_style"] for r in rows if r["client_type"] == "chromium"}
         assert styles == {"gathered", "immediate"}, (arch, styles)
         assert summary["clients"][arch]["chromium"]["immediate"]["ok"] == 1

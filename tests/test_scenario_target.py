@@ -88,6 +88,9 @@ def test_target_run_measures_every_session_and_marks_the_folder(shared_run):
     assert {r["client_region"] for r in rows} == {"target"}
     assert all(r["echo_verified"] == "True" and r["datachannel_verified"] == "True"
                for r in rows)
+    # what the clients were asked to verify (the project's edge: all three) and did
+    assert all(r["verifies"] == r["verified"] == "audio,datachannel,envelope"
+               and r["datachannel_echo"] == "envelope" for r in rows)
     assert all(r["floor_setup_ms"] == "" for r in rows)  # no configured topology, no floor
     config = json.loads((directory / "config.json").read_text())
     assert config["target"]["url"] == url.removesuffix("/v1/calls")
@@ -102,6 +105,8 @@ def test_target_report_says_what_it_measured(shared_run):
     base = url.removesuffix("/v1/calls")
     assert md.startswith(f"# target-test: deployment target {base}")
     assert "no emulated world" in md and "## Calibration" not in md
+    assert "## What the clients verified" in md
+    assert f"| deployment | audio,datachannel,envelope | {SESSIONS}/{SESSIONS} |" in md
     html = (directory / "report.html").read_text()
     assert "deployment target" in html and "id='calibration'" not in html
     assert "calibration <b>FAILED" not in html and "emulated world was not proven" not in html
@@ -166,6 +171,8 @@ def test_ctrl_c_stops_the_clients_and_keeps_the_sessions_that_ended(lab, tmp_pat
     (("--target", "http://127.0.0.1:1"), "the target did not answer"),
     (("--target", "http://127.0.0.1:8080", "--region", "eu"), "--region is about the emulated"),
     (("--target", "http://127.0.0.1:8080", "--capture"), "--capture is about the emulated"),
+    (("--target", "http://127.0.0.1:8080", "--verify", "audio,video"),
+     "--verify: unknown check(s) video"),
 ])
 def test_bad_target_input_is_one_line_and_runs_nothing(lab, scenario_file, tmp_path, args,
                                                        message):

@@ -11,7 +11,7 @@ import pylibsrtp
 from aiortc import RTCConfiguration, RTCPeerConnection, clock
 
 from services.logs import Event
-from services.transceiver.gaps import GAP_S, ArrivalGaps
+from services.gaps import GAP_MIN_MS, ArrivalGaps
 from services.transceiver.inbound import SrtpShortcut
 from services.transceiver.server import TransceiverConfig, TransceiverServer
 from tests.conftest import lab_fixture, until
@@ -46,7 +46,7 @@ def test_gaps_of_60_ms_or_more_are_recorded_from_the_packet_before_them():
     assert fields["first_rx_unix"] == 1_700_000_000.0
     assert fields["last_rx_unix"] == round(t, 3)
     assert fields["rx_gaps_dropped"] == 0
-    assert GAP_S == 0.060
+    assert GAP_MIN_MS == 60.0
 
 
 def test_gaps_beyond_the_cap_are_counted_and_a_clock_step_back_is_no_gap():

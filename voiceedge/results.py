@@ -9,6 +9,6 @@ CAPTURES_FILE = "captures.json"
 # Next to the pcaps: a client host's received RTP packets as its client saw them in user space
 # (``voiceedge client --rx-log``), after the impairment on the host's own ingress.
 RX_LOG_SUFFIX = ".rx.jsonl"
-# The shortest media gap the clients record (services/client/gaps.py): three 20 ms packet
+# The shortest media gap the clients record (services/gaps.py): three 20 ms packet
 # times, at least two packets in a row missing or late. A shorter silence is in no results file.
 GAP_MIN_MS = 60.0

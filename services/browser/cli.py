@@ -8,7 +8,7 @@ import logging
 import signal
 
 from services.browser.config import DEFAULT_CHROMIUM, OFFER_CHOICES, OFFER_STYLES, BrowserConfig
-from services.client.cli import add_output_args
+from services.client.cli import add_output_args, add_verify_arg, verifies_from_args
 from services.logs import log_event
 from voiceedge.errors import UserError
 
@@ -48,6 +48,7 @@ def add_parser(sub) -> None:
                    help="the fake microphone's tone (default 440; 0: silence, so no echo)")
     p.add_argument("--chromium", default=DEFAULT_CHROMIUM, metavar="PATH",
                    help=f"the Chromium executable (default {DEFAULT_CHROMIUM}: make browsers)")
+    add_verify_arg(p)
     add_output_args(p)
     p.set_defaults(func=run, service="browser")  # JSON logs: services/logs.py
 
@@ -62,7 +63,8 @@ def config_from_args(args: argparse.Namespace) -> BrowserConfig:
                              chromium=args.chromium, setup_timeout_s=args.setup_timeout,
                              signaling_timeout_s=args.signaling_timeout,
                              media_timeout_s=args.media_timeout,
-                             ice_from_signaling=args.ice_from_signaling, tone_hz=args.tone_hz)
+                             ice_from_signaling=args.ice_from_signaling, tone_hz=args.tone_hz,
+                             verifies=verifies_from_args(args))
     except ValueError as exc:  # name the flag, not the field
         text = str(exc)
         for name, flag in _FLAGS.items():
@@ -139,7 +141,7 @@ def log_result(r, extras) -> None:
               first_audio_ms=r.first_audio_ms, first_ice_rtt_ms=r.first_ice_rtt_ms,
               ice_pair=r.ice_pair, offer_candidates=extras.offer_candidates,
               loss_pct=r.loss_pct, echo_rms=r.echo_rms, echo_verified=r.echo_verified,
-              datachannel_verified=r.datachannel_verified)
+              datachannel_verified=r.datachannel_verified, verified=r.verified)
 
 
 READY_EVENT = "browser_ready"  # logged once every page is loaded, before the first call

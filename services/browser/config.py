@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.client.verify import DEFAULT_VERIFIES, parse_verifies
+
 GATHERED, IMMEDIATE, ALTERNATE = "gathered", "immediate", "alternate"
 OFFER_STYLES = (GATHERED, IMMEDIATE)           # what one session does
 OFFER_CHOICES = (GATHERED, IMMEDIATE, ALTERNATE)  # what a run asks for
@@ -30,6 +32,7 @@ class BrowserConfig:
     # RMS (full scale 1.0) of the agent's reply from which the echo counts: the tone's echo
     # measures ~0.2, the edge's silence 0.0 (docs/browser.md, "Echo").
     echo_min_rms: float = 0.02
+    verifies: tuple[str, ...] = DEFAULT_VERIFIES  # what counts as verified (client/verify.py)
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -46,6 +49,7 @@ class BrowserConfig:
             raise ValueError("start_delay_s must be 0 to 3600")
         if not 0 <= self.tone_hz <= 20_000:
             raise ValueError("tone_hz must be 0 (silence) to 20000")
+        object.__setattr__(self, "verifies", parse_verifies(self.verifies))  # ValueError: unknown
 
     def offer_style(self, i: int) -> str:
         """The offer style of the run's session ``i`` (0-based): alternate starts gathered."""

@@ -80,7 +80,8 @@ class PreparedSession:
         started = time.time()
         if self.error is not None or self.page is None:
             return failed(self.index, self.style, started, time.time(),
-                          self.error or "the call page was not loaded"), BrowserExtras()
+                          self.error or "the call page was not loaded",
+                          verifies=self.config.verifies), BrowserExtras()
         budget = session_budget_s(self.config)
         try:
             view = await asyncio.wait_for(
@@ -89,12 +90,12 @@ class PreparedSession:
         except asyncio.TimeoutError:
             return failed(self.index, self.style, started, time.time(),
                           f"browser: the page gave no result within {budget:g} s",
-                          "browser"), BrowserExtras()
+                          "browser", self.config.verifies), BrowserExtras()
         except PlaywrightError as exc:  # the page or the browser went away under the session
             log.debug("browser session %d failed", self.index, exc_info=True)
             return failed(self.index, self.style, started, time.time(),
-                          f"browser: {_line(exc)}", "browser"), BrowserExtras()
-        return to_result(view, self.index, self.config.echo_min_rms)
+                          f"browser: {_line(exc)}", "browser", self.config.verifies), BrowserExtras()
+        return to_result(view, self.index, self.config.echo_min_rms, self.config.verifies)
 
     async def close(self) -> None:
         """Close the context (its page, peer connection and renderer work); never raises."""

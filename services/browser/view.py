@@ -14,8 +14,11 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from services.client.results import MediaSample, SessionResult
+from services.clienttypes import CHROMIUM
+from services.client.verify import (DEFAULT_VERIFIES, ENVELOPE, RAW, datachannel_counts,
+                                    verified)
 
-CLIENT_TYPE = "chromium"
+CLIENT_TYPE = CHROMIUM
 
 
 @dataclass
@@ -39,14 +42,16 @@ def _number(x) -> float | None:
     return None if x is None else round(float(x), 3)
 
 
-def to_result(view: dict, index: int, echo_min_rms: float) -> tuple[SessionResult, BrowserExtras]:
-    """The ``SessionResult`` (client_type chromium, client full) and the extras of one view."""
+def to_result(view: dict, index: int, echo_min_rms: float,
+              verifies: tuple[str, ...] = DEFAULT_VERIFIES) -> tuple[SessionResult, BrowserExtras]:
+    """The ``SessionResult`` (client_type chromium, client full) and the extras of one view;
+    ``verifies``: the checks that count (services/client/verify.py)."""
     marks = view.get("marks") or {}
     r = SessionResult(index=index, started_unix=view.get("started_unix") or 0.0,
                       ended_unix=view.get("ended_unix"), ok=bool(view.get("ok")),
                       error=view.get("error"), stage=view.get("stage") or "setup",
                       client="full", client_type=CLIENT_TYPE,
-                      offer_style=view.get("offer_style") or "gathered")
+                      offer_style=view.get("offer_style") or "gathered", verifies=list(verifies))
     r.gathered_ms = _number(marks.get("gathered"))
     r.offer_ms = _number(marks.get("offer"))
     r.ice_checking_ms = _number(marks.get("ice_checking"))
@@ -76,7 +81,11 @@ def to_result(view: dict, index: int, echo_min_rms: float) -> tuple[SessionResul
     if seconds > 0:
         r.echo_rms = round(math.sqrt(max(0.0, echo.get("energy") or 0.0) / seconds), 5)
         r.echo_verified = r.echo_rms >= echo_min_rms
-    r.datachannel_verified = bool(view.get("datachannel_verified"))
+    echo_kind = view.get("datachannel_echo")
+    r.datachannel_echo = echo_kind if echo_kind in (ENVELOPE, RAW) else (
+        ENVELOPE if view.get("datachannel_verified") else None)  # a page before the field
+    r.datachannel_verified = datachannel_counts(verifies, r.datachannel_echo)
+    r.verified = verified(verifies, r.echo_verified, r.datachannel_echo)
     r.events = list(view.get("events") or [])
 
     r.http_status = view.get("http_status")
@@ -111,11 +120,11 @@ def to_result(view: dict, index: int, echo_min_rms: float) -> tuple[SessionResul
 
 
 def failed(index: int, offer_style: str, started_unix: float, ended_unix: float, error: str,
-           stage: str = "setup") -> SessionResult:
+           stage: str = "setup", verifies: tuple[str, ...] = DEFAULT_VERIFIES) -> SessionResult:
     """The result of a session whose page never gave a view (the browser failed it)."""
     r = SessionResult(index=index, started_unix=started_unix, ended_unix=ended_unix,
                       error=error, stage=stage, client="full", client_type=CLIENT_TYPE,
-                      offer_style=offer_style)
+                      offer_style=offer_style, verifies=list(verifies))
     r.attempts = [{"attempt": 0, "reason": "first", "started_unix": round(started_unix, 6),
                    "connected_unix": None, "location": None, "cluster": None,
                    "transceiver": None, "error": error}]

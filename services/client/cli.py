@@ -8,6 +8,7 @@ import json
 
 from services.client.config import KINDS, ClientConfig, IceServer
 from services.client.results import SessionResult
+from services.client.verify import CHECKS, DEFAULT_VERIFIES, parse_verifies
 from services.lag import LoopLagMonitor
 from services.logs import log_event
 from voiceedge.errors import UserError
@@ -59,11 +60,31 @@ def add_parser(sub) -> None:
                         "architecture) instead of --ice-server")
     p.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
                    help="extra HTTP header for POST and DELETE (repeatable)")
+    p.add_argument("--index-base", type=int, default=0, metavar="K",
+                   help="session i is recorded as index K + i (default 0)")
+    add_verify_arg(p)
     p.add_argument("--rx-log", metavar="FILE",
                    help="append each session's received RTP packets (SSRC, sequence number, "
                         "arrival time), one JSON line per session")
     add_output_args(p)
     p.set_defaults(func=run, service="client")  # JSON logs: services/logs.py
+
+
+def add_verify_arg(p) -> None:
+    """--verify: what a session checks came back (services/client/verify.py)."""
+    p.add_argument("--verify", default=",".join(DEFAULT_VERIFIES), metavar="CHECKS",
+                   help="what counts as verified, comma-separated from "
+                        f"{', '.join(CHECKS)}: the audio echo, the data-channel event coming "
+                        "back (raw or wrapped), wrapped in the agent's agent.echo envelope "
+                        "(implies datachannel); an edge that echoes events raw: "
+                        "audio,datachannel (default all three)")
+
+
+def verifies_from_args(args: argparse.Namespace) -> tuple[str, ...]:
+    try:
+        return parse_verifies(args.verify)
+    except ValueError as exc:
+        raise UserError(f"--verify: {exc}") from None
 
 
 def add_output_args(p) -> None:
@@ -82,6 +103,9 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
         raise UserError("--sessions must be at least 1")
     if args.full_clients is not None and args.full_clients < 0:
         raise UserError("--full-clients must be at least 0")
+    if args.index_base < 0:
+        raise UserError("--index-base must be at least 0")
+    verifies = verifies_from_args(args)
     headers = {}
     for h in args.header:
         name, sep, value = h.partition(":")
@@ -105,7 +129,7 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
                             media_timeout_s=args.media_timeout,
                             reconnect_attempts=args.reconnect_attempts,
                             retry_setup=args.retry_setup,
-                            record_arrivals=bool(args.rx_log))
+                            record_arrivals=bool(args.rx_log), verifies=verifies)
     except ValueError as exc:
         raise UserError(str(exc)) from None
 
@@ -118,6 +142,7 @@ def log_result(r: SessionResult) -> None:
               session_url=r.session_url, setup_ms=r.setup_ms, first_audio_ms=r.first_audio_ms,
               first_ice_rtt_ms=r.first_ice_rtt_ms, loss_pct=r.loss_pct,
               echo_verified=r.echo_verified, datachannel_verified=r.datachannel_verified,
+              verified=r.verified,
               reconnections=r.reconnections, rx_gaps=len(r.rx_gaps) + r.rx_gaps_unlisted)
 
 
@@ -143,7 +168,7 @@ def summary_of(results: list[SessionResult]) -> dict:
                              "max": round(max(values), 2), "n": len(values)}
     clients = {kind: sum(1 for r in results if r.client == kind) for kind in KINDS}
     return {"sessions": len(results), "ok": len(ok), "clients": clients, "failures": failures,
-            "unverified": sum(1 for r in ok if not (r.echo_verified and r.datachannel_verified)),
+            "unverified": sum(1 for r in ok if not r.fully_verified),
             "reconnected": sum(1 for r in results if r.reconnections),
             "reconnections": sum(r.reconnections for r in results),
             "metrics": metrics}
@@ -159,7 +184,8 @@ def summary(results: list[SessionResult]) -> str:
     if s["reconnections"]:
         lines.append(f"  {s['reconnections']} reconnection attempts in {s['reconnected']} sessions")
     if s["unverified"]:
-        lines.append(f"  {s['unverified']} ok sessions without a verified audio echo or event echo")
+        lines.append(f"  {s['unverified']} ok sessions not verified: "
+                     f"{', '.join(results[0].verifies) or 'nothing'} asked for")
     lines += [f"  failed x{n}: {reason}"
               for reason, n in sorted(s["failures"].items(), key=lambda x: -x[1])]
     return "\n".join(lines)
@@ -178,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
         async with LoopLagMonitor(log):  # a lagging client measures itself: say when
             return await run_sessions(config, args.sessions, results_path=args.results,
                                       samples_path=args.samples, arrivals_path=args.rx_log,
-                                      on_result=None if args.quiet else log_result)
+                                      on_result=None if args.quiet else log_result,
+                                      index_base=args.index_base)
 
     try:
         results = asyncio.run(measured())

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.client.verify import DEFAULT_VERIFIES, parse_verifies
+
 FULL, LIGHT = "full", "light"   # client kinds: docs/client.md (Two kinds of client)
 KINDS = (FULL, LIGHT)
 ICE_POLICIES = ("all", "relay")  # RTCIceTransportPolicy: every candidate, or TURN relays only
@@ -55,6 +57,9 @@ class ClientConfig:
     # Keep every received RTP packet's SSRC, sequence number and arrival time (the client's
     # user-space receive time: the only view of its last mile down, docs/captures.md).
     record_arrivals: bool = False
+    # What the session checks came back (services/client/verify.py): the edge's to declare;
+    # by default the project's edge, whose agent echoes audio and wraps events in agent.echo.
+    verifies: tuple[str, ...] = DEFAULT_VERIFIES
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -76,6 +81,7 @@ class ClientConfig:
             raise ValueError(f"ice_transport_policy must be one of {', '.join(ICE_POLICIES)}")
         if self.ice_from_signaling and self.ice_servers:
             raise ValueError("ICE servers come from signaling or from ice_servers, not both")
+        object.__setattr__(self, "verifies", parse_verifies(self.verifies))  # ValueError: unknown
         if not 0 < self.echo_min_voiced_pct <= 100:
             raise ValueError("echo_min_voiced_pct must be in (0, 100]")
 

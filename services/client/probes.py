@@ -6,7 +6,7 @@ so other sessions and other code in the process are untouched. Pinned to aiortc 
 - ``RTCRtpReceiver._handle_rtp_packet(packet, arrival_time_ms)``: called by the DTLS transport
   for every SRTP-decrypted RTP packet routed to the receiver (before the jitter buffer and the
   decoder). ``RtpProbe`` timestamps the first one, records every sequence number, counts
-  voiced payloads (``voiced.py``) and feeds the arrival gaps (``gaps.py``).
+  voiced payloads (``voiced.py``) and feeds the arrival gaps (services/gaps.py).
 - ``aioice.ice.StunProtocol.request(request, addr, ...)``: every connectivity check and consent
   check goes through it (``Connection.check_start``, ``Connection.query_consent``); it sends the
   first transmission synchronously before awaiting. ``StunProtocol.datagram_received`` is called by
@@ -24,9 +24,9 @@ from typing import Any
 
 from aioice import stun
 
-from services.client.gaps import GapTracker
 from services.client.seqstats import SeqTracker
 from services.client.voiced import VoicedCount
+from services.gaps import ArrivalGaps
 
 _BINDING_SUCCESS = b"\x01\x01"  # STUN message type: Binding success response
 
@@ -34,9 +34,9 @@ _BINDING_SUCCESS = b"\x01\x01"  # STUN message type: Binding success response
 class RtpProbe:
     """First-packet time, sequence numbers and voiced payloads of the RTP packets one
     receiver (one connection of a session) gets; every arrival also goes to the session's
-    ``GapTracker``, which spans its connections."""
+    ``ArrivalGaps`` (services/gaps.py), which spans its connections."""
 
-    def __init__(self, voiced: VoicedCount, gaps: GapTracker, record: bool = False) -> None:
+    def __init__(self, voiced: VoicedCount, gaps: ArrivalGaps, record: bool = False) -> None:
         self.first_packet_at: float | None = None
         # (ssrc, sequence number, monotonic arrival) of every packet, when ``record``
         self.arrivals: list[tuple[int, int, float]] | None = [] if record else None
@@ -53,7 +53,7 @@ class RtpProbe:
             now = time.monotonic()  # the one clock read per packet (the CPU per session-second)
             if self.first_packet_at is None:
                 self.first_packet_at = now
-            gaps.add(now)
+            gaps.arrived(now)
             if arrivals is not None:
                 arrivals.append((packet.ssrc, packet.sequence_number, now))
             self.seq.add(packet.sequence_number)

@@ -18,6 +18,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from services.client.verify import DEFAULT_VERIFIES
+from services.clienttypes import AIORTC
+
 
 @dataclass
 class MediaSample:
@@ -43,7 +46,7 @@ class SessionResult:
     error: str | None = None
     stage: str = "setup"                  # where it ended: setup, signaling, connect, call, done
     client: str = "full"                  # full (decodes, RMS echo) or light (RTP headers only)
-    client_type: str = "aiortc"           # which WebRTC stack: aiortc or chromium
+    client_type: str = AIORTC             # which WebRTC stack: services/clienttypes.py
     offer_style: str = "gathered"         # offer sent after ICE gathering, or "immediate"
 
     # timeline
@@ -75,7 +78,11 @@ class SessionResult:
     echo_rms: float | None = None         # full clients only
     echo_voiced_pct: float | None = None  # voiced payloads after echo_skip_ms, both kinds
     echo_verified: bool = False
-    datachannel_verified: bool = False
+    datachannel_verified: bool = False    # the event came back in a form that counts (verify.py)
+    datachannel_echo: str | None = None   # how it came back: "envelope", "raw", None (never)
+    # the checks the session was asked for (services/client/verify.py) and those that passed
+    verifies: list[str] = field(default_factory=lambda: list(DEFAULT_VERIFIES))
+    verified: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)  # types of received data-channel events
 
     # signaling details
@@ -93,7 +100,7 @@ class SessionResult:
     # connected_unix (None: never), location, cluster, transceiver, error (None: ended with the call)
     attempts: list[dict] = field(default_factory=list)
     # [start_unix (last packet before), ms, attempt (whose packet ended it)] per gap >= 60 ms
-    # between consecutive received RTP packets, across reconnections (services/client/gaps.py)
+    # between consecutive received RTP packets, across reconnections (services/gaps.py)
     rx_gaps: list[list] = field(default_factory=list)
     rx_gaps_unlisted: int = 0             # gaps beyond the first 500, counted only
     first_rx_unix: float | None = None    # first and last received RTP packet of the call
@@ -103,6 +110,11 @@ class SessionResult:
     # [ssrc, sequence number, unix arrival] of every received RTP packet, with
     # ClientConfig.record_arrivals (written to a file of their own, not in the JSON line)
     rx_arrivals: list[list] = field(default_factory=list)
+
+    @property
+    def fully_verified(self) -> bool:
+        """Whether every check the session was asked for passed."""
+        return set(self.verified) >= set(self.verifies)
 
     def to_dict(self, with_samples: bool = True) -> dict:
         d = asdict(self)

@@ -25,10 +25,11 @@ async def run_sessions(config: ClientConfig, n: int, *,
                        samples_path: Path | str | None = None,
                        arrivals_path: Path | str | None = None,
                        on_result: Callable[[SessionResult], None] | None = None,
-                       ) -> list[SessionResult]:
+                       index_base: int = 0) -> list[SessionResult]:
     """Run ``n`` sessions, session i starting at i / config.start_rate s (later if
     config.concurrency sessions are still running); return their results in index order.
-    ``config.full_sessions`` of them are full clients, the others light (``kinds``).
+    ``config.full_sessions`` of them are full clients, the others light (``kinds``). Session
+    i is recorded as index ``index_base + i`` (several client processes of one region).
 
     Each result is written (and ``on_result`` called) as soon as its session ends. A session
     never raises, so one failure cannot disturb the others; if this coroutine is cancelled,
@@ -40,9 +41,9 @@ async def run_sessions(config: ClientConfig, n: int, *,
     tasks: list[asyncio.Task] = []
     kind_of = kinds(n, config.full_sessions)
 
-    async def one(index: int) -> None:
+    async def one(i: int) -> None:
         try:
-            result = await CallSession(config, index, kind=kind_of[index]).run()
+            result = await CallSession(config, index_base + i, kind=kind_of[i]).run()
         finally:
             if slots is not None:
                 slots.release()

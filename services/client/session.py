@@ -35,8 +35,8 @@ from aiortc import (RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCRtpSen
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcconfiguration import RTCBundlePolicy, RTCIceTransportPolicy
 
+from services.client.bundle import bundled_answer
 from services.client.config import FULL, KINDS, LIGHT, ClientConfig
-from services.client.gaps import GapTracker
 from services.client.iceservers import RELAY, IceServersError, IceSettings
 from services.client.iceservers import fetch as fetch_ice_servers
 from services.client.light import receive_without_decoding
@@ -45,7 +45,9 @@ from services.client.results import MediaSample, SessionResult
 from services.client.signaling import SignalingError, delete_session, post_offer
 from services.client.tone import PreEncodedOpusTrack, opus_tone
 from services.client.turnlog import TurnLog, recording
+from services.client.verify import ENVELOPE, datachannel_counts, echo_form, verified
 from services.client.voiced import VoicedCount
+from services.gaps import ArrivalGaps
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +75,7 @@ def ping_event(index: int) -> dict:
 class _Connection:
     """One attempt of a session: its peer connection, the signaling of its offer, its probes."""
 
-    def __init__(self, number: int, reason: str, voiced: VoicedCount, gaps: GapTracker,
+    def __init__(self, number: int, reason: str, voiced: VoicedCount, gaps: ArrivalGaps,
                  record_arrivals: bool = False) -> None:
         self.number = number                 # 0: the first call
         self.pc: RTCPeerConnection | None = None
@@ -115,11 +117,12 @@ class CallSession:
         self.config = config
         self.index = index
         self.kind = kind
-        self.result = SessionResult(index=index, started_unix=0.0, client=kind)
+        self.result = SessionResult(index=index, started_unix=0.0, client=kind,
+                                    verifies=list(config.verifies))
         self._http = http
         self._t0 = 0.0
         self._voiced = VoicedCount(config.echo_skip_ms / 1000.0)
-        self._gaps = GapTracker()
+        self._gaps = ArrivalGaps.monotonic()  # the call's, across its attempts
         self._conns: list[_Connection] = []
         self._conn: _Connection | None = None      # the current attempt
         self._ice = IceSettings(config.ice_servers, config.ice_transport_policy)
@@ -282,7 +285,9 @@ class CallSession:
             r.cluster, r.transceiver = answer.cluster, answer.transceiver
             r.stage = "connect"
         try:
-            await pc.setRemoteDescription(RTCSessionDescription(sdp=answer.sdp, type="answer"))
+            # The BUNDLE tag's candidates in every bundled m-line: aiortc reads the last one's.
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=bundled_answer(answer.sdp),
+                                                                type="answer"))
         except Exception as exc:
             raise SessionError(f"unusable SDP answer: {type(exc).__name__}: {exc}") from None
         await conn.setup_done.wait()
@@ -326,11 +331,12 @@ class CallSession:
         except ValueError:
             event = None
         kind = str(event.get("type")) if isinstance(event, dict) else "(not a JSON object)"
-        if len(self.result.events) < MAX_EVENTS:
-            self.result.events.append(kind)
-        if (kind == "agent.echo" and conn.sent_event is not None
-                and event.get("event") == conn.sent_event):
-            self.result.datachannel_verified = True
+        r = self.result
+        if len(r.events) < MAX_EVENTS:
+            r.events.append(kind)
+        form = echo_form(conn.sent_event, message)
+        if form is not None and r.datachannel_echo != ENVELOPE:  # the envelope, once seen, stays
+            r.datachannel_echo = form
 
     # -- call ----------------------------------------------------------------------------------
 
@@ -562,7 +568,7 @@ class CallSession:
         r.packets_received = self._packets()[0]
         r.loss_pct = round(100.0 * r.packets_lost / r.packets_expected, 3) \
             if r.packets_expected else None
-        r.rx_gaps, r.rx_gaps_unlisted = list(gaps.gaps), gaps.unlisted
+        r.rx_gaps, r.rx_gaps_unlisted = gaps.listed(), gaps.dropped
         r.first_rx_unix, r.last_rx_unix = gaps.unix(gaps.first), gaps.unix(gaps.last)
         voiced_pct = self._voiced.voiced_pct
         r.echo_voiced_pct = None if voiced_pct is None else round(voiced_pct, 1)
@@ -572,6 +578,9 @@ class CallSession:
         elif self._audio_n:
             r.echo_rms = round(float(np.sqrt(self._audio_sumsq / self._audio_n)), 5)
             r.echo_verified = r.echo_rms >= self.config.echo_min_rms
+        verifies = self.config.verifies
+        r.datachannel_verified = datachannel_counts(verifies, r.datachannel_echo)
+        r.verified = verified(verifies, r.echo_verified, r.datachannel_echo)
 
 
 def _hostport(host: str, port: int) -> str:

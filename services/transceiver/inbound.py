@@ -10,7 +10,7 @@ Hooks into aiortc 1.16 internals (pinned), per instance: ``RTCDtlsTransport._rx_
 ``RTCDtlsTransport._handle_rtp_data``; the connection side is ``EdgeConnection.media_sink``
 (ice.py). The DTLS transport's own receive counters do not see these packets.
 
-The shortcut also records when each packet arrived (``ArrivalGaps``, gaps.py), from the same
+The shortcut also records when each packet arrived (``ArrivalGaps``, services/gaps.py), from the same
 clock read that gives aiortc the packet's arrival time.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from time import time
 import pylibsrtp
 
 from services.transceiver.eager import run_now
-from services.transceiver.gaps import ArrivalGaps
+from services.gaps import ArrivalGaps
 
 log = logging.getLogger("voiceedge.transceiver")
 # aiortc's clock.current_ms() (ms since the NTP epoch, through datetime) costs ~1.2 µs; this

@@ -20,7 +20,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from services.logs import log_event
 from services.transceiver.ice import IcePlan, ice_plan, selected_remote_address
 from services.transceiver.eager import run_now
-from services.transceiver.gaps import ArrivalGaps
+from services.gaps import ArrivalGaps
 from services.transceiver.inbound import shortcut_srtp
 from services.transceiver.media import AgentAudioTrack, decode_inline
 from services.transceiver.opus import OpusSettings

@@ -105,7 +105,9 @@ class CallSession {
       rtt_ms: null, jitter_ms: null, packets_received: 0, packets_lost: 0,
       echo: null,                // {energy, seconds} after first audio + echoSkipMs
       last_rx_unix: null, call_ms: null,
-      datachannel_verified: false, events: [], samples: [],
+      datachannel_verified: false, // the event came back inside the agent.echo envelope
+      datachannel_echo: null,    // how it came back: "envelope", "raw" (as sent), or null
+      events: [], samples: [],
       delete_status: null, teardown_error: null,
     };
     this.pc = null;
@@ -388,8 +390,13 @@ class CallSession {
     const isObject = event !== null && typeof event === "object" && !Array.isArray(event);
     const kind = isObject ? String(event.type) : "(not a JSON object)";
     if (this.view.events.length < MAX_EVENTS) this.view.events.push(kind);
-    if (kind === "agent.echo" && this.sent !== null && deepEqual(event.event, this.sent))
+    if (this.sent === null || this.view.datachannel_echo === "envelope") return;
+    if (kind === "agent.echo" && deepEqual(event.event, this.sent)) {
       this.view.datachannel_verified = true;
+      this.view.datachannel_echo = "envelope";
+    } else if (event !== null && deepEqual(event, this.sent)) {
+      this.view.datachannel_echo = "raw";  // an edge that echoes events as they came
+    }
   }
 
   // -- call ----------------------------------------------------------------------------------

@@ -1,0 +1,32 @@
+"""The project's aiortc client (``voiceedge client``, docs/client.md): one process per client
+region; ``full_clients_per_region`` of its sessions decode what they receive (full), the rest
+read RTP headers only (light)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from scenarios.clients.base import ClientType, RegionClients
+from services.clienttypes import AIORTC
+
+if TYPE_CHECKING:
+    from scenarios.spec import Scenario
+
+
+class AiortcClient(ClientType):
+    name = AIORTC
+    process = "client"
+    results_suffix = ""
+
+    def argv(self, scenario: "Scenario", where: RegionClients, sessions: int, index_base: int,
+             verifies: tuple[str, ...] | None = None, extra_args: tuple[str, ...] = ()
+             ) -> list[str]:
+        sc = scenario
+        return ["client", "--url", where.url, "-n", str(sessions), "--rate", str(sc.start_rate),
+                "--full-clients", str(min(sc.full_clients_per_region, sessions)),
+                "--duration", str(sc.call_duration_s),
+                "--media-timeout", str(sc.media_timeout_s),
+                "--reconnect-attempts", str(sc.reconnect_attempts),
+                *(["--index-base", str(index_base)] if index_base else []),
+                *(["--retry-setup"] if where.retry_setup else []),
+                *(["--rx-log", str(where.rx_log)] if where.rx_log is not None else []),
+                *self._verify(verifies), *self._outputs(where), *extra_args]
