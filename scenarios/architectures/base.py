@@ -121,7 +121,8 @@ class Architecture:
         return {"label": self.label, "colour": self.colour, "role": self.role,
                 "path": list(self.path), "media_link": self.media_link, "ports": self.ports,
                 "fixed_ports_per_client_region": self.fixed_ports_per_client_region,
-                "turn": self.turn, "external": self.external, "verifies": list(self.verifies)}
+                "turn": self.turn, "external": self.external, "ingress": self.ingress,
+                "verifies": list(self.verifies)}
 
 
 @dataclass(frozen=True)
