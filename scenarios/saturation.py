@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scenarios import architectures
-from scenarios.architectures.base import ENGINE, PROJECT_CLUSTER_PATH, COMMON_PATH, Architecture
+from scenarios.architectures.base import COMMON_PATH, ENGINE, PROJECT_CLUSTER_PATH, Architecture
 
 
 @dataclass

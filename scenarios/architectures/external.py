@@ -28,7 +28,7 @@ from scenarios.architectures.base import (BACKBONE, COMMON_PATH, PER_SESSION, PU
                                           VERIFIABLE, Architecture, AUDIO)
 
 if TYPE_CHECKING:
-    from scenarios.edge import ClusterPlan, Edge, EdgePlan, IngressPlan
+    from scenarios.edge import ClusterPlan, Edge, IngressPlan
 
 # Placeholders a cluster command (and the signaling URL) may use, and an ingress command's.
 CLUSTER_FIELDS = ("name", "cluster", "cluster_id", "public", "internal", "logs", "python",
