@@ -32,7 +32,8 @@ import pandas as pd
 import yaml
 
 from analysis.faults import FAULT_METRICS, fault_rows, read_faults_csv
-from analysis.load import DEFAULT_BASELINE, ResultsError, as_bool, load_results
+from analysis import archinfo
+from analysis.load import ResultsError, as_bool, load_results
 from analysis.power import Power, detectable, detectable_failure_rate, simulated_run
 from analysis.stats import OVER_FLOOR, Bootstrap, bootstrap_ci, bootstrap_diff_ci, percentile
 from voiceedge.errors import ConfigError
@@ -249,12 +250,7 @@ def _sessions(results: Path) -> pd.DataFrame:
 
 
 def _baseline(results: Path) -> str:
-    try:
-        config = json.loads((results / "config.json").read_text())
-    except (OSError, ValueError):
-        return DEFAULT_BASELINE
-    return str(config.get("baseline") or DEFAULT_BASELINE) if isinstance(config, dict) \
-        else DEFAULT_BASELINE
+    return archinfo.read(results).baseline
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import pandas as pd
 
+from analysis import archinfo
 from analysis.jsonout import plain
 from analysis.load import Results
 from analysis.stats import percentile
@@ -45,7 +46,6 @@ FAULT_METRICS = tuple(f for f in FAULT_FIELDS if f not in (
 # counted for this long: a client notices a dead path only at its next media timeout.
 SETTLE_S = 10.0
 TRANSCEIVER_PORT_BASE = 8900  # transceiver N's control port is 8900 + N - 1
-GLOBAL_RELAY = "global-relay"
 
 Key = tuple[str, str, int]  # (architecture, client_region, session)
 
@@ -67,10 +67,13 @@ class Target:
             return cls(tier, frozenset(rest[:1]), int(rest[1]))
         return cls(tier, frozenset(rest))
 
-    def on_path(self, arch: str, client: str, cluster: str | None,
+    def on_path(self, arch: "str | archinfo.ArchInfo", client: str, cluster: str | None,
                 transceiver: int | None) -> bool:
-        """Whether a session of ``arch`` from ``client`` on ``cluster`` (and transceiver)
+        """Whether a session of ``arch`` (its architectures.json facts, or the name of one of
+        the older runs' architectures) from ``client`` on ``cluster`` (and transceiver)
         crosses this target."""
+        if isinstance(arch, str):
+            arch = archinfo.info(arch)
         if self.tier == "last_mile":
             return self.regions == {client}
         if cluster is None:
@@ -79,8 +82,8 @@ class Target:
             return self.regions == {cluster} and (
                 self.transceiver is None or self.transceiver == transceiver)
         if self.tier == "ingress":
-            return arch == GLOBAL_RELAY and self.regions == {client}
-        link = "backbone" if arch == GLOBAL_RELAY else "public"
+            return arch.ingress and self.regions == {client}
+        link = arch.media_link
         return self.tier == link and client != cluster and self.regions == {client, cluster}
 
 
@@ -256,6 +259,7 @@ class _Run:
     def __init__(self, results: Results, arch: str) -> None:
         s = results.sessions
         self.arch = arch
+        self.info = results.archinfo[arch]
         self.call_s = _t((results.config.get("scenario") or {}).get("call_duration_s"))
         self.connected: dict = {}  # session key -> first connected (unix)
         timed = {"started_unix", "ended_unix"} <= set(s.columns)
@@ -307,7 +311,7 @@ def _live(run: _Run, f: Fault, w: Window) -> list[SessionAtFault]:
         out.append(SessionAtFault(
             r.key, cluster, transceiver, float(r.started_unix), float(r.ended_unix), bool(r.ok),
             _t(getattr(r, "first_rx_unix", None)), _t(getattr(r, "last_rx_unix", None)),
-            target.on_path(run.arch, r.key[1], cluster, transceiver)))
+            target.on_path(run.info, r.key[1], cluster, transceiver)))
     return out
 
 

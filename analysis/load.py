@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis import archinfo
 from voiceedge.errors import UserError
 
 # The columns the analysis reads; a run writes more (scenarios/runner.py SESSION_FIELDS).
@@ -37,8 +38,6 @@ SESSION_TIMES = ("started_unix", "ended_unix", "connected_unix", "first_rx_unix"
 FILES = ("config.json", "calibration.json", "sessions.csv", "samples.csv", "ports.csv",
          "relays.json")
 REQUIRED = ("config.json", "sessions.csv")
-# Results folders written before config.json recorded its baseline used this one.
-DEFAULT_BASELINE = "port-per-session"
 _NUMERIC = tuple(c for c in SESSION_COLUMNS if c.endswith(("_ms", "_pct"))) + (
     "packets_received", "packets_lost")
 _TEXT = ("architecture", "client_region", "cluster_region", "error", "stage")
@@ -67,6 +66,16 @@ class Results:
     faults: list[dict] = field(default_factory=list)  # faults.json's records (empty: no faults)
     attempts: pd.DataFrame = field(default_factory=lambda: _empty(ATTEMPT_COLUMNS))
     gaps: pd.DataFrame = field(default_factory=lambda: _empty(GAP_COLUMNS))
+    archfacts: archinfo.ArchFacts | None = None  # architectures.json (None: from config.json)
+
+    @property
+    def archinfo(self) -> archinfo.ArchFacts:
+        """What the run says about its architectures (analysis/archinfo.py)."""
+        return self.archfacts or archinfo.legacy(self.config)
+
+    def colour(self, arch: str) -> str:
+        """The architecture's colour in every figure."""
+        return self.archinfo.colour(arch, self.architectures)
 
     @property
     def planned_architectures(self) -> list[str]:
@@ -95,8 +104,9 @@ class Results:
 
     @property
     def baseline(self) -> str:
-        """The architecture the others are compared with (config.json's ``baseline``)."""
-        return str(self.config.get("baseline") or DEFAULT_BASELINE)
+        """The architecture the others are compared with (architectures.json's, or
+        config.json's ``baseline``)."""
+        return self.archinfo.baseline
 
     @property
     def complete(self) -> bool:
@@ -280,4 +290,5 @@ def load_results(path: str | Path, require_sessions: bool = True) -> Results:
                    calibration=optional_json("calibration.json"),
                    summary=optional_json("summary.json"), missing_files=missing,
                    timings=optional_json("timings.json"),
-                   calibration_at_load=optional_json("calibration_at_load.json"))
+                   calibration_at_load=optional_json("calibration_at_load.json"),
+                   archfacts=archinfo.read(path, config))

@@ -17,22 +17,9 @@ from analysis.faults import FaultEffect, fault_effects, gaps_by_session, with_ke
 from analysis.load import Results
 from analysis.stats import METRIC_BY_NAME, Stats, compute_stats
 
-# One colour per architecture in every figure (Okabe-Ito, colour-blind safe); the baseline grey.
-ARCH_COLOURS = {"port-per-session": "#6b6b6b", "cluster-relay": "#0072B2",
-                "global-relay": "#009E73", "turn": "#CC79A7"}
-_SPARE_COLOURS = ("#D55E00", "#E69F00", "#56B4E9", "#000000")
-# Architectures whose public ports grow with sessions (a port, or a TURN allocation, per call).
-PER_SESSION_PORTS = ("port-per-session", "turn")
+# Each architecture's colour is the run's (architectures.json: Results.colour).
 REGION_STYLES = ("-", "--", ":", "-.")
 DPI = 150
-
-
-def arch_colour(arch: str, architectures: list[str]) -> str:
-    """The architecture's fixed colour, or a spare one by its position in the run."""
-    if arch in ARCH_COLOURS:
-        return ARCH_COLOURS[arch]
-    unknown = [a for a in architectures if a not in ARCH_COLOURS]
-    return _SPARE_COLOURS[unknown.index(arch) % len(_SPARE_COLOURS)] if arch in unknown else "k"
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -96,7 +83,7 @@ def plot_cdf(results: Results, metric: str, out_dir: Path, stats: Stats | None =
         values = np.sort(ok.loc[ok.architecture == arch, metric].dropna().to_numpy())
         if values.size == 0:
             continue
-        _ecdf(ax, values, color=arch_colour(arch, results.architectures), lw=2,
+        _ecdf(ax, values, color=results.colour(arch), lw=2,
               label=f"{arch}  (n={values.size}, p50 {np.median(values):.0f} {info.unit})")
         everything.append(values)
         if floor_col:
@@ -104,7 +91,7 @@ def plot_cdf(results: Results, metric: str, out_dir: Path, stats: Stats | None =
             if floor.size:
                 floors.setdefault(tuple(floor), []).append(arch)
     for floor, archs in floors.items():
-        colour = arch_colour(archs[0], results.architectures) if len(archs) == 1 else "0.15"
+        colour = results.colour(archs[0]) if len(archs) == 1 else "0.15"
         _ecdf(ax, np.array(floor), color=colour, lw=1.2, ls="--",
               label=f"network floor: {', '.join(archs)}")
         everything.append(np.array(floor))
@@ -180,7 +167,7 @@ def plot_setup_timeline(results: Results, out_dir: Path, stats: Stats | None = N
             ax.plot([floor, floor], [i - 0.38, i + 0.38], color="k", lw=1.5)
     ax.set_yticks(range(len(archs)), archs)
     for tick, arch in zip(ax.get_yticklabels(), archs):
-        tick.set_color(arch_colour(arch, results.architectures))
+        tick.set_color(results.colour(arch))
     ax.invert_yaxis()
     ax.set_xlim(0, widest * 1.2 if widest else 1)
     ax.set_xlabel("ms since session start (median of each phase over successful sessions)")
@@ -223,7 +210,7 @@ def plot_media_timeseries(results: Results, out_dir: Path, per_architecture: int
     for arch, region, session in picks:
         rows = s[(s.architecture == arch) & (s.client_region == region) & (s.session == session)]
         rows = rows.sort_values("t_ms")
-        style = dict(color=arch_colour(arch, results.architectures), marker="o", ms=3,
+        style = dict(color=results.colour(arch), marker="o", ms=3,
                      ls=REGION_STYLES[regions.index(region) % len(REGION_STYLES)], lw=1.5)
         rtt = rows.dropna(subset=["rtt_ms"])
         rtt_ax.plot(rtt.t_ms / 1000, rtt.rtt_ms, **style)
@@ -238,7 +225,7 @@ def plot_media_timeseries(results: Results, out_dir: Path, per_architecture: int
     for ax in (rtt_ax, jit_ax):
         ax.grid(alpha=0.3)
     archs = list(dict.fromkeys(a for a, _, _ in picks))
-    handles = [Line2D([], [], color=arch_colour(a, results.architectures), lw=2, label=a)
+    handles = [Line2D([], [], color=results.colour(a), lw=2, label=a)
                for a in archs]
     handles += [Line2D([], [], color="0.3", ls=REGION_STYLES[i % len(REGION_STYLES)],
                        label=f"client in {r}") for i, r in enumerate(regions)]
@@ -273,7 +260,7 @@ def plot_loss_mos(results: Results, out_dir: Path, stats: Stats | None = None) -
     stats = stats or compute_stats(results)
     ok = stats.sessions[stats.sessions.ok]
     archs = [a for a in results.architectures if (ok.architecture == a).any()]
-    colours = [arch_colour(a, results.architectures) for a in archs]
+    colours = [results.colour(a) for a in archs]
     fig = _figure(12, 4.6)
     loss_ax, burst_ax, mos_ax = fig.subplots(1, 3, width_ratios=(1, 1.1, 1))
 
@@ -340,11 +327,12 @@ def plot_ports(results: Results, out_dir: Path, extrapolate_to: int = 10_000) ->
     x = np.logspace(0, np.log10(top), 200)
     for _, row in ports.iterrows():
         arch, peak, measured = row.architecture, row.concurrent_sessions, row.public_udp_ports
-        colour = arch_colour(arch, results.architectures)
-        if arch in PER_SESSION_PORTS and peak > 0:
-            # turn: each client region's TURN server has one listening port besides its relay
-            # ports (one per allocation): that part does not grow with the sessions
-            fixed = len(results.client_regions) if arch == "turn" else 0
+        colour = results.colour(arch)
+        info = results.archinfo[arch]
+        if info.per_session_ports and peak > 0:
+            # e.g. turn: each client region's TURN server has one listening port besides its
+            # relay ports (one per allocation): that part does not grow with the sessions
+            fixed = info.fixed_ports_per_client_region * len(results.client_regions)
             y = fixed + x * (measured - fixed) / peak
             rule = f"grows {(measured - fixed) / peak:.2g} per session" + (
                 f" + {fixed} fixed" if fixed else "")
@@ -463,7 +451,7 @@ def _present(first: float | None, last: float | None,
 def _fault_panel(ax, results: Results, effect: FaultEffect, gaps: dict, attempts: pd.DataFrame
                  ) -> None:
     w = effect.window
-    colour = arch_colour(effect.fault.architecture, results.architectures)
+    colour = results.colour(effect.fault.architecture)
     shown = sorted(effect.affected, key=lambda s: (s.key[1], s.key[2]))[:FAULT_PANEL_SESSIONS]
     # to the end of the window, or sooner when every session drawn has ended
     marks = [s.ended - w.at for s in shown] + [w.rel(t) for t in (w.end, w.ready) if t]

@@ -17,12 +17,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
 from analysis.jsonout import plain
-from analysis.load import DEFAULT_BASELINE, Results, ResultsError, load_results
+from analysis import archinfo
+from analysis.load import Results, ResultsError, load_results
 from analysis.mos import EModel
 from analysis.stats import METRIC_BY_NAME, Bootstrap, Difference, Stats, compute_stats
 from analysis.tables import fmt
@@ -112,9 +114,14 @@ class Sweep:
     def region(self) -> str:
         return str(self.doc.get("region") or "?")
 
+    @cached_property
+    def archinfo(self) -> archinfo.ArchFacts:
+        """What the sweep says about its architectures (analysis/archinfo.py)."""
+        return archinfo.read(self.path, self.doc)
+
     @property
     def baseline(self) -> str:
-        return str(self.doc.get("baseline") or DEFAULT_BASELINE)
+        return self.archinfo.baseline
 
     @property
     def architectures(self) -> list[str]:

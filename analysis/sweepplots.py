@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from analysis.plots import DPI, _figure, arch_colour
+from analysis.plots import DPI, _figure
 from analysis.stats import METRIC_BY_NAME
 from analysis.sweep import SWEEP_METRICS, SweepAnalysis
 from analysis.tables import fmt
@@ -74,7 +74,7 @@ def _panel(analysis: SweepAnalysis, metric: str, top, bottom, fixed) -> None:
         pts = analysis.series(arch, metric, fixed)
         if not pts:
             continue
-        colour = arch_colour(arch, archs)
+        colour = s.archinfo.colour(arch, archs)
         xs = [x for x, _ in pts]
         top.plot(xs, [c.p50 for _, c in pts], color=colour, lw=2, marker="o", ms=4, label=arch)
         top.fill_between(xs, [c.lo for _, c in pts], [c.hi for _, c in pts], color=colour,
@@ -95,7 +95,7 @@ def _panel(analysis: SweepAnalysis, metric: str, top, bottom, fixed) -> None:
         c = analysis.crossover_of(arch, metric)
         if c is None:
             continue
-        colour = arch_colour(arch, archs)
+        colour = s.archinfo.colour(arch, archs)
         for t in c.transitions:
             for ax in (top, bottom):
                 ax.axvspan(t.start, t.end, color=colour, alpha=0.1, lw=0,
@@ -137,7 +137,7 @@ def metric_figure(analysis: SweepAnalysis, metric: str) -> Figure:
     unit = f" ({info.unit})" if info.unit else ""
     axes[0, 0].set_ylabel(f"{info.label} p50{unit}")
     axes[1, 0].set_ylabel(f"difference from\n{s.baseline}{unit}")
-    handles = [Line2D([], [], color=arch_colour(a, s.architectures), lw=2, label=a)
+    handles = [Line2D([], [], color=s.archinfo.colour(a, s.architectures), lw=2, label=a)
                for a in s.architectures]
     handles += [Patch(color="0.6", alpha=0.35, label="95% CI"),
                 Patch(color="0.6", alpha=0.15, label="crossover: between these points"),
@@ -205,12 +205,11 @@ def plot_heatmap(analysis: SweepAnalysis, architecture: str, out_dir: Path,
 
 def write_sweep_plots(analysis: SweepAnalysis, out_dir: Path) -> dict[str, Path]:
     """A figure per metric; with two parameters, a MOS heat map per architecture but the
-    baseline (global-relay's first)."""
+    baseline, in the run's order."""
     out = {f"sweep_{m}": plot_metric(analysis, m, out_dir) for m in SWEEP_METRICS}
     s = analysis.sweep
     if len(s.parameters) == 2 and s.analysed_points:
         others = [a for a in s.architectures if a != s.baseline]
-        others.sort(key=lambda a: a != "global-relay")
         for arch in others:
             out[f"heatmap_mos_{arch}"] = plot_heatmap(analysis, arch, out_dir)
     return out

@@ -21,14 +21,13 @@ from analysis.load import Results
 from analysis.stats import percentile
 from analysis.tables import Table, count, fmt
 
-TURN = "turn"
 TIMELINE = (("gathered_ms", "gathered p50 (ms)"), ("signaling_ms", "offer → answer p50 (ms)"),
             ("first_ice_rtt_ms", "first ICE RTT p50 (ms)"), ("setup_ms", "setup p50 (ms)"))
 
 
 def applies(results: Results) -> bool:
-    """Whether the run has TURN sessions."""
-    return TURN in results.architectures
+    """Whether the run has TURN sessions (architectures.json's ``turn``)."""
+    return any(results.archinfo[a].turn for a in results.architectures)
 
 
 def transactions(cell) -> list[list]:
@@ -80,7 +79,7 @@ def _ports(results: Results, arch: str) -> str:
     row = rows.iloc[0]
     text = f"{count(row.public_udp_ports)} at {count(row.concurrent_sessions)} sessions"
     bindings = str(row.get("bindings", "") or "")
-    if arch == TURN and bindings and bindings != "nan":
+    if results.archinfo[arch].turn and bindings and bindings != "nan":
         # "service@host address:port" each, once per socket (a TURN server's threads share
         # its listening port): count distinct ones; a TURN server holds one listening port
         distinct = set(bindings.split("; "))
@@ -111,7 +110,7 @@ def overhead(results: Results) -> Table:
         group = measured(frame[frame.architecture == arch])
         row = [arch, str(len(group))]
         row += [fmt(percentile(group[column], 50)) for column, _ in TIMELINE]
-        row += list(_turn_cells(group)) if arch == TURN else ["-", "-"]
+        row += list(_turn_cells(group)) if results.archinfo[arch].turn else ["-", "-"]
         row.append(_ports(results, arch))
         table.rows.append(row)
     return table

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from scenarios.processes import ServiceError
     from scenarios.progress import ProgressBars
     from scenarios.runner import CalibrationFailed, CaptureOptions, ScenarioRunner
-    from scenarios.spec import TURN, Scenario
+    from scenarios.spec import Scenario
     from topology.cli import print_report
     from topology.preflight import check_world_prerequisites
 
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--capture-cap-mb must be positive")
     backend = None if args.backend == "auto" else args.backend
     check_world_prerequisites(backend, services=True,  # EnvironmentProblem: one line, exit 2
-                              capture=args.capture, turn=TURN in scenario.architectures,
+                              capture=args.capture, extra=scenario.requirements,
                               browsers=scenario.needs_browser)
     bars = ProgressBars(console, enabled=not args.json)
     say = bars.say

@@ -27,7 +27,6 @@ from pathlib import Path
 
 from analysis.stats import percentile
 from scenarios.edge import ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, Host
-from scenarios.spec import CLUSTER_RELAY, PORT_PER_SESSION
 from scenarios.timeline import merge_timeline
 from services.client.config import KINDS, ClientConfig
 from services.client.runner import run_sessions
@@ -135,7 +134,7 @@ def demo_plan(mode: str, netns: str, public: str, internal: str) -> EdgePlan:
     host = Host("lab", netns)
     cluster = ClusterPlan("demo", 1, host, public=public, internal=internal)
     front = FrontPlan("demo", host, "127.0.0.1", (FrontRoute("demo", 0.0),))
-    return EdgePlan(CLUSTER_RELAY if mode == SHARED else PORT_PER_SESSION, (cluster,), (front,),
+    return EdgePlan("cluster-relay" if mode == SHARED else "port-per-session", (cluster,), (front,),
                     max_sessions=500)
 
 

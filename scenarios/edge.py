@@ -16,17 +16,21 @@ TURN provider would place it; the transceivers then run one port per session beh
 the region's front hands out its URL with time-limited credentials from a secret generated per
 run (``turn.secret`` in the logs folder, 0600; docs/turn.md).
 Per front: signaling, steering to the plan's clusters. ``kill`` and ``start_service`` break
-and mend one service by name (scenarios/faults.py).
+and mend one service by name (scenarios/faults.py). Which of these an architecture runs, and
+how, is the architecture's (scenarios/architectures/): ``start`` asks it; an external
+architecture starts its own commands instead (``start_external``).
 """
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scenarios import architectures
+from scenarios.architectures.base import Architecture
 from scenarios.ports import UdpBinding, udp_bindings
 from scenarios.processes import ServiceError, ServiceProcess, http_ok, redis_cmd, tcp_open, voiceedge_cmd
-from scenarios.spec import ARCHITECTURES, CLUSTER_RELAY, GLOBAL_RELAY, TURN
 from services.procfs import descendants
 from services.relay.counters import scrape
 from services.turn import coturn
@@ -120,7 +124,7 @@ class FrontPlan:
 
 @dataclass(frozen=True)
 class EdgePlan:
-    architecture: str
+    architecture: str | Architecture   # a registered name, or the architecture itself
     clusters: tuple[ClusterPlan, ...]
     fronts: tuple[FrontPlan, ...] = ()
     ingresses: tuple[IngressPlan, ...] = ()
@@ -133,17 +137,26 @@ class EdgePlan:
     transceiver_args: tuple[str, ...] = ()  # ... and of every transceiver
 
     def __post_init__(self) -> None:
-        if self.architecture not in ARCHITECTURES:
-            raise ValueError(f"architecture must be one of {', '.join(ARCHITECTURES)}")
-        if self.architecture == GLOBAL_RELAY and self.relay_vip is None:
-            raise ValueError("the global relay needs relay_vip")
-        if (self.architecture == TURN) != bool(self.turns):
-            raise ValueError("TURN servers go with the turn architecture, and it needs them")
+        arch = self.architecture
+        if not isinstance(arch, Architecture):
+            try:
+                arch = architectures.get(arch)
+            except KeyError as exc:
+                raise ValueError(str(exc.args[0])) from None
+        object.__setattr__(self, "arch", arch)
+        object.__setattr__(self, "architecture", arch.name)
+        if arch.ingress and self.relay_vip is None:
+            raise ValueError(f"{arch.name} needs relay_vip")
+        if arch.turn != bool(self.turns):
+            raise ValueError(f"TURN servers go with an architecture that has them "
+                             f"({arch.name} {'needs' if arch.turn else 'has'} none)")
+
+    arch: Architecture = field(init=False, repr=False, compare=False)
 
     @property
     def relayed(self) -> bool:
         """Whether the cluster relays carry the media (else: a port per session)."""
-        return self.architecture in (CLUSTER_RELAY, GLOBAL_RELAY)
+        return self.arch.relayed
 
     def turn_for(self, region: str) -> TurnPlan | None:
         """The TURN server of a client region (None: none there)."""
@@ -155,11 +168,7 @@ class EdgePlan:
     def advertise(self, cluster: ClusterPlan) -> str | None:
         """The candidate answers carry for calls to ``cluster`` (None: the transceiver's own
         per-session port)."""
-        if self.architecture == GLOBAL_RELAY:
-            return f"{self.relay_vip}:{self.ports.relay}"
-        if self.architecture == CLUSTER_RELAY:
-            return f"{cluster.public}:{self.ports.relay}"
-        return None
+        return self.arch.advertise(self, cluster)
 
     def public_addresses(self) -> dict[str, set[str]]:
         """Host name -> the addresses on it that face clients."""
@@ -178,7 +187,9 @@ class Service:
     name: str
     host: Host
     process: ServiceProcess
-    role: str                # agent, redis, relay, ingress, transceiver, turn, signaling
+    role: str                # agent, redis, relay, ingress, transceiver, turn, signaling,
+    #                          external
+    restart: object = None   # how start_service starts it again (external services)
 
 
 class Edge:
@@ -219,23 +230,9 @@ class Edge:
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Every service of the plan, clusters first, each ready before the next starts."""
-        for cluster in self.plan.clusters:
-            self.start_agent(cluster)
-            if self.plan.relayed:
-                if self.plan.redis:
-                    self.start_redis(cluster)
-                self.start_relay(cluster)
-            for tid in cluster.transceiver_ids:
-                self.start_transceiver(cluster, tid)
-        for ingress in self.plan.ingresses:
-            if self.plan.redis:
-                self.start_ingress_redis(ingress)
-            self.start_ingress(ingress)
-        for turn in self.plan.turns:
-            self.start_turn(turn)
-        for front in self.plan.fronts:
-            self.start_front(front)
+        """Every service of the plan, as its architecture starts them: clusters first, each
+        ready before the next starts."""
+        self.plan.arch.start(self)
 
     def stop(self) -> None:
         """Stop every service, last started first (SIGTERM, then SIGKILL after 5 s)."""
@@ -276,7 +273,7 @@ class Edge:
         relay, clients reach only their region's ingress, so the cluster relay's client port
         faces the backbone (its internal address), not the public internet."""
         p = self.plan.ports
-        listen = cluster.internal if self.plan.architecture == GLOBAL_RELAY else cluster.public
+        listen = self.plan.arch.relay_listen(cluster)
         routes = self.logs / f"routes-{cluster.name}.toml"
         routes.write_text(f"cluster_id = {cluster.cluster_id}\n[routes]\n" + "".join(
             f'{tid} = "{cluster.internal}:{self.media_port(tid)}"\n'
@@ -298,10 +295,7 @@ class Edge:
                "--control", f"{cluster.internal}:{p.control + tid - 1}",
                "--agent", f"ws://127.0.0.1:{p.agent}", "--max-sessions",
                str(self.plan.max_sessions)]
-        if self.plan.relayed:
-            cmd += ["--media", f"{cluster.internal}:{self.media_port(tid)}"]
-        else:
-            cmd += ["--mode", "port-per-session", "--media", f"{cluster.public}:0"]
+        cmd += self.plan.arch.transceiver_media(self, cluster, tid)
         cmd += self.plan.transceiver_args
         return self.add(cluster.transceiver_name(tid), cluster.host, voiceedge_cmd(*cmd),
                         "transceiver", lambda: http_ok(f"{control}/status"))
@@ -355,10 +349,8 @@ class Edge:
         clusters = []
         for route in front.routes:
             cluster = self.plan.cluster(route.cluster)
-            clusters.append({"name": cluster.name, "advertise": self.plan.advertise(cluster),
-                             "rtt_ms": route.rtt_ms,
-                             "transceivers": [self.control_url(cluster, tid)
-                                              for tid in cluster.transceiver_ids]})
+            clusters.append({"name": cluster.name, "rtt_ms": route.rtt_ms,
+                             **self.front_route(cluster)})
         path = self.logs / f"front-{front.region}.json"
         path.write_text(json.dumps(clusters, indent=2))
         port = self.plan.ports.signaling
@@ -373,6 +365,40 @@ class Edge:
             "signaling", "--listen", f"{front.listen}:{port}", "--clusters", str(path),
             "--region", front.region, *turn_args),
             "signaling", lambda: http_ok(f"http://{front.listen}:{port}/healthz"))
+
+    def front_route(self, cluster: ClusterPlan) -> dict:
+        """Where a front sends calls for ``cluster``: its transceivers' control URLs and the
+        candidate to advertise, or an external edge's WHIP URL (services/signaling/cli.py)."""
+        return self.plan.arch.front_route(self, cluster)
+
+    def start_external(self, name: str, host: Host, cmd: list[str],
+                       ready: str = "") -> ServiceProcess:
+        """One process of an external edge (scenarios/architectures/external.py): ready when
+        ``ready`` ("HOST:PORT") accepts TCP inside its host, else when still alive after half
+        a second."""
+        if ready:
+            address, _, port = ready.rpartition(":")
+            address = address.strip("[]")
+            check = lambda: tcp_open(address, int(port))  # noqa: E731
+        else:
+            started = time.monotonic()
+            check = lambda: time.monotonic() - started >= 0.5  # noqa: E731
+        proc = self.add(name, host, cmd, "external", check)
+        self.services[name].restart = lambda: self.start_external(name, host, cmd, ready)
+        return proc
+
+    def live_session_sources(self) -> list[tuple[str, str, object]]:
+        """(netns, URL, reader) per place that knows live sessions: every transceiver's
+        ``/status``; for an external edge, the fronts' ``/healthz`` (they count the calls
+        they placed with it and saw ended)."""
+        if self.plan.arch.external:
+            port = self.plan.ports.signaling
+            return [(f.host.netns, f"http://{f.listen}:{port}/healthz",
+                     lambda doc: sum(int(t["sessions"]) for t in doc["transceivers"]))
+                    for f in self.plan.fronts]
+        return [(c.host.netns, f"{self.control_url(c, tid)}/status",
+                 lambda doc: int(doc["sessions"]))
+                for c in self.plan.clusters for tid in c.transceiver_ids]
 
     def restart(self, name: str, kill: bool = True) -> ServiceProcess:
         """Stop service ``name`` (SIGKILL by default: a crash) and start it again."""
@@ -394,6 +420,8 @@ class Edge:
         """Start service ``name`` again as the plan describes it (after ``kill`` or a stop)."""
         service = self.services[name]
         role = service.role
+        if service.restart is not None:
+            return service.restart()
         if role == "ingress":
             return self.start_ingress(next(i for i in self.plan.ingresses
                                            if f"ingress-{i.region}" == name))

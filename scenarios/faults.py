@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from scenarios.edge import Edge
 from scenarios.faultspec import (CLUSTER_OUTAGE, LINK_DOWN, LOSS_BURST, REDIS_DOWN, RELAY_KILL,
                                  TRANSCEIVER_CRASH, FaultSpec)
-from scenarios.spec import GLOBAL_RELAY
 from services.procfs import alive
 from services.relay.counters import scrape
 from services.relay.lifeline import port_holders
@@ -72,7 +71,7 @@ class FaultInjector:
         plan, t = self.edge.plan, f.target
         if f.kind in (RELAY_KILL, REDIS_DOWN) and not plan.relayed:
             r.applicable, r.note = False, f"{self.arch} has no relay"
-        elif t.tier == "ingress" and self.arch != GLOBAL_RELAY:
+        elif t.tier == "ingress" and not plan.ingresses:
             r.applicable, r.note = False, f"{self.arch} has no ingress relays"
         elif t.tier in ("backbone", "public", "last_mile"):
             try:

@@ -39,7 +39,7 @@ def print_summary(summary: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    baseline = summary.get("baseline", "port-per-session")
+    baseline = summary.get("baseline")  # analysis/summary.py writes it (architectures.json)
     title = (f"this host -> the deployment at {summary['target']} (no emulated world)"
              if summary.get("target") else
              f"clients in {', '.join(summary['client_regions'])} -> clusters "

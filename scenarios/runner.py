@@ -1,13 +1,9 @@
 """The scenario runner: build the world, calibrate, run every architecture, write the results.
 
-For each architecture, in the same world and with the same clients:
-
-- ``port-per-session``: the transceiver binds a UDP port per session on its cluster host's
-  public address and advertises it; clients cross the public internet to it.
-- ``cluster-relay``: one public port at the cluster's relay; clients cross the public internet
-  to it, the relay hands datagrams to the transceiver's shared socket.
-- ``global-relay``: the answer advertises the anycast relay VIP, so clients reach the ingress
-  relay of their own region, which carries the media over the backbone to the cluster relay.
+For each architecture of the scenario (scenarios/architectures/: one module each, or the
+scenario's own external ones), in the same world and with the same clients: its edge on the
+world's hosts, the clients of every client region, then its results. What the analysis needs
+to know about each architecture goes to ``architectures.json``.
 
 The regional signaling front (anycast, in every client region) sends each call to the cluster
 it measures nearest that is healthy and under its load threshold, over the backbone; its
@@ -26,13 +22,14 @@ from datetime import datetime
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from scenarios.architectures.base import BACKBONE
 from scenarios.edge import (ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, Host,
                             IngressPlan, TurnPlan, count_ports)
 from scenarios.faults import FaultInjector, FaultRecord
 from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
 from scenarios.clients import ClientCommand, RegionClients, results_suffixes
 from scenarios.clients import commands as client_commands
-from scenarios.spec import BASELINE, GLOBAL_RELAY, TURN, Scenario, ScenarioError
+from scenarios.spec import Scenario, ScenarioError
 from scenarios.saturation import LagWindows, flag
 from scenarios.timeline import TIMELINE, merge_timeline
 from topology.calibrate import CalibrationReport, calibrate, session_links
@@ -67,6 +64,7 @@ SAMPLE_FIELDS = ("architecture", "client_region", "session", "t_ms", "packets_re
 # cluster (steering_changed: cluster is the new one, reason why), from the fronts' logs.
 STEERING_FIELDS = ("architecture", "client_region", "front", "event", "unix", "call",
                    "cluster", "nearest", "reason")
+ARCHITECTURES_FILE = "architectures.json"  # analysis/archinfo.py reads it
 PORT_FIELDS = ("architecture", "concurrent_sessions", "public_udp_ports", "public_udp_ports_max",
                "bindings")
 
@@ -258,14 +256,18 @@ class ScenarioRunner:
             "scenario": self.scenario.to_dict(), "client_regions": self.client_regions,
             "clusters": self.clusters, "world_regions": list(self.spec.regions),
             "architectures": list(self.scenario.architectures), "order": list(self.order),
-            "baseline": BASELINE,
+            "baseline": self.scenario.baseline,
             "backend": result.backend, "commit": commit, "impairments": impairments,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2, default=str))
+        write_architectures(self.directory, self.scenario)
 
     # ------------------------------------------------------------ one architecture
 
-    def edge_plan(self, world: World, arch: str) -> EdgePlan:
-        """The edge of ``arch`` on the world's hosts, at the addresses of its address plan."""
+    def edge_plan(self, world: World, name: str) -> EdgePlan:
+        """The edge of architecture ``name`` on the world's hosts, at the addresses of its
+        address plan: clusters and fronts always, a client region's edge host services
+        (ingress, TURN) where the architecture has them."""
+        arch = self.scenario.architecture(name)
 
         def host(name: str) -> Host:
             return Host(name, world.node(name).ns_path)
@@ -286,10 +288,10 @@ class ScenarioRunner:
                                       else self.catalog.backbone_rtt_ms(region, c))
                            for c in self.clusters)
             fronts.append(FrontPlan(region, host(h), addresses["signaling_vip"], routes))
-            if arch == GLOBAL_RELAY:
+            if arch.ingress:
                 ingresses.append(IngressPlan(region, host(h), addresses["relay_vip"],
                                              addresses["backbone"]))
-            if arch == TURN:  # on the edge host's public side, as a TURN provider's would be
+            if arch.turn:  # on the edge host's public side, as a TURN provider's would be
                 turns.append(TurnPlan(region, host(h), addresses["public"]))
         return EdgePlan(arch, tuple(clusters), tuple(fronts), tuple(ingresses), tuple(turns),
                         relay_vip=vip)
@@ -398,11 +400,6 @@ class ScenarioRunner:
                                steering_rows(arch, logs / TIMELINE), attempts, gaps,
                                faults), edge if keep_edge else None
 
-    def client_ice_args(self, arch: str) -> list[str]:
-        """Client options for ``arch``'s ICE servers: under TURN, relay-only through the
-        TURN server the front hands out (both client types)."""
-        return ["--ice-from-signaling"] if arch == TURN else []
-
     def _start_clients(self, world: World, arch: str, edge: Edge, logs: Path,
                        captures: WorldCapture | None, clients: list[ServiceProcess]) -> None:
         """Every client region's client processes, one per client type of the scenario's mix
@@ -439,10 +436,11 @@ class ScenarioRunner:
                 if c.ready_event is None:
                     start(c, netns)
 
-    def client_options(self, arch: str) -> tuple[tuple[str, ...] | None, list[str]]:
-        """(what ``arch``'s clients verify, None: the clients' default; their extra options)
-        for every client type's command."""
-        return None, self.client_ice_args(arch)
+    def client_options(self, arch: str) -> tuple[tuple[str, ...], list[str]]:
+        """(what ``arch``'s clients verify, their extra options: under TURN, relay-only
+        through the TURN server the front hands out) for every client type's command."""
+        architecture = self.scenario.architecture(arch)
+        return architecture.verifies, architecture.client_args()
 
     # ------------------------------------------------------------ results
 
@@ -463,7 +461,8 @@ class ScenarioRunner:
         # The client opens a new connection to its region's front for each call (as a browser
         # would): the TCP handshake costs one round trip over the last mile before the POST.
         signaling = 2 * last_mile + backbone
-        media = last_mile + (backbone if arch == "global-relay" else public)
+        media = last_mile + (backbone if self.scenario.architecture(arch).media_link == BACKBONE
+                             else public)
         # Setup cannot beat the offer/answer round trip plus two media round trips: the
         # client's nominating check (one RTT) overlaps the first DTLS flight, because the
         # answerer is the DTLS client and starts as soon as it is nominated, half an RTT before
@@ -480,9 +479,10 @@ class ScenarioRunner:
         lag = LagWindows.from_run(logs / TIMELINE, engine)
         upstream = _upstream_gaps(logs / TIMELINE)
         out: tuple[list, list, list, list] = ([], [], [], [])
+        path = self.scenario.architecture(arch).session_path
         for region in self.client_regions:
             rows = client_rows(arch, region, logs, lag, upstream,
-                               lambda cluster, r=region: self.floors(r, cluster, arch))
+                               lambda cluster, r=region: self.floors(r, cluster, arch), path)
             for total, part in zip(out, rows):
                 total += part
         return out
@@ -542,8 +542,7 @@ class _PeakWatch:
 
     def __init__(self, edge: Edge) -> None:
         self._edge = edge
-        self._targets = [(c.host.netns, f"{edge.control_url(c)}/status")
-                         for c in edge.plan.clusters]
+        self._targets = edge.live_session_sources()
         self._live: dict[str, int] = {}
         self.peak_sessions = 0
         self.ports_at_peak = 0
@@ -553,16 +552,17 @@ class _PeakWatch:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        for ns, url in self._targets:
-            t = threading.Thread(target=in_namespace, args=(ns, self._poll, url), daemon=True)
+        for ns, url, read in self._targets:
+            t = threading.Thread(target=in_namespace, args=(ns, self._poll, url, read),
+                                 daemon=True)
             t.start()
             self._threads.append(t)
 
-    def _poll(self, url: str) -> None:
+    def _poll(self, url: str, read) -> None:
         while not self._stop.wait(0.25):
             try:
-                self._live[url] = _get_json(url)["sessions"]
-            except OSError:
+                self._live[url] = read(_get_json(url))
+            except (OSError, ValueError, KeyError, TypeError):
                 continue
 
     @property
@@ -674,6 +674,15 @@ def _checks(names: list | None) -> str | None:
     return None if names is None else ",".join(names)
 
 
+def write_architectures(directory: Path, scenario: Scenario) -> None:
+    """``architectures.json``: what the analysis needs to know about each architecture of the
+    run (docs/scenarios.md lists its fields); the analysis never imports the registry."""
+    (directory / ARCHITECTURES_FILE).write_text(json.dumps({
+        "baseline": scenario.baseline,
+        "architectures": {name: scenario.architecture(name).facts()
+                          for name in scenario.architectures}}, indent=2))
+
+
 def write_results(result: RunResult) -> None:
     """Every file of the finished architectures, then the derived statistics."""
     from analysis.summary import finalize
@@ -718,10 +727,11 @@ def write_results(result: RunResult) -> None:
 
 
 def client_rows(arch: str, region: str, logs: Path, lag: LagWindows, upstream: dict,
-                floors=None) -> tuple[list, list, list, list]:
+                floors=None, on_path=None) -> tuple[list, list, list, list]:
     """(sessions, samples, attempts, gaps) rows of one client region's sessions (both client
     types) from ``logs``; ``floors(cluster)`` gives a session's network floor columns (none
-    where no topology is configured: a deployment target)."""
+    where no topology is configured: a deployment target); ``on_path(client, cluster)`` the
+    log sources on a session's path (saturation.py's default when None)."""
     sessions, samples, attempts, gaps = [], [], [], []
     rows = []
     for suffix in results_suffixes():
@@ -743,7 +753,7 @@ def client_rows(arch: str, region: str, logs: Path, lag: LagWindows, upstream: d
             row.update(floors(cluster))
         setup = r.get("setup_ms")
         flag(row, lag, r.get("started_unix"), r.get("ended_unix"),
-             None if setup is None else setup / 1000.0)
+             None if setup is None else setup / 1000.0, path=on_path)
         sessions.append(row)
         key = {"architecture": arch, "client_region": region, "session": r.get("index")}
         for a in r.get("attempts") or []:

@@ -4,8 +4,10 @@ Every process of a run reports the wall-clock seconds in which it could not keep
 (services/lag.py: ``loop_lag`` events, a stall of 10 ms or more, in the architecture's timeline;
 the impairment engine: seconds in which it released a packet 2 ms or more late). A session is *saturated* when any
 process on its path lagged during its set-up, or for a fifth of its call or more (``flag``):
-its figures are the host's, not the architecture's. The path of a session: its client, its region's signaling
-front and ingress relay, its cluster's relay, transceiver and agent, and the impairment engine.
+its figures are the host's, not the architecture's. The path of a session is its architecture's
+(``Architecture.path``, scenarios/architectures/): its client, its region's signaling front, the
+impairment engine, and the architecture's own services (e.g. the ingress relay of the client's
+region, its cluster's relay, transceiver and agent).
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENGINE = "impairment-engine"
+from scenarios import architectures
+from scenarios.architectures.base import COMMON_PATH, ENGINE, PROJECT_CLUSTER_PATH, Architecture
 
 
 @dataclass
@@ -60,38 +63,43 @@ class LagWindows:
         return out
 
 
-def session_path(client_region: str, cluster: str | None, architecture: str) -> list[str]:
+def session_path(client_region: str, cluster: str | None,
+                 architecture: str | Architecture) -> list[str]:
     """The log sources (service names of the edge launcher) a session's packets and requests
-    cross."""
-    path = [f"client-{client_region}", f"front-{client_region}", ENGINE]
-    if architecture == "global-relay":
-        path.append(f"ingress-{client_region}")
-    if cluster:
-        path += [f"transceiver-{cluster}", f"agent-{cluster}"]
-        if architecture != "port-per-session":
-            path.append(f"relay-{cluster}")
-    return path
+    cross: the architecture's path (a registered name, or the architecture itself); for a
+    name the registry does not know (a deployment target), the client, front, engine and the
+    cluster's transceiver and agent."""
+    if isinstance(architecture, str):
+        try:
+            architecture = architectures.get(architecture)
+        except KeyError:
+            architecture = Architecture(architecture, architecture, "#000000",
+                                        path=COMMON_PATH + PROJECT_CLUSTER_PATH)
+    return architecture.session_path(client_region, cluster)
 
 
 CALL_SHARE = 0.2  # lagged share of a call that taints its media figures (jitter, RTT, loss)
 
 
 def flag(session: dict, lag: LagWindows, started: float | None, ended: float | None,
-         setup_s: float | None = None) -> None:
+         setup_s: float | None = None, path=None) -> None:
     """Set ``saturated`` and ``saturated_by`` ("source max_ms; ...") on a session row.
 
     Saturated: a process on the session's path lagged during its set-up (start to DTLS
     connected, ``setup_s`` seconds: what setup, first-ICE RTT and first audio measure; the
     whole session when it never connected), or during at least CALL_SHARE of its call (what
     the media figures average over). Lag elsewhere in a long call does not taint the session.
+    ``path(client, cluster)``: the sources on its path (default: ``session_path`` of the
+    row's architecture).
     """
     if started is None:
         session.update(saturated=None, saturated_by="")
         return
     end = ended if ended is not None else started
     setup_end = min(end, started + setup_s) if setup_s is not None else end
-    path = session_path(session["client_region"], session.get("cluster_region"),
-                        session["architecture"])
+    path = (path(session["client_region"], session.get("cluster_region")) if path
+            else session_path(session["client_region"], session.get("cluster_region"),
+                              session["architecture"]))
     cluster = session.get("cluster_region")
     if cluster:  # a cluster's other transceivers (transceiver-CLUSTER-2, ...)
         path += [s for s in lag.windows if s.startswith(f"transceiver-{cluster}-")]

@@ -6,18 +6,17 @@ from pathlib import Path
 
 import yaml
 
+from scenarios import architectures
+from scenarios.architectures.base import Architecture
+from scenarios.architectures.external import External
 from scenarios.clients import needs_browser, parse_mix
 from scenarios.faultspec import FaultSpec
 from scenarios.sweepspec import SweepSpec
 from services.clienttypes import AIORTC, CHROMIUM
 from voiceedge.errors import ConfigError
 
-PORT_PER_SESSION, CLUSTER_RELAY, GLOBAL_RELAY = "port-per-session", "cluster-relay", "global-relay"
-TURN = "turn"  # clients relay-only through a TURN server in their region; port-per-session servers
-ARCHITECTURES = (PORT_PER_SESSION, CLUSTER_RELAY, GLOBAL_RELAY, TURN)
-# The architectures a scenario runs when its file names none (TURN is asked for by name).
-DEFAULT_ARCHITECTURES = (PORT_PER_SESSION, CLUSTER_RELAY, GLOBAL_RELAY)
-BASELINE = PORT_PER_SESSION  # what every other architecture is compared with
+# The architectures a scenario runs when its file names none (scenarios/architectures/).
+DEFAULT_ARCHITECTURES = architectures.default_names()
 DEFAULT_SCENARIO = Path(__file__).with_name("default.yaml")
 
 
@@ -46,6 +45,7 @@ class Scenario:
     media_timeout_s: float = 1.5      # the clients' media watchdog (docs/client.md)
     reconnect_attempts: int = 3       # the clients' bounded retry after a failed connection
     sweep: SweepSpec | None = None    # the parameters a sweep varies (scenarios/sweepspec.py)
+    external: tuple[External, ...] = ()  # architectures of the file's own (bring your own edge)
     description: str = ""
     source: str = ""
 
@@ -89,7 +89,7 @@ class Scenario:
         known = {"name", "description", "clusters", "sessions_per_region", "call_duration_s",
                  "start_rate", "architectures", "last_mile", "profiles", "calibration",
                  "min_success_pct", "full_clients_per_region", "transceivers_per_cluster",
-                 "faults", "client", "clients", "sweep"}
+                 "faults", "client", "clients", "sweep", "external"}
         unknown = set(doc) - known
         if unknown:
             raise ScenarioError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -102,9 +102,15 @@ class Scenario:
 
         clusters = need("clusters", list, lambda v: bool(v) and all(isinstance(c, str) for c in v),
                         "a non-empty list of region names")
+        external = _external(path, doc)
         archs = doc.get("architectures", list(DEFAULT_ARCHITECTURES))
-        if not isinstance(archs, list) or not archs or set(archs) - set(ARCHITECTURES):
-            raise ScenarioError(f"{path}: architectures: choose from {', '.join(ARCHITECTURES)}")
+        known = architectures.names() + tuple(e.name for e in external)
+        if (not isinstance(archs, list) or not archs
+                or not all(isinstance(a, str) for a in archs) or set(archs) - set(known)):
+            raise ScenarioError(f"{path}: architectures: choose from {', '.join(known)}")
+        unused = [e.name for e in external if e.name not in archs]
+        if unused:
+            raise ScenarioError(f"{path}: external: {', '.join(unused)} not in architectures")
         calibration = doc.get("calibration", {}) or {}
         if not isinstance(calibration, dict) or set(calibration) - {"count", "rate", "at_load"}:
             raise ScenarioError(f"{path}: calibration: only count, rate and at_load")
@@ -164,6 +170,7 @@ class Scenario:
                                        "0..100")) if "min_success_pct" in doc else 100.0,
             transceivers_per_cluster=per_cluster, faults=faults,
             media_timeout_s=float(media_timeout), reconnect_attempts=attempts, sweep=sweep,
+            external=external,
             description=str(doc.get("description", "")).strip(), source=str(path))
         if scenario.calibration_count < 20 or scenario.calibration_rate <= 0:
             raise ScenarioError(f"{path}: calibration: count >= 20 and a positive rate")
@@ -173,6 +180,43 @@ class Scenario:
             except ValueError as exc:
                 raise ScenarioError(f"{path}: faults: {f.name}: {exc}") from None
         return scenario
+
+    def architecture(self, name: str) -> Architecture:
+        """The architecture ``name`` this scenario runs: the file's own, or a registered one."""
+        for e in self.external:
+            if e.name == name:
+                return e
+        return architectures.get(name)
+
+    @property
+    def requirements(self) -> tuple:
+        """What this scenario's architectures need installed (topology/preflight.py)."""
+        return tuple(dict.fromkeys(r for name in self.architectures
+                                   for r in self.architecture(name).requirements))
+
+    @property
+    def baseline(self) -> str:
+        """What every other architecture is compared with (scenarios/architectures/)."""
+        return architectures.baseline()
+
+
+def _external(path: Path, doc: dict) -> tuple[External, ...]:
+    """The file's ``external:`` architectures (docs/scenarios.md, "Bring your own edge")."""
+    raw = doc.get("external")
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not raw:
+        raise ScenarioError(f"{path}: external: a mapping of name -> its edge "
+                            f"(docs/scenarios.md, \"Bring your own edge\")")
+    out = []
+    for name, entry in raw.items():
+        if name in architectures.names():
+            raise ScenarioError(f"{path}: external: {name} is a built-in architecture's name")
+        try:
+            out.append(External.parse(name, entry))
+        except ValueError as exc:
+            raise ScenarioError(f"{path}: external: {exc}") from None
+    return tuple(out)
 
 
 def _client_mix(path: Path, doc: dict) -> dict[str, int]:

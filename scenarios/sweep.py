@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from analysis.jsonout import plain
-from scenarios.runner import CalibrationFailed, ScenarioRunner
-from scenarios.spec import BASELINE, Scenario, ScenarioError
+from scenarios.runner import CalibrationFailed, ScenarioRunner, write_architectures
+from scenarios.spec import Scenario, ScenarioError
 from scenarios.sweepspec import SweepPoint, SweepSpec, scenario_at
 from topology.world import World
 
@@ -144,7 +144,7 @@ class SweepRunner:
 
     def _write(self) -> None:
         doc = {"scenario": self.scenario.name, "source": self.scenario.source,
-               "region": self.region, "baseline": BASELINE,
+               "region": self.region, "baseline": self.scenario.baseline,
                "architectures": list(self.scenario.architectures),
                "parameters": [{"name": p.name, "values": plain(p.values)}
                               for p in self.spec.parameters],
@@ -154,6 +154,7 @@ class SweepRunner:
         tmp = self.directory / f".{SWEEP_FILE}.tmp"
         tmp.write_text(json.dumps(doc, indent=2))
         tmp.replace(self.directory / SWEEP_FILE)
+        write_architectures(self.directory, self.scenario)
 
     # ------------------------------------------------------------ the run
 

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_minutes is not None and args.max_minutes <= 0:
         raise UserError("--max-minutes must be positive")
     backend = None if args.backend == "auto" else args.backend
-    check_world_prerequisites(backend, services=True, turn="turn" in scenario.architectures,
+    check_world_prerequisites(backend, services=True, extra=scenario.requirements,
                               browsers=scenario.needs_browser)
     bars = ProgressBars(console, enabled=not args.json)
     say = bars.say

@@ -34,6 +34,25 @@ from voiceedge.errors import UserError
 
 PNG = b"\x89PNG\r\n\x1a\n"
 ARCHS = ("port-per-session", "cluster-relay", "global-relay")
+# What the runner writes about them (docs/scenarios.md, architectures.json), by hand.
+_PATH = ["client-{client}", "front-{client}", "impairment-engine", "transceiver-{cluster}",
+         "agent-{cluster}"]
+ARCHITECTURES_JSON = {"baseline": "port-per-session", "architectures": {
+    "port-per-session": {"label": "one port per session", "colour": "#6b6b6b",
+                         "role": "baseline", "path": _PATH, "media_link": "public",
+                         "ports": "per-session", "fixed_ports_per_client_region": 0,
+                         "turn": False, "external": False, "ingress": False,
+                         "verifies": ["audio", "datachannel", "envelope"]},
+    "cluster-relay": {"label": "cluster relay", "colour": "#0072B2", "role": "compared",
+                      "path": _PATH + ["relay-{cluster}"], "media_link": "public",
+                      "ports": "shared", "fixed_ports_per_client_region": 0, "turn": False,
+                      "external": False, "ingress": False,
+                      "verifies": ["audio", "datachannel", "envelope"]},
+    "global-relay": {"label": "global relay", "colour": "#009E73", "role": "compared",
+                     "path": _PATH + ["ingress-{client}", "relay-{cluster}"],
+                     "media_link": "backbone", "ports": "shared",
+                     "fixed_ports_per_client_region": 0, "turn": False, "external": False,
+                     "ingress": True, "verifies": ["audio", "datachannel", "envelope"]}}}
 # (client region, cluster, public media RTT, backbone media RTT, signaling RTT), ms
 REGIONS = (("apac-se", "eu-west", 266.0, 190.0, 193.0), ("au", "na-east", 300.0, 220.0, 228.0))
 
@@ -106,6 +125,7 @@ def write_run(directory: Path, *, seed: int = 1, n: int = 40, setup_shift: dict 
         {"port-per-session": {}, "cluster-relay": {"relay-eu-west": counters},
          "global-relay": {"ingress-apac-se": counters}}))
     names = [r[0] for r in regions]
+    (directory / "architectures.json").write_text(json.dumps(ARCHITECTURES_JSON))
     (directory / "config.json").write_text(json.dumps({
         "scenario": {"name": "default", "clusters": ["na-east", "eu-west"],
                      "sessions_per_region": n, "call_duration_s": 6.0, "start_rate": 3.0,
@@ -407,12 +427,27 @@ def test_setup_phases_add_up_to_first_audio(results):
     assert (phases.iloc[:, 2] > 0).all()  # ICE after the answer
 
 
-def test_architecture_colours_are_fixed_and_distinct():
-    colours = [plots.arch_colour(a, list(ARCHS) + ["turn", "other"])
-               for a in ARCHS + ("turn", "other")]
+def test_architecture_colours_are_the_runs_and_distinct(results, tmp_path):
+    # the colours architectures.json gives; a spare one for an architecture it does not name
+    assert [results.colour(a) for a in ARCHS] == ["#6b6b6b", "#0072B2", "#009E73"]
+    facts = results.archinfo
+    colours = [facts.colour(a, list(ARCHS) + ["other", "another"])
+               for a in ARCHS + ("other", "another")]
     assert len(set(colours)) == len(colours)
-    assert plots.arch_colour("cluster-relay", ["cluster-relay"]) == \
-        plots.ARCH_COLOURS["cluster-relay"]
+    assert results.baseline == "port-per-session"
+    assert facts["global-relay"].media_link == "backbone" and facts["global-relay"].ingress
+    assert facts["port-per-session"].per_session_ports
+    assert not facts["cluster-relay"].per_session_ports
+    # a folder written before architectures.json: the same facts from its config.json
+    old = write_run(tmp_path / "old", n=4)
+    (old / "architectures.json").unlink()
+    config = json.loads((old / "config.json").read_text())
+    (old / "config.json").write_text(json.dumps(config | {"baseline": "cluster-relay"}))
+    legacy = load_results(old)
+    assert legacy.baseline == "cluster-relay"
+    assert [legacy.colour(a) for a in ARCHS] == ["#6b6b6b", "#0072B2", "#009E73"]
+    assert legacy.archinfo["global-relay"].media_link == "backbone"
+    assert legacy.archinfo["turn"].turn and legacy.archinfo["turn"].per_session_ports
 
 
 def test_single_region_run_has_no_region_matrix(tmp_path):
@@ -672,8 +707,13 @@ def test_finalize_before_the_first_architecture_finished(tmp_path, run_dir):
         load_results(directory)  # a report needs sessions
 
 
-def test_the_baseline_comes_from_config_json(tmp_path):
+def test_the_baseline_comes_from_architectures_json_or_config_json(tmp_path):
     directory = write_run(tmp_path / "run", n=10)
+    facts = json.loads((directory / "architectures.json").read_text())
+    (directory / "architectures.json").write_text(json.dumps(facts | {
+        "baseline": "global-relay"}))
+    assert summarise(directory, Bootstrap(resamples=200))["baseline"] == "global-relay"
+    (directory / "architectures.json").unlink()  # older runners wrote none
     config = json.loads((directory / "config.json").read_text())
     assert "baseline" not in config  # a folder of an older runner: port-per-session
     assert summarise(directory, Bootstrap(resamples=200))["baseline"] == "port-per-session"

@@ -13,11 +13,13 @@ import pytest
 
 from topology.preflight import (SERVICES, Requirement, check_lab_prerequisites,
                                 check_world_prerequisites, required)
+from scenarios.architectures import get
 from voiceedge.errors import EnvironmentProblem
 from tests.conftest import REPO
 from tests.netem_kernel import kernel, netem, no_netem  # noqa: F401 (fixtures)
 
-ALL = tuple(dict.fromkeys(required(None, services=True, turn=True, browsers=True)
+TURN = get("turn").requirements  # the turn architecture's coturn
+ALL = tuple(dict.fromkeys(required(None, services=True, extra=TURN, browsers=True)
                           + required("netem")))
 
 
@@ -35,7 +37,7 @@ def fake_path(tmp_path: Path, without: str) -> str:
 @pytest.mark.parametrize("need", ALL, ids=lambda n: n.program)
 def test_a_missing_program_names_its_package_and_how_to_get_it(tmp_path, need: Requirement):
     with pytest.raises(EnvironmentProblem) as err:
-        check_world_prerequisites(None, services=True, turn=True, browsers=True, euid=0,
+        check_world_prerequisites(None, services=True, extra=TURN, browsers=True, euid=0,
                                   path=fake_path(tmp_path, need.program))
     message = str(err.value)
     assert "\n" not in message
@@ -56,7 +58,7 @@ def test_what_is_required_depends_on_the_backend_and_the_services():
     assert SERVICES[0] not in required("userspace")
     # coturn and Chromium only for scenarios that ask for them
     assert not {"turnserver", "chromium"} & programs(None, services=True)
-    assert {"turnserver", "chromium"} <= programs(None, services=True, turn=True, browsers=True)
+    assert {"turnserver", "chromium"} <= programs(None, services=True, extra=TURN, browsers=True)
 
 
 def test_packages_said_to_come_with_make_deps_do():

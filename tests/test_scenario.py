@@ -116,7 +116,13 @@ def test_results_folder_has_everything_and_nothing_else(ci_results, kernel_backe
     names = {p.name for p in directory.iterdir()}
     assert {"config.json", "calibration.json", "sessions.csv", "samples.csv", "ports.csv",
             "relays.json", "summary.json", "stats.csv", "stats.json", "logs",
-            "calibration_at_load.json", "impairment.json", "steering.csv"} <= names
+            "calibration_at_load.json", "impairment.json", "steering.csv",
+            "architectures.json"} <= names
+    facts = json.loads((directory / "architectures.json").read_text())
+    assert facts["baseline"] == "port-per-session"
+    assert list(facts["architectures"]) == ["port-per-session", "cluster-relay", "global-relay"]
+    assert [a["media_link"] for a in facts["architectures"].values()] == [
+        "public", "public", "backbone"]
     impairment = json.loads((directory / "impairment.json").read_text())
     assert impairment["backend"] == kernel_backend and impairment["interfaces"]
     assert all("dropped_loss" in c for c in impairment["interfaces"].values())

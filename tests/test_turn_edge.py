@@ -11,7 +11,6 @@ import pytest
 from aiohttp import web
 
 from scenarios.edge import ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, Host, TurnPlan
-from scenarios.spec import TURN
 from services.client.config import ClientConfig
 from services.client.iceservers import IceSettings, ice_servers_url, parse
 from services.client.runner import run_sessions
@@ -34,7 +33,7 @@ def turn_edge(lab, tmp_path) -> Edge:
     public, other = lab.addresses
     cluster = ClusterPlan("demo", 1, host, public=public, internal=other)
     front = FrontPlan("demo", host, "127.0.0.1", (FrontRoute("demo", 0.0),))
-    return Edge(EdgePlan(TURN, (cluster,), (front,), turns=(
+    return Edge(EdgePlan("turn", (cluster,), (front,), turns=(
         TurnPlan("demo", host, other, relay_ports=RELAY_PORTS),)), tmp_path)
 
 

@@ -5,7 +5,9 @@ Checked, in this order: root (namespaces, iptables); the Python package ``minine
 seen through the virtualenv's system site-packages); the programs the world runs (Mininet's
 ``mnexec`` and ``ifconfig``, iproute2, ``sysctl`` on the routers, ``nsenter``, iptables for the
 userspace backend, ``tc`` to ask the kernel for netem) and, for a scenario, ``redis-server``;
-then which impairment backend the kernel supports, refusing ``netem`` where it has none.
+then which impairment backend the kernel supports, refusing ``netem`` where it has none. What
+an architecture needs besides (coturn for TURN) it declares itself (``Architecture.requirements``,
+scenarios/architectures/) and the scenario commands pass on as ``extra``.
 """
 from __future__ import annotations
 
@@ -47,18 +49,19 @@ USERSPACE = (Requirement("iptables", "iptables", "the userspace impairment backe
 NETEM_CHECK = (Requirement("tc", "iproute2", "asking the kernel for netem", make_deps=False),)
 SERVICES = (Requirement("redis-server", "redis-server", "the relays' Redis flow cache"),)
 CAPTURE = (Requirement("tcpdump", "tcpdump", "packet captures (--capture)"),)
-TURN = (Requirement("turnserver", "coturn", "the turn architecture's TURN servers"),)
 BROWSERS = (Requirement("chromium", "chromium", "Chromium client sessions; `make browsers` "
                         "installs it too", make_deps=False),)
 
 
 def required(backend: str | None, services: bool = False, capture: bool = False,
-             turn: bool = False, browsers: bool = False) -> tuple[Requirement, ...]:
+             browsers: bool = False,
+             extra: tuple[Requirement, ...] = ()) -> tuple[Requirement, ...]:
     """What a world with ``backend`` (None: detect) needs; ``services``: and a scenario's;
-    ``capture``: and its packet captures; ``turn``: coturn; ``browsers``: Chromium."""
+    ``capture``: and its packet captures; ``browsers``: Chromium; ``extra``: what the
+    scenario's architectures need besides."""
     return (WORLD + (USERSPACE if backend != "netem" else ())
             + (NETEM_CHECK if backend != "userspace" else ()) + (SERVICES if services else ())
-            + (CAPTURE if capture else ()) + (TURN if turn else ())
+            + (CAPTURE if capture else ()) + tuple(extra)
             + (BROWSERS if browsers else ()))
 
 
@@ -90,12 +93,13 @@ def check_programs(*names: str) -> None:
 
 
 def check_world_prerequisites(backend: str | None = None, *, services: bool = False,
-                              capture: bool = False, turn: bool = False, browsers: bool = False,
+                              capture: bool = False, browsers: bool = False,
+                              extra: tuple[Requirement, ...] = (),
                               euid: int | None = None, path: str | None = None) -> str:
     """Return the impairment backend a world will use (``backend``, or what the kernel supports
     when None) or raise ``EnvironmentProblem`` with one line saying what is missing and how to
     get it. ``services``: also what a scenario's services need; ``capture``: tcpdump;
-    ``turn``: coturn; ``browsers``: Chromium. ``euid`` and ``path`` (a PATH string) replace the
+    ``browsers``: Chromium; ``extra``: what its architectures need (coturn for TURN). ``euid`` and ``path`` (a PATH string) replace the
     process's own, for tests."""
     if backend is not None and backend not in BACKENDS:
         raise EnvironmentProblem(f"unknown impairment backend {backend!r} "
@@ -106,7 +110,7 @@ def check_world_prerequisites(backend: str | None = None, *, services: bool = Fa
             "the Python package mininet is not importable (Debian package mininet, seen through "
             "a virtualenv made with --system-site-packages): `make deps` and `make venv` set "
             "this up, as root")
-    _check(required(backend, services, capture, turn, browsers), euid, path)
+    _check(required(backend, services, capture, browsers, extra), euid, path)
     if backend == "userspace":
         return backend
     try:

@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from analysis import archinfo
 from analysis.pcap.classify import (BINDING_REQUEST, BINDING_SUCCESS, DTLS, REQUEST, RTP, STUN,
                                     SUCCESS, classify, stun_type, turn_control)
 from analysis.pcap.reader import read_udp
@@ -50,7 +51,6 @@ ANALYSIS_FILE = "analysis.json"
 # injected at each wake-up.
 PROCESSING_P50_MS = 1.0
 UP, DOWN = "up", "down"
-TURN_ARCH = "turn"  # scenarios.spec.TURN (the analysis reads results without the runner)
 _LINK_KINDS = {("client", "pub"): "last_mile_up", ("pub", "client"): "last_mile_down",
                ("pub", "pub"): "public", ("bb", "bb"): "backbone"}
 _DTLS_HANDSHAKE = (20, 22)  # ChangeCipherSpec, Handshake
@@ -151,7 +151,9 @@ def analyse(results_dir: str | Path) -> list[ArchitectureWire]:
     archs = [a for a in config.get("architectures", [])
              if (root / a / CAPTURES_FILE).exists()]
     sessions = _sessions_per_architecture(results_dir)
-    out = [analyse_architecture(root / a, a, impairments, sessions.get(a)) for a in archs]
+    facts = archinfo.read(results_dir, config)
+    out = [analyse_architecture(root / a, a, impairments, sessions.get(a), turn=facts[a].turn)
+           for a in archs]
     (root / ANALYSIS_FILE).write_text(json.dumps(
         {"architectures": [to_dict(a) for a in out]}, indent=2))
     return out
@@ -164,7 +166,9 @@ def to_dict(a: ArchitectureWire) -> dict:
 
 
 def analyse_architecture(directory: Path, arch: str, impairments: dict,
-                         sessions: int | None = None) -> ArchitectureWire:
+                         sessions: int | None = None, turn: bool = False) -> ArchitectureWire:
+    """``turn``: the architecture relays through TURN servers on the edge hosts
+    (architectures.json), whose processing the wire shows where an ingress relay's would be."""
     started = time.monotonic()
     captures = json.loads((directory / CAPTURES_FILE).read_text())
     points: list[Point] = []
@@ -210,7 +214,7 @@ def analyse_architecture(directory: Path, arch: str, impairments: dict,
         # into one hop: every point is read only up to that capture's last frame.
         seen = {k: kept for k, v in seen.items() if (kept := [s for s in v if s.ts <= cutoff])}
     paths = _paths(seen, points, facts)
-    hops = _hop_stats(seen, paths, points, impairments, arch)
+    hops = _hop_stats(seen, paths, points, impairments, turn)
     _client_facts(seen, points, facts)
     _relay_facts(seen, paths, points, facts)
     _turn_facts(turn_messages, facts, cutoff)
@@ -314,7 +318,7 @@ def _turnarounds(seen: dict[tuple, list[Sighting]], points: list[Point]
 
 
 def _hop_stats(seen, paths, points: list[Point], impairments: dict,
-               arch: str = "") -> list[HopStat]:
+               turn: bool = False) -> list[HopStat]:
     delays: dict[tuple, list[float]] = defaultdict(list)
     places: dict[tuple, list[int]] = defaultdict(list)
     for key, trip in paths:
@@ -328,7 +332,7 @@ def _hop_stats(seen, paths, points: list[Point], impairments: dict,
     stats = []
     merged: dict[tuple, dict] = {}
     for (direction, a, b), values in delays.items():
-        label, kind, frm, to, exp, hidden = _name_hop(points[a], points[b], impairments, arch)
+        label, kind, frm, to, exp, hidden = _name_hop(points[a], points[b], impairments, turn)
         m = merged.setdefault((direction, label), {
             "kind": kind, "frm": frm, "to": to, "exp": exp, "hidden": hidden,
             "delays": [], "places": []})
@@ -375,7 +379,7 @@ def _configured(impairments: dict, link: str | None, src: str, dst: str) -> Expe
                        distribution=configured.get("distribution", "normal"))
 
 
-def _name_hop(a: Point, b: Point, impairments: dict, arch: str = ""):
+def _name_hop(a: Point, b: Point, impairments: dict, turn: bool = False):
     """(label, kind, from host, to host, Expectation on the wire, configured ms hidden)."""
     if b.role == "app":  # the client's receive time: after its last mile down
         exp = _configured(impairments, "last_mile_down", b.region, b.region)
@@ -383,7 +387,7 @@ def _name_hop(a: Point, b: Point, impairments: dict, arch: str = ""):
                 exp, 0.0)
     if a.host == b.host:
         tier = ("cluster relay" if a.role != "edge" else
-                "TURN server" if arch == TURN_ARCH else "ingress relay")
+                "TURN server" if turn else "ingress relay")
         return f"{tier} {a.region}", "relay", a.host, b.host, Expectation(0.0, 0.0), 0.0
     link = _LINK_KINDS.get((a.role, b.role))
     exp = _configured(impairments, link, a.region, b.region)

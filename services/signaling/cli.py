@@ -20,7 +20,9 @@ def add_parser(sub) -> None:
                    help="candidate for answers, e.g. the relay VIP (default: the transceiver's)")
     p.add_argument("--clusters", metavar="FILE",
                    help="geo steering: JSON list of {name, transceivers: [URL], advertise: "
-                        "'HOST:PORT' | null, rtt_ms} (instead of --transceiver)")
+                        "'HOST:PORT' | null, rtt_ms} (instead of --transceiver); an external "
+                        "edge's cluster has whip: [URL] and capacity: N instead of "
+                        "transceivers")
     p.add_argument("--warm-connections", type=int, default=None, metavar="N",
                    help="idle keep-alive connections kept open to each transceiver, at least "
                         "(default 8; more after a burst of calls: services/signaling/pool.py)")
@@ -77,9 +79,10 @@ def _load_clusters(path: str):
         with open(path) as f:
             raw = json.load(f)
         return tuple(ClusterRoute(
-            name=c["name"], transceivers=tuple(c["transceivers"]),
+            name=c["name"], transceivers=tuple(c.get("transceivers", ())),
             advertise=parse_hostport(c["advertise"], "advertise") if c.get("advertise") else None,
-            rtt_ms=float(c.get("rtt_ms", 0.0))) for c in raw)
+            rtt_ms=float(c.get("rtt_ms", 0.0)), whip=tuple(c.get("whip", ())),
+            capacity=int(c.get("capacity", 500))) for c in raw)
     except FileNotFoundError:
         raise ConfigError(f"clusters file {path} does not exist") from None
     except (ValueError, KeyError, TypeError) as exc:

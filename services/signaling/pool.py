@@ -82,10 +82,13 @@ class ControlPool:
     """Warm connections to one transceiver (``url``: its control API base URL)."""
 
     def __init__(self, url: str, spare: int = SPARE, window_s: float = WINDOW_S,
-                 refresh_s: float = REFRESH_S) -> None:
+                 refresh_s: float = REFRESH_S, ping: tuple[str, str] = ("GET", "/ping")) -> None:
+        """``ping``: the (method, path) that opens and refreshes a connection (any answer
+        will do: an external edge's WHIP endpoint has no /ping, ``OPTIONS`` of its path)."""
         if spare < 0:
             raise ValueError("spare must be >= 0")
         self.url = url.rstrip("/")
+        self.ping = ping
         self.spare = spare
         self.window_s = window_s
         self.refresh_s = refresh_s
@@ -191,7 +194,7 @@ class ControlPool:
         lane = _Lane(self)
         self._opening += 1
         try:
-            await lane.request("GET", "/ping", OPEN_TIMEOUT_S)
+            await lane.request(*self.ping, OPEN_TIMEOUT_S)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             await lane.close()
             return False
@@ -225,7 +228,7 @@ class ControlPool:
     async def _refresh(self, lane: _Lane) -> None:
         keep = False
         try:
-            reply = await lane.request("GET", "/ping", OPEN_TIMEOUT_S)
+            reply = await lane.request(*self.ping, OPEN_TIMEOUT_S)
             if reply.new_connection:  # the old one had died: replaced off the calls' path
                 self.opened_ahead += 1
             keep = self.enabled

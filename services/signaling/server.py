@@ -22,6 +22,13 @@
   transceiver's position in this front's list (0-based, clusters in configuration order), and
   the transceiver's session id (``[A-Za-z0-9_-]``, 16 characters). ``DELETE`` of a
   well-formed id the transceiver does not know is ``404``, like a malformed one.
+- External edges (bring your own edge, docs/scenarios.md): a cluster may name WHIP endpoints
+  (RFC 9725) instead of transceivers. A call is then ``POST``ed to the endpoint's URL as it
+  came (no candidate is added) and its ``201`` answer passed on; the ``Location`` the endpoint
+  answered (relative ones resolved against its URL, RFC 3986) is kept by this front, and the
+  client's ``DELETE`` of the call is sent to it. Such an endpoint has no ``/status``: it is
+  healthy while an ``OPTIONS`` of its URL gets any answer below 500, its load is the calls
+  this front placed there and has not seen deleted, its capacity the configured one.
 - ``GET /v1/ice-servers``: the ICE servers and policy clients should use (TURN credentials
   under the ``turn`` architecture; services/signaling/iceservers.py).
 - ``GET /call`` (and ``/call.js``): the browser client's page, same origin as ``/v1/calls``
@@ -46,8 +53,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -72,6 +82,7 @@ _CALL_TIMEOUT_S = 15.0
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what a transceiver's session id can be
 _LINGER_S = 1.0   # after refusing a body not read to its end, read (and drop) it this long
 _BACKLOG = 1024   # pending connections: a burst of a thousand must not wait on SYN retries
+_RESOURCES = 100_000  # WHIP resources (calls to external edges) remembered, oldest dropped
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,12 @@ class ClusterRoute:
     transceivers: tuple[str, ...]             # control base URLs, e.g. http://10.2.5.2:8900
     advertise: tuple[str, int] | None = None  # candidate for answers; None: the transceiver's
     rtt_ms: float = 0.0                       # from this front's region: seeds steering
+    whip: tuple[str, ...] = ()                # WHIP endpoint URLs of an external edge
+    capacity: int = 500                       # calls the WHIP endpoints take at once, each
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        return self.transceivers + self.whip
 
 
 @dataclass(frozen=True)
@@ -105,13 +122,20 @@ class SignalingConfig:
 
 @dataclass
 class _Backend:
-    url: str
+    url: str                       # a transceiver's control base URL, or a WHIP endpoint's URL
     cluster: ClusterRoute
     pool: ControlPool
     sessions: int = 0
     capacity: int = 0
     healthy: bool = False
     probe_ms: float | None = None  # the last probe's round trip, None if it opened a connection
+    whip: bool = False             # an external edge's WHIP endpoint (no /status)
+
+    @property
+    def path(self) -> str:
+        """Where calls go on the pool's origin: the WHIP URL's path and query."""
+        u = urlsplit(self.url)
+        return (u.path or "/") + (f"?{u.query}" if u.query else "")
 
     @property
     def room(self) -> int:
@@ -132,17 +156,29 @@ class SignalingServer:
     """``async with SignalingServer(config) as s``: serves until the block ends."""
 
     def __init__(self, config: SignalingConfig) -> None:
-        if not any(c.transceivers for c in config.clusters):
-            raise ValueError("signaling needs at least one transceiver")
+        if not any(c.endpoints for c in config.clusters):
+            raise ValueError("signaling needs at least one transceiver or WHIP endpoint")
         self.config = config
         if config.warm_connections < 0:
             raise ValueError("warm_connections must be >= 0")
-        self.backends = [_Backend(url.rstrip("/"), cluster,
-                                  ControlPool(url, config.warm_connections))
-                         for cluster in config.clusters for url in cluster.transceivers]
+        self.backends = []
+        for cluster in config.clusters:
+            self.backends += [_Backend(url.rstrip("/"), cluster,
+                                       ControlPool(url, config.warm_connections))
+                              for url in cluster.transceivers]
+            for url in cluster.whip:
+                u = urlsplit(url)
+                if u.scheme not in ("http", "https") or not u.netloc:
+                    raise ValueError(f"a WHIP endpoint is an http(s) URL, not {url!r}")
+                backend = _Backend(url, cluster, None, capacity=cluster.capacity, whip=True)
+                backend.pool = ControlPool(f"{u.scheme}://{u.netloc}", config.warm_connections,
+                                           ping=("OPTIONS", backend.path))
+                self.backends.append(backend)
+        # call id -> the WHIP resource URL of a call placed with an external edge
+        self._resources: OrderedDict[str, str] = OrderedDict()
         self.stats = SignalingStats()
         self._refusal_log = LogBudget()
-        self.steering = Steering({c.name: c.rtt_ms for c in config.clusters if c.transceivers},
+        self.steering = Steering({c.name: c.rtt_ms for c in config.clusters if c.endpoints},
                                  config.steering)
         self.ice_servers = IceServers(config.turn, config.region)
         self._process_query = (False, False)  # /metrics?gc=1&trim=1 (services/introspect.py)
@@ -238,7 +274,7 @@ class SignalingServer:
         """This round per cluster: the fastest timed probe, health, load of the healthy."""
         out = {}
         for cluster in self.config.clusters:
-            if not cluster.transceivers:
+            if not cluster.endpoints:
                 continue
             up = [b for b in self.backends if b.cluster is cluster and b.healthy]
             timed = [b.probe_ms for b in up if b.probe_ms is not None]
@@ -261,7 +297,9 @@ class SignalingServer:
         backend.probe_ms = None
         try:
             status, backend.probe_ms = await self._status(backend)
-            backend.sessions, backend.capacity = int(status["sessions"]), int(status["capacity"])
+            if not backend.whip:  # a WHIP endpoint's load is the calls placed here
+                backend.sessions = int(status["sessions"])
+                backend.capacity = int(status["capacity"])
             healthy = True
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError,
                 TypeError):
@@ -286,9 +324,17 @@ class SignalingServer:
         had to open its connection first)."""
         ctx = {"opened": False}
         started = time.monotonic()
-        async with self._http.get(f"{backend.url}/status", trace_request_ctx=ctx,
-                                  timeout=aiohttp.ClientTimeout(total=2)) as r:
-            status = await r.json()
+        if backend.whip:  # alive while it answers at all (RFC 9725 endpoints take OPTIONS)
+            async with self._http.options(backend.url, trace_request_ctx=ctx,
+                                          timeout=aiohttp.ClientTimeout(total=2)) as r:
+                await r.read()
+                if r.status >= 500:
+                    raise ValueError(f"OPTIONS answered {r.status}")
+                status = {}
+        else:
+            async with self._http.get(f"{backend.url}/status", trace_request_ctx=ctx,
+                                      timeout=aiohttp.ClientTimeout(total=2)) as r:
+                status = await r.json()
         ms = (time.monotonic() - started) * 1000.0
         return status, None if ctx["opened"] else ms
 
@@ -324,7 +370,7 @@ class SignalingServer:
                                    failed, cluster, backend.url)
             self._count(decision)
             self.stats.created += 1
-            call = f"{cluster}~{self.backends.index(backend)}~{session}"
+            call = self._call_id(backend, session)
             log_event(log, "call_created", call=call, cluster=cluster,
                       nearest=decision.nearest, transceiver=backend.url,
                       transceiver_ms=reply.ms,
@@ -360,26 +406,74 @@ class SignalingServer:
                                if b.cluster.name == cluster and b.room > 0),
                               key=lambda b: -b.room):
             params = {}
-            if backend.cluster.advertise:
+            if backend.cluster.advertise and not backend.whip:
                 host, port = backend.cluster.advertise
                 params["candidate"] = f"{host}:{port}"
             try:
                 reply = await backend.pool.request(
-                    "POST", "/sessions", _CALL_TIMEOUT_S, data=body, params=params,
-                    headers={"Content-Type": "application/sdp"})
+                    "POST", backend.path if backend.whip else "/sessions", _CALL_TIMEOUT_S,
+                    data=body, params=params, headers={"Content-Type": "application/sdp"})
                 if reply.status == 503:
-                    backend.sessions = backend.capacity  # full until the next poll says
+                    if not backend.whip:
+                        backend.sessions = backend.capacity  # full until the next poll says
                     continue
                 if reply.status != 201:
                     return self._refuse(reply.status,
                                         reply.text.strip() or f"transceiver said {reply.status}")
-                session = reply.headers["Location"].rsplit("/", 1)[1]
+                location = reply.headers.get("Location")
+                if not location:
+                    return self._refuse(502, f"{backend.url} answered 201 without a Location")
+                session = (self._remember(backend, location) if backend.whip
+                           else location.rsplit("/", 1)[1])
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError):
                 self._set_health(backend, False)
                 outcome = UNREACHABLE
                 continue
             return backend, reply, session
         return outcome
+
+    def _call_id(self, backend: _Backend, session: str) -> str:
+        return f"{backend.cluster.name}~{self.backends.index(backend)}~{session}"
+
+    def _remember(self, backend: _Backend, location: str) -> str:
+        """Keep the WHIP resource a call to an external edge created (``location`` resolved
+        against the endpoint's URL); returns the call's session id: the resource's last path
+        segment where that is a usable one, else a random one."""
+        resource = urljoin(backend.url, location)
+        session = urlsplit(resource).path.rstrip("/").rsplit("/", 1)[-1]
+        if (not _SESSION_ID.fullmatch(session)
+                or self._call_id(backend, session) in self._resources):
+            session = secrets.token_urlsafe(12)
+        self._resources[self._call_id(backend, session)] = resource
+        while len(self._resources) > _RESOURCES:
+            self._resources.popitem(last=False)
+        return session
+
+    async def _delete_resource(self, backend: _Backend, call: str) -> web.Response:
+        """End a call to an external edge: ``DELETE`` of its WHIP resource."""
+        resource = self._resources.pop(call, None)
+        if resource is None:
+            return web.Response(status=404, text="no such call\n")
+        try:
+            if urlsplit(resource).netloc == urlsplit(backend.url).netloc:
+                u = urlsplit(resource)
+                reply = await backend.pool.request(
+                    "DELETE", (u.path or "/") + (f"?{u.query}" if u.query else ""),
+                    _CALL_TIMEOUT_S)
+                status, text = reply.status, reply.text
+            else:  # a resource on another origin (RFC 9725 allows it)
+                async with self._http.delete(
+                        resource, timeout=aiohttp.ClientTimeout(total=_CALL_TIMEOUT_S)) as r:
+                    status, text = r.status, await r.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            self._resources[call] = resource  # a retry may reach it
+            return web.Response(status=502, text="external edge unreachable\n")
+        if 200 <= status < 300 or status == 404:  # ended now, or already
+            backend.sessions = max(0, backend.sessions - 1)
+        if 200 <= status < 300:
+            log_event(log, "call_deleted", call=call)
+            return web.Response(status=204)
+        return web.Response(status=status, text=text or "\n")
 
     def _refuse(self, status: int, reason: str, **fields) -> web.Response:
         reason = (reason.splitlines() or [""])[0][:200]
@@ -407,6 +501,8 @@ class SignalingServer:
         if found is None:
             return web.Response(status=404, text="no such call\n")
         backend, session = found
+        if backend.whip:
+            return await self._delete_resource(backend, call)
         try:
             reply = await backend.pool.request("DELETE", f"/sessions/{session}", _CALL_TIMEOUT_S)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):

@@ -1,0 +1,134 @@
+"""What a results folder says about its architectures: the one reader of ``architectures.json``.
+
+The runner writes the file into every results folder (and sweep folder): the baseline, and per
+architecture its label, colour, role, the log sources on a session's path, the link its media
+crosses between regions, whether its public UDP ports are shared or grow with the sessions,
+whether it is TURN or an external edge, what its clients verify (docs/scenarios.md, "Files").
+The analysis reads architectures only from here, never from the code that defines them.
+
+Folders written before the file existed fall back on config.json (its ``baseline`` and
+``architectures``) and on what the four architectures of those runs were (``_LEGACY``).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FILE = "architectures.json"
+LEGACY_BASELINE = "port-per-session"  # folders whose config.json recorded no baseline
+PUBLIC, BACKBONE = "public", "backbone"
+SHARED, PER_SESSION = "shared", "per-session"
+# Colours for architectures a folder does not describe (Okabe-Ito, as the registered ones).
+SPARE_COLOURS = ("#D55E00", "#E69F00", "#56B4E9", "#000000")
+# What folders without architectures.json need: colour, media link, ports, fixed ports, turn,
+# ingress.
+_LEGACY = {
+    "port-per-session": ("#6b6b6b", PUBLIC, PER_SESSION, 0, False, False),
+    "cluster-relay": ("#0072B2", PUBLIC, SHARED, 0, False, False),
+    "global-relay": ("#009E73", BACKBONE, SHARED, 0, False, True),
+    "turn": ("#CC79A7", PUBLIC, PER_SESSION, 1, True, False),
+}
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    """One architecture as the run described it."""
+
+    name: str
+    label: str
+    colour: str | None = None           # None: not described (a spare colour is used)
+    role: str = "compared"
+    path: tuple[str, ...] = ()
+    media_link: str = PUBLIC
+    ports: str = SHARED
+    fixed_ports_per_client_region: int = 0
+    turn: bool = False
+    external: bool = False
+    ingress: bool = False               # services on the client region's edge host (a VIP)
+    verifies: tuple[str, ...] = ()
+
+    @property
+    def per_session_ports(self) -> bool:
+        return self.ports == PER_SESSION
+
+    @classmethod
+    def of(cls, name: str, doc: dict) -> "ArchInfo":
+        return cls(name=name, label=str(doc.get("label") or name),
+                   colour=doc.get("colour") or None, role=str(doc.get("role") or "compared"),
+                   path=tuple(doc.get("path") or ()),
+                   media_link=str(doc.get("media_link") or PUBLIC),
+                   ports=str(doc.get("ports") or SHARED),
+                   fixed_ports_per_client_region=int(doc.get("fixed_ports_per_client_region")
+                                                     or 0),
+                   turn=bool(doc.get("turn")), external=bool(doc.get("external")),
+                   ingress=bool(doc.get("ingress")),
+                   verifies=tuple(doc.get("verifies") or ()))
+
+
+@dataclass(frozen=True)
+class ArchFacts:
+    """Every architecture of a folder, and which one is the baseline."""
+
+    baseline: str
+    architectures: dict[str, ArchInfo] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> ArchInfo:
+        return self.architectures.get(name) or ArchInfo(name, name)
+
+    def colour(self, name: str, order: list[str]) -> str:
+        """The architecture's colour, or a spare one by its place among the undescribed
+        architectures of ``order`` (the run's)."""
+        own = self[name].colour
+        if own:
+            return own
+        spare = [a for a in order if not self[a].colour]
+        return SPARE_COLOURS[spare.index(name) % len(SPARE_COLOURS)] if name in spare else "k"
+
+
+def read(folder: str | Path, config: dict | None = None) -> ArchFacts:
+    """The facts of ``folder`` (a results or sweep folder); ``config``: its config.json (or
+    sweep.json) for folders without architectures.json (read from the folder when None)."""
+    folder = Path(folder)
+    try:
+        doc = json.loads((folder / FILE).read_text())
+    except (OSError, ValueError):
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("architectures"), dict):
+        return ArchFacts(str(doc.get("baseline") or LEGACY_BASELINE),
+                         {name: ArchInfo.of(name, a if isinstance(a, dict) else {})
+                          for name, a in doc["architectures"].items()})
+    return legacy(config if config is not None else _config(folder))
+
+
+def info(name: str) -> ArchInfo:
+    """What a folder without architectures.json says about ``name`` (tests, old folders)."""
+    return legacy({})[name]
+
+
+def legacy(config: dict) -> ArchFacts:
+    """The facts of a folder written before architectures.json, from its config.json."""
+    config = config if isinstance(config, dict) else {}
+    baseline = str(config.get("baseline") or LEGACY_BASELINE)
+    names = list(config.get("architectures") or
+                 (config.get("scenario") or {}).get("architectures") or [])
+    out = {}
+    for name in dict.fromkeys(names + list(_LEGACY)):
+        if name in _LEGACY:
+            colour, link, ports, fixed, turn, ingress = _LEGACY[name]
+            out[name] = ArchInfo(name, name, colour, "baseline" if name == baseline
+                                 else "compared", media_link=link, ports=ports,
+                                 fixed_ports_per_client_region=fixed, turn=turn,
+                                 ingress=ingress)
+    return ArchFacts(baseline, out)
+
+
+def _config(folder: Path) -> dict:
+    for name in ("config.json", "sweep.json"):
+        try:
+            doc = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            return doc
+    return {}
