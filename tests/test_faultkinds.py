@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import asdict, replace
+from importlib import import_module
 
 import pytest
 
@@ -123,3 +124,14 @@ def test_the_docs_list_every_kind_and_how_to_add_one():
     for name in KINDS:
         assert f"| `{name}` |" in doc, name
     assert "## Adding a fault kind" in doc
+
+
+def test_every_kind_module_of_the_package_is_registered():
+    """A kind's module that defines ``KIND`` but is missing from the registry would be a kind
+    no scenario can name: each one is in ``KINDS``."""
+    package = REPO / "scenarios" / "faultkinds"
+    modules = [p.stem for p in package.glob("*.py")
+               if re.search(r"^KIND = ", p.read_text(), re.MULTILINE)]
+    assert sorted(modules) == sorted(KINDS)
+    for name in modules:
+        assert import_module(f"scenarios.faultkinds.{name}").KIND is KINDS[name]

@@ -28,3 +28,6 @@ class ClusterOutage(FaultKind):
         names += [n for n in (f"relay-{region}", f"redis-{region}", f"agent-{region}")
                   if n in run.edge.services]
         run.down_then_up(names, run.spec.options.duration_s)
+
+
+KIND = ClusterOutage()

@@ -19,3 +19,6 @@ class LinkDown(LinkFault):
 
     def change(self, options):
         return link_down
+
+
+KIND = LinkDown()

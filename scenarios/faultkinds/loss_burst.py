@@ -25,3 +25,6 @@ class LossBurst(LinkFault):
 
     def change(self, options):
         return lambda imp: with_extra_loss(imp, options.loss_pct)
+
+
+KIND = LossBurst()

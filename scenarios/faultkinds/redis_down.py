@@ -22,3 +22,6 @@ class RedisDown(FaultKind):
 
     def apply(self, run):
         run.down_then_up([f"redis-{run.spec.target.region}"], run.spec.options.duration_s)
+
+
+KIND = RedisDown()

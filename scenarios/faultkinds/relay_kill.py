@@ -126,3 +126,6 @@ def _flush_redis(port: int) -> None:
         client.flushdb()
     finally:
         client.close()
+
+
+KIND = RelayKill()

@@ -25,3 +25,6 @@ class TransceiverCrash(FaultKind):
         cluster = run.edge.plan.cluster(t.region)
         run.down_then_up([cluster.transceiver_name(t.transceiver or 1)],
                          run.spec.options.restart_after_s)
+
+
+KIND = TransceiverCrash()
