@@ -10,9 +10,13 @@ attempt started by then):
     port-per-session, cluster-relay   last_mile/C, public/C/K (none if C == K), cluster/K
     global-relay                      last_mile/C, ingress/C, backbone/C/K, cluster/K
 
-(C the client region, K the cluster; link targets are unordered pairs). A transceiver_crash of
+(C the client region, K the cluster; link targets are unordered pairs). A target
 ``cluster/K/N`` hits only the sessions whose transceiver is N (the transceiver column is its
 control URL, port 8900 + N - 1); ``cluster/K`` without an id hits all of K.
+
+No kind of fault is named here: what differs between kinds comes with each faults.json record
+(its ``effect``, analysis/faulteffect.py): the targets whose sessions it hits, which of the
+optional columns its row fills, whether it steers calls.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from urllib.parse import urlsplit
 import pandas as pd
 
 from analysis import archinfo
+from analysis.faulteffect import EXTRA_RTT, FIRST_CALL_ELSEWHERE, GAP_OVER_RESTART, Effect
 from analysis.jsonout import plain
 from analysis.load import Results
 from analysis.stats import percentile
@@ -137,6 +142,7 @@ class Fault:
     ready: float | None = None    # the restarted service answered ready
     redis: bool | None = None
     clients_started: float | None = None  # when the architecture's clients were launched
+    effect: Effect = field(default_factory=Effect)  # what its kind says about its effect
 
     @classmethod
     def of(cls, record: dict) -> "Fault":
@@ -145,7 +151,21 @@ class Fault:
                    bool(record.get("applicable", False)), str(record.get("note") or ""),
                    _t(record.get("at_unix")), _t(record.get("end_unix")),
                    _t(record.get("ready_unix")), record.get("redis"),
-                   _t(record.get("clients_started_unix")))
+                   _t(record.get("clients_started_unix")), Effect.of(record))
+
+    @property
+    def hits(self) -> tuple[Target, ...]:
+        """The targets whose sessions this fault hits: its effect's, else its own target."""
+        return tuple(Target.parse(t) for t in self.effect.hits or (self.target,))
+
+    def on_path(self, arch: "str | archinfo.ArchInfo", client: str, cluster: str | None,
+                transceiver: int | None) -> bool:
+        """Whether one of the targets it hits is on that session's path (``Target.on_path``)."""
+        return any(t.on_path(arch, client, cluster, transceiver) for t in self.hits)
+
+    def measures(self, column: str) -> bool:
+        """Whether its kind fills this optional column (analysis/faulteffect.py)."""
+        return column in self.effect.measures
 
 
 @dataclass(frozen=True)
@@ -300,7 +320,6 @@ def _window(f: Fault, run: _Run, next_at: float | None) -> Window:
 
 
 def _live(run: _Run, f: Fault, w: Window) -> list[SessionAtFault]:
-    target = Target.parse(f.target)
     out = []
     s = run.sessions
     live = s[(s.started_unix <= w.at) & (s.ended_unix > w.at)]
@@ -311,7 +330,7 @@ def _live(run: _Run, f: Fault, w: Window) -> list[SessionAtFault]:
         out.append(SessionAtFault(
             r.key, cluster, transceiver, float(r.started_unix), float(r.ended_unix), bool(r.ok),
             _t(getattr(r, "first_rx_unix", None)), _t(getattr(r, "last_rx_unix", None)),
-            target.on_path(run.info, r.key[1], cluster, transceiver)))
+            f.on_path(run.info, r.key[1], cluster, transceiver)))
     return out
 
 
@@ -342,9 +361,8 @@ def _new_calls(run: _Run, w: Window) -> tuple[int, int, pd.DataFrame]:
 
 def _first_elsewhere(run: _Run, f: Fault, w: Window) -> float | None:
     """Seconds from the fault to the first call (new or reconnection) started after it that
-    connected off the failed cluster (outage) or transceiver(s) (crash)."""
-    target = Target.parse(f.target)
-    [cluster] = target.regions or {None}
+    connected on a path off the fault's targets (off the failed cluster of an outage, the
+    crashed transceiver(s) of a crash)."""
     a = run.attempts
     if a.empty:  # a run without attempts.csv: the sessions' own connections
         s = run.sessions
@@ -358,11 +376,8 @@ def _first_elsewhere(run: _Run, f: Fault, w: Window) -> float | None:
         there = _text(r.cluster_region)
         if there is None:
             continue
-        if f.kind == "cluster_outage":
-            hit = there == cluster
-        else:
-            hit = there == cluster and (target.transceiver is None
-                                        or transceiver_id(r.transceiver) == target.transceiver)
+        hit = f.on_path(run.info, str(r.client_region), there,
+                        transceiver_id(getattr(r, "transceiver", None)))
         if not hit and (best is None or r.connected_unix < best):
             best = float(r.connected_unix)
     return None if best is None else best - w.at
@@ -464,16 +479,16 @@ def _effect(f: Fault, run: _Run, next_at: float | None) -> FaultEffect:
         gap_up_max_ms=_round(max(up) if up else None, 1), recovery_s=_round(recovery, 3),
         recovery_p50_s=_round(recovery_p50, 3),
         reconnections=reconnections, restart_s=_round(restart, 3))
-    if f.kind == "relay_kill" and restart is not None and gap_max is not None:
+    if f.measures(GAP_OVER_RESTART) and restart is not None and gap_max is not None:
         row["gap_over_restart_ms"] = _round(gap_max - 1000.0 * restart, 1)
     if restart is not None and recovery is not None:
         row["audio_after_ready_ms"] = _round(1000.0 * (recovery - restart), 1)
     notes = [f.note]
-    if f.kind in ("cluster_outage", "transceiver_crash"):
+    if f.measures(FIRST_CALL_ELSEWHERE):
         row["first_new_session_s"] = _round(_first_elsewhere(run, f, w), 3)
         if row["first_new_session_s"] is None:
             notes.append("no call connected elsewhere in the window")
-    if f.kind == "cluster_outage":
+    if f.measures(EXTRA_RTT):
         row["extra_rtt_ms"] = _round(_extra_rtt(run, affected, w), 1)
     if setting_up:
         firsts = [s.first_rx - w.at for s in setting_up if s.first_rx is not None]

@@ -150,7 +150,7 @@ def _faults_html(results: Results, effects: list[FaultEffect], plots: dict[str, 
     for name, path in _fault_plots(effects, plots):
         parts.append(f"<figure id='{e(name)}'>{_img(path)}<figcaption>{e(FAULT_CAPTION)}"
                      f"</figcaption></figure>")
-    if any(x.fault.kind == "cluster_outage" and x.window is not None for x in effects):
+    if any(x.fault.effect.steers and x.window is not None for x in effects):
         steered = tables.steering_around_outages(results, effects)
         parts += ["<h3 id='outage-steering'>Steering around the outage</h3>",
                   tables.to_html(steered) if steered.rows else f"<p class='note'>"
@@ -167,7 +167,7 @@ def _faults_markdown(results: Results, effects: list[FaultEffect], plots: dict[s
     for name, path in _fault_plots(effects, plots):
         rel = path.relative_to(base) if path.is_relative_to(base) else path
         lines += [f"![{name}]({rel.as_posix()})", "", f"_{FAULT_CAPTION}_", ""]
-    if any(x.fault.kind == "cluster_outage" and x.window is not None for x in effects):
+    if any(x.fault.effect.steers and x.window is not None for x in effects):
         steered = tables.steering_around_outages(results, effects)
         lines += ["### Steering around the outage", "",
                   tables.to_markdown(steered) if steered.rows else

@@ -262,8 +262,9 @@ def _calls_per_cluster(calls: pd.DataFrame) -> str:
 
 
 def steering_around_outages(results: Results, effects: list[FaultEffect]) -> Table:
-    """For each cluster outage and architecture, per client region: where its calls went
-    before, during and after the outage, and the fronts' steering changes in its window."""
+    """For each fault that steers calls (a cluster outage; its effect's ``steers``) and
+    architecture, per client region: where its calls went before, during and after it, and the
+    fronts' steering changes in its window. "Outage" below: any such fault."""
     table = Table(["fault", "architecture", "client region", "before", "during", "after",
                    "steering changes (s after the fault: new preferred cluster, why)"],
                   note="Calls per cluster from steering.csv (call_created, by the front's clock):"
@@ -275,7 +276,7 @@ def steering_around_outages(results: Results, effects: list[FaultEffect]) -> Tab
     if frame.empty or "unix" not in frame:
         return table
     frame = frame.assign(unix=pd.to_numeric(frame.unix, errors="coerce"))
-    outages = [e for e in effects if e.window is not None and e.fault.kind == "cluster_outage"]
+    outages = [e for e in effects if e.window is not None and e.fault.effect.steers]
     for e in outages:
         arch, w = e.fault.architecture, e.window
         mine = [x.window for x in outages if x.fault.architecture == arch]

@@ -1,19 +1,15 @@
-"""Faults a scenario lists: what breaks, where, when, and for how long (docs/faults.md)."""
+"""Faults a scenario lists: what breaks, where, when, and for how long (docs/faults.md).
+
+What is common to every fault (its name, time, kind and target) is parsed here; the rest is
+its kind's (scenarios/faultkinds/: one module per kind, ``KINDS`` the registry)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-RELAY_KILL, REDIS_DOWN, TRANSCEIVER_CRASH = "relay_kill", "redis_down", "transceiver_crash"
-CLUSTER_OUTAGE, LINK_DOWN, LOSS_BURST = "cluster_outage", "link_down", "loss_burst"
-KINDS = (RELAY_KILL, REDIS_DOWN, TRANSCEIVER_CRASH, CLUSTER_OUTAGE, LINK_DOWN, LOSS_BURST)
-LINK_KINDS = ("backbone", "public", "last_mile")
+from scenarios.faultkinds import KINDS, FaultKind, Options
+from scenarios.faultkinds.base import number
 
-# kind -> the target forms it accepts (the first word of "word/region[/...]")
-_TARGETS = {RELAY_KILL: ("cluster", "ingress"), REDIS_DOWN: ("cluster",),
-            TRANSCEIVER_CRASH: ("cluster",), CLUSTER_OUTAGE: ("cluster",),
-            LINK_DOWN: LINK_KINDS, LOSS_BURST: LINK_KINDS}
-_FIELDS = {"name", "at_s", "kind", "target", "restart_after_s", "duration_s", "redis",
-           "loss_pct"}
+COMMON_FIELDS = ("name", "at_s", "kind", "target")  # every kind's; the rest are its Options
 
 
 @dataclass(frozen=True)
@@ -56,28 +52,27 @@ class Target:
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """One fault, ``at_s`` seconds after an architecture's first client session started.
-
-    ``restart_after_s``: relay_kill and transceiver_crash start the service again this long
-    after the kill (None for a transceiver: it stays down). ``duration_s``: how long
-    redis_down, cluster_outage, link_down and loss_burst last (None for an outage: to the end
-    of the run). ``redis``: relay_kill only; false runs that architecture's relays without
-    Redis. ``loss_pct``: loss_burst's extra loss."""
+    """One fault, ``at_s`` seconds after an architecture's first client session started:
+    a ``kind`` of ``KINDS``, its target, and that kind's own ``options`` (e.g. a relay
+    kill's ``restart_after_s`` and ``redis``, a loss burst's ``duration_s`` and ``loss_pct``;
+    docs/faults.md)."""
 
     name: str
     at_s: float
     kind: str
     target: Target
-    restart_after_s: float | None = None
-    duration_s: float | None = None
-    redis: bool = True
-    loss_pct: float | None = None
+    options: Options = Options()
+
+    @property
+    def fault_kind(self) -> FaultKind:
+        return KINDS[self.kind]
 
     @classmethod
     def parse(cls, raw, index: int) -> "FaultSpec":
         if not isinstance(raw, dict):
             raise ValueError(f"fault {index + 1}: a mapping with at_s, kind and target")
-        unknown = set(raw) - _FIELDS
+        known = set(COMMON_FIELDS).union(*(k.options.keys() for k in KINDS.values()))
+        unknown = set(raw) - known
         if unknown:
             raise ValueError(f"fault {index + 1}: unknown field(s) {', '.join(sorted(unknown))}")
         name = raw.get("name", f"f{index + 1}")
@@ -87,31 +82,19 @@ class FaultSpec:
         kind = raw.get("kind")
         if kind not in KINDS:
             raise ValueError(f"{where}: kind: one of {', '.join(KINDS)} ({kind!r})")
-        at_s = _number(raw, "at_s", where, 0.0, 3600.0, required=True)
+        fault_kind = KINDS[kind]
+        at_s = number(raw, "at_s", where, 0.0, 3600.0, required=True)
         target = Target.parse(raw.get("target"))
-        if target.tier not in _TARGETS[kind]:
-            raise ValueError(f"{where}: {kind} targets {' or '.join(_TARGETS[kind])}, "
+        if target.tier not in fault_kind.targets:
+            raise ValueError(f"{where}: {kind} targets {' or '.join(fault_kind.targets)}, "
                              f"not {target}")
-        if target.transceiver is not None and kind != TRANSCEIVER_CRASH:
-            raise ValueError(f"{where}: only transceiver_crash names a transceiver")
-        allowed = {RELAY_KILL: {"restart_after_s", "redis"},
-                   TRANSCEIVER_CRASH: {"restart_after_s"},
-                   REDIS_DOWN: {"duration_s"}, CLUSTER_OUTAGE: {"duration_s"},
-                   LINK_DOWN: {"duration_s"}, LOSS_BURST: {"duration_s", "loss_pct"}}[kind]
-        extra = set(raw) - {"name", "at_s", "kind", "target"} - allowed
+        if target.transceiver is not None and not fault_kind.names_transceiver:
+            naming = [k.name for k in KINDS.values() if k.names_transceiver]
+            raise ValueError(f"{where}: only {' or '.join(naming)} names a transceiver")
+        extra = set(raw) - set(COMMON_FIELDS) - fault_kind.options.keys()
         if extra:
             raise ValueError(f"{where}: {kind} takes no {', '.join(sorted(extra))}")
-        restart = _number(raw, "restart_after_s", where, 0.0, 600.0)
-        if kind == RELAY_KILL and restart is None:
-            restart = 0.5
-        duration = _number(raw, "duration_s", where, 0.1, 3600.0)
-        if kind in (REDIS_DOWN, LINK_DOWN, LOSS_BURST) and duration is None:
-            raise ValueError(f"{where}: {kind} needs duration_s")
-        loss = _number(raw, "loss_pct", where, 0.1, 100.0, required=kind == LOSS_BURST)
-        redis = raw.get("redis", True)
-        if not isinstance(redis, bool):
-            raise ValueError(f"{where}: redis is true or false")
-        return cls(name, at_s, kind, target, restart, duration, redis, loss)
+        return cls(name, at_s, kind, target, fault_kind.options.parse(raw, where, kind))
 
     def check_world(self, clusters: tuple[str, ...], transceivers: int) -> None:
         """Raise ValueError for a cluster target the scenario does not run."""
@@ -136,17 +119,4 @@ class FaultSpec:
     @property
     def ends_after_s(self) -> float | None:
         """Seconds from the fault to its end (the restart or the end of its duration)."""
-        return self.restart_after_s if self.kind in (RELAY_KILL, TRANSCEIVER_CRASH) \
-            else self.duration_s
-
-
-def _number(raw: dict, key: str, where: str, lo: float, hi: float,
-            required: bool = False) -> float | None:
-    value = raw.get(key)
-    if value is None:
-        if required:
-            raise ValueError(f"{where}: {key} is required")
-        return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not lo <= value <= hi:
-        raise ValueError(f"{where}: {key}: {lo:g}..{hi:g} ({value!r})")
-    return float(value)
+        return self.options.ends_after_s

@@ -593,3 +593,66 @@ def test_a_call_still_setting_up_at_the_fault_is_counted_apart(tmp_path):
     assert row["setting_up"] == 1 and row["first_audio_after_s"] == pytest.approx(11.0)
     assert row["recovery_s"] == pytest.approx(2.6) and row["recovery_p50_s"] == pytest.approx(2.6)
     assert "still setting up" in row["note"]
+
+
+# ------------------------------------------------------------------ kinds are data
+
+def test_a_kind_the_analysis_has_never_heard_of_is_measured_by_what_its_record_says(tmp_path):
+    """A made-up kind whose record says it hits the last mile of au, fills the first call
+    elsewhere and steers calls: its row and the report come from that alone."""
+    on = session(0, T0, T0 + 30, region="au")
+    other = session(1, T0, T0 + 30)                    # apac-se: not on au's last mile
+    new = session(2, AT + 1.0, T0 + 30)                # apac-se, after the fault
+    attempts = first_attempts([on, other]) + [
+        attempt(on, 1, AT + 0.5, AT + 0.9, cluster="na-east"),   # still on au's last mile
+        attempt(new, 0, AT + 1.0, AT + 1.4, cluster="na-east")]  # off it
+    gaps = [gap(on, "down", AT + 0.1, 800.0, 1)]
+    rebind = fault("rebind", "nat_rebind", "cluster/na-east", at=AT, end=AT + 0.2)
+    rebind["effect"] = {"hits": ["last_mile/au"], "measures": ["first_new_session_s"],
+                        "steers": True}
+    call = {"architecture": GR, "client_region": "au", "front": "front-au",
+            "event": "call_created", "nearest": True, "reason": "nearest"}
+    steering = [call | {"call": "y0", "cluster": "na-east", "unix": T0},
+                call | {"call": "y1", "cluster": "eu-west", "unix": AT + 0.1},
+                call | {"call": "y2", "cluster": "na-east", "unix": AT + 1.0}]
+    directory = write_folder(tmp_path / "run", [on, other, new], attempts=attempts,
+                             gaps=gaps, faults=[rebind], steering=steering)
+    row = rows_by(directory)[("rebind", GR)]
+    assert (row["sessions_live"], row["sessions_affected"]) == (2, 1)  # au's, not apac-se's
+    assert row["gap_down_max_ms"] == 800.0 and row["recovery_s"] == 0.9
+    assert row["reconnections"] == 1
+    assert row["first_new_session_s"] == 1.4  # apac-se's new call; au's retry crossed it
+    assert row["gap_over_restart_ms"] is None and row["extra_rtt_ms"] is None
+    _, md_path = write_report(directory, tmp_path / "report")
+    md = md_path.read_text()
+    assert "### Steering around the outage" in md
+    assert "| rebind | global-relay | au | na-east 1 | eu-west 1 | na-east 1 | none |" in md
+
+
+def test_a_record_s_effect_wins_over_what_its_kind_meant_before(tmp_path):
+    """A relay kill whose record says it measures nothing beyond every kind's columns: no gap
+    over restart, though the same folder without the effect (an older run) has one."""
+    directory = relay_kill_world(tmp_path / "run")
+    doc = json.loads((directory / "faults.json").read_text())
+    assert rows_by(directory)[("f1", GR)]["gap_over_restart_ms"] == -200.0
+    doc["faults"][0]["effect"] = {"hits": ["cluster/na-east"], "measures": [], "steers": False}
+    (directory / "faults.json").write_text(json.dumps(doc))
+    row = rows_by(directory)[("f1", GR)]
+    assert row["gap_over_restart_ms"] is None
+    assert row["sessions_affected"] == 3 and row["restart_s"] == 0.9  # every kind's columns
+
+
+def test_a_fault_hits_the_sessions_of_its_effect_s_targets(tmp_path):
+    """``hits`` other than the target: a cluster fault that hits only transceiver 2's calls,
+    and one that hits two clusters."""
+    a = session(0, T0, T0 + 30, transceiver=1)
+    b = session(1, T0, T0 + 30, transceiver=2)
+    c = session(2, T0, T0 + 30, cluster="eu-west")
+    narrow = fault("narrow", "made_up", "cluster/na-east", at=AT, end=AT + 1)
+    narrow["effect"] = {"hits": ["cluster/na-east/2"], "measures": [], "steers": False}
+    wide = fault("wide", "made_up", "cluster/na-east", at=AT + 5, end=AT + 6)
+    wide["effect"] = {"hits": ["cluster/na-east", "cluster/eu-west"]}
+    rows = rows_by(write_folder(tmp_path / "run", [a, b, c], faults=[narrow, wide]))
+    assert (rows[("narrow", GR)]["sessions_live"], rows[("narrow", GR)]["sessions_affected"]) \
+        == (3, 1)
+    assert rows[("wide", GR)]["sessions_affected"] == 3

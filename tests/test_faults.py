@@ -59,7 +59,7 @@ def test_shipped_fault_scenarios_load():
     kinds = {f.kind for f in full.faults}
     assert kinds == {"relay_kill", "redis_down", "transceiver_crash", "cluster_outage",
                      "link_down", "loss_burst"}
-    assert any(f.kind == "relay_kill" and not f.redis for f in full.faults)
+    assert any(f.kind == "relay_kill" and not f.options.redis for f in full.faults)
     assert full.transceivers_per_cluster == 2
     compact = Scenario.load(root / "ci-faults.yaml")
     assert [f.kind for f in compact.faults] == ["relay_kill", "cluster_outage"]
@@ -106,6 +106,9 @@ def test_relay_kill_leaves_no_orphan_and_the_new_relay_alone_holds_the_port(lab,
         assert record.at_unix < record.end_unix < record.ready_unix
         assert record.end_unix - record.at_unix >= 0.5
         assert record.redis is True
+        # what the analysis will read of its kind (analysis/faulteffect.py)
+        assert record.effect == {"hits": ["cluster/demo"], "measures": ["gap_over_restart_ms"],
+                                 "steers": False}
         assert set(record.detail["worker_counters_at_end"]) == {"0"}
         assert set(record.detail["worker_counters_after_restart"]) == {"0"}
         assert edge.services["relay-demo"].process.alive()
