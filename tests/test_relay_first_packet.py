@@ -53,10 +53,10 @@ def test_first_packets_are_forwarded_before_they_are_logged_and_written_to_redis
     next_hop.settimeout(1)
     routes = RouteTable.from_dict({"routes": {"1": f"127.0.0.1:{next_hop.getsockname()[1]}"}},
                                   "ingress")
-    worker = RelayWorker(RelayConfig(routes=routes, listen=("127.0.0.1", free_port()),
-                                     hop_bind="127.0.0.1", metrics=None))
     calls: list = []
-    worker.cache = RecordingCache(calls)
+    worker = RelayWorker(RelayConfig(routes=routes, listen=("127.0.0.1", free_port()),
+                                     hop_bind="127.0.0.1", metrics=None),
+                         cache=RecordingCache(calls))
     def recorded(batch, label: str) -> None:
         flush = batch.flush
 
@@ -107,7 +107,7 @@ def test_first_packets_are_forwarded_before_they_are_logged_and_written_to_redis
     assert answers == [ANSWER] * 3
     assert before_sweep == [("sent", 3), ("answered", 3)] + [("logged", "flow_created")] * 3
     assert calls[len(before_sweep):] == [("write_many", addresses)]  # Redis: at the sweep
-    assert worker.flows_created == 3
+    assert worker.table.created == 3
 
 
 def test_the_flow_cache_writes_a_batch_as_one_pipeline_and_counts_it(redis_server):

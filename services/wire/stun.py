@@ -9,6 +9,14 @@ HEADER_LENGTH = 20
 ATTR_USERNAME = 0x0006
 
 
+def in_stun_range(data: bytes | bytearray | memoryview) -> bool:
+    """True when the first byte of ``data`` is in STUN's demultiplexing range (RFC 7983: 0-3).
+
+    The cheap test of what may be parsed as STUN at all; ``is_stun`` checks the framing.
+    """
+    return bool(data) and data[0] <= 3
+
+
 def is_stun(data: bytes | memoryview) -> bool:
     """True when ``data`` is framed like a STUN message (header and cookie, length fits)."""
     if len(data) < HEADER_LENGTH or data[0] & 0xC0:
