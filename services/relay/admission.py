@@ -160,19 +160,15 @@ class Admission:
         first packet opened does, one that Redis vouched for does not."""
         return source == "stun" and self.pending_flows
 
-    def allow(self, ip: bytes, now: int) -> bool:
-        """Spend a token of the source IP's bucket (``rate_limited`` when it is empty)."""
-        if self.limiter.allow(ip, now):
-            return True
-        self._drops.add("rate_limited")
-        return False
-
     def pending_may_pass(self, flow, datagram, now: int) -> bool:
         """Whether a datagram of a pending flow goes on: STUN only, within the source's rate."""
         if not is_stun(datagram):
             self._drops.add("pending_not_stun")
             return False
-        return self.allow(flow.ip_key, now)
+        if not self.limiter.allow(flow.ip_key, now):
+            self._drops.add("rate_limited")
+            return False
+        return True
 
     def sweep(self, now: int) -> None:
         self.limiter.sweep(now)

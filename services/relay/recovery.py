@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from services.relay.admission import Admission
+from services.relay.admission import FirstPacketLimiter
 from services.relay.config import RouteTable
 from services.relay.counters import Drops
 from services.relay.flowcache import CachedFlow, FlowCache
@@ -23,11 +23,11 @@ class Recovery:
     """A worker's Redis lookups in flight and its recent misses; drops counted in ``drops``."""
 
     def __init__(self, cache: FlowCache, routes: RouteTable, max_lookups: int,
-                 admission: Admission, drops: Drops) -> None:
+                 limiter: FirstPacketLimiter, drops: Drops) -> None:
         self.cache = cache
         self._routes = routes
         self._max_lookups = max_lookups
-        self._admission = admission
+        self._limiter = limiter
         self._drops = drops
         self._lookups: dict = {}   # key -> (previous hop, datagrams waiting for Redis)
         self._negative: dict = {}  # key -> monotonic ns until which Redis is not asked again
@@ -58,7 +58,8 @@ class Recovery:
         if len(self._lookups) >= self._max_lookups:
             self._drops.add("recovery_busy")
             return
-        if not self._admission.allow(ip, now):
+        if not self._limiter.allow(ip, now):
+            self._drops.add("rate_limited")
             return
         if not self.cache.lookup(key, client):
             self._drops.add("unknown_not_stun")

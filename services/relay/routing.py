@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Callable
 
 from services.relay.config import RouteTable
-from services.wire.stun import StunError, in_stun_range, read_username, server_ufrag
+from services.wire.stun import StunError, read_username, server_ufrag
 from services.wire.ufrag import UfragCodec, UfragError
 
 
@@ -18,10 +18,9 @@ class Router:
         self._hop = hop
 
     def route(self, datagram: memoryview):
-        """(cluster id, transceiver id, next hop) from a first datagram's USERNAME, or the
-        drop reason (a plain tuple or str: this runs for every first packet of a flood)."""
-        if not in_stun_range(datagram):
-            return "unknown_not_stun"
+        """(cluster id, transceiver id, next hop) from the USERNAME of a first datagram in
+        STUN's range (``in_stun_range``), or the drop reason (a plain tuple or str: this runs
+        for every first packet of a flood)."""
         try:
             username = read_username(datagram)
         except StunError:

@@ -9,12 +9,15 @@ HEADER_LENGTH = 20
 ATTR_USERNAME = 0x0006
 
 
+STUN_FIRST_BYTE_MAX = 3  # RFC 7983: a first byte of 0-3 is STUN (16-19 ZRTP, 20-63 DTLS...)
+
+
 def in_stun_range(data: bytes | bytearray | memoryview) -> bool:
-    """True when the first byte of ``data`` is in STUN's demultiplexing range (RFC 7983: 0-3).
+    """True when the first byte of ``data`` is in STUN's demultiplexing range (RFC 7983).
 
     The cheap test of what may be parsed as STUN at all; ``is_stun`` checks the framing.
     """
-    return bool(data) and data[0] <= 3
+    return bool(data) and data[0] <= STUN_FIRST_BYTE_MAX
 
 
 def is_stun(data: bytes | memoryview) -> bool:
