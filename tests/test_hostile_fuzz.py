@@ -30,7 +30,7 @@ def templates():
 
 
 def relay_view(data: bytes) -> str:
-    """What the relay makes of a first packet (services/relay/worker.py ``_route``)."""
+    """What the relay makes of a first packet (services/relay/routing.py ``Router.route``)."""
     if not data:
         return "empty"
     if len(data) > 2048:

@@ -53,10 +53,10 @@ def test_first_packets_are_forwarded_before_they_are_logged_and_written_to_redis
     next_hop.settimeout(1)
     routes = RouteTable.from_dict({"routes": {"1": f"127.0.0.1:{next_hop.getsockname()[1]}"}},
                                   "ingress")
-    worker = RelayWorker(RelayConfig(routes=routes, listen=("127.0.0.1", free_port()),
-                                     hop_bind="127.0.0.1", metrics=None))
     calls: list = []
-    worker.cache = RecordingCache(calls)
+    worker = RelayWorker(RelayConfig(routes=routes, listen=("127.0.0.1", free_port()),
+                                     hop_bind="127.0.0.1", metrics=None),
+                         cache=RecordingCache(calls))
     def recorded(batch, label: str) -> None:
         flush = batch.flush
 
@@ -107,7 +107,7 @@ def test_first_packets_are_forwarded_before_they_are_logged_and_written_to_redis
     assert answers == [ANSWER] * 3
     assert before_sweep == [("sent", 3), ("answered", 3)] + [("logged", "flow_created")] * 3
     assert calls[len(before_sweep):] == [("write_many", addresses)]  # Redis: at the sweep
-    assert worker.flows_created == 3
+    assert worker.table.created == 3
 
 
 def test_the_flow_cache_writes_a_batch_as_one_pipeline_and_counts_it(redis_server):
@@ -134,3 +134,57 @@ def test_the_flow_cache_writes_a_batch_as_one_pipeline_and_counts_it(redis_serve
     assert cache.writes == 3
     assert keys == [f"voiceedge:relay:batch-test:flow:10.0.0.1:{5000 + i}" for i in range(3)]
     assert cache.writes_dropped == 2 and not cache.up
+
+
+def test_a_cluster_relay_moves_a_flow_only_on_a_stun_check_through_another_ingress():
+    """The cluster tier's first-packet path: a check through ingress A opens the flow, media
+    through ingress B is dropped (``wrong_prev_hop``), a check through B moves the flow to B,
+    and from then on the transceiver's answers go to B; a client's own datagram to the public
+    port is not the flow of a client behind an ingress."""
+    transceiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    transceiver.bind(("127.0.0.1", 0))
+    transceiver.settimeout(1)
+    routes = RouteTable.from_dict(
+        {"cluster_id": 1, "routes": {"1": "127.0.0.1:%d" % transceiver.getsockname()[1]}},
+        "cluster")
+    worker = RelayWorker(RelayConfig(routes=routes, listen=("127.0.0.1", free_port()),
+                                     internal=("127.0.0.1", free_port()),
+                                     hop_bind="127.0.0.1", metrics=None))
+    internal = worker.sockets.internal.getsockname()
+    ingress_a, ingress_b, client = (socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                                    for _ in range(3))
+    check = binding_request(f"{CODEC.encode(1, 1)}:cli".encode())
+    media = b"\x80\x6f" + bytes(98)
+    try:
+        for s, host in ((ingress_a, "127.0.0.1"), (ingress_b, "127.0.0.2"), (client, "127.0.0.3")):
+            s.bind((host, 0))
+            s.settimeout(1)
+        behind = hop.encode(client.getsockname(), hop.TO_SERVER)
+        answer = hop.encode(client.getsockname(), hop.TO_CLIENT) + ANSWER
+
+        relay_hop = worker.sockets.hop.getsockname()
+
+        def step(sender, data, to, handler):
+            sender.sendto(data, to)
+            time.sleep(0.05)
+            handler()
+
+        step(ingress_a, behind + check, internal, worker._on_internal)
+        assert transceiver.recvfrom(2048)[0] == behind + check  # as the ingress sent it
+        step(ingress_b, behind + media, internal, worker._on_internal)  # not STUN: dropped
+        step(transceiver, answer, relay_hop, worker._on_return)
+        assert ingress_a.recvfrom(2048)[0] == answer
+        step(ingress_b, behind + check, internal, worker._on_internal)  # moves the flow
+        assert transceiver.recvfrom(2048)[0] == behind + check
+        step(transceiver, answer, relay_hop, worker._on_return)
+        assert ingress_b.recvfrom(2048)[0] == answer
+        step(client, media, worker.sockets.public.getsockname(), worker._on_public)
+        counters = worker.counters()
+    finally:
+        for s in (transceiver, ingress_a, ingress_b, client):
+            s.close()
+        worker.sockets.close()
+    assert counters["drops_wrong_prev_hop"] == 2  # B's media, then the client's own datagram
+    assert counters["flows_created"] == 1 and counters["flows_active"] == 1
+    assert counters["packets_to_server"] == 2 and counters["packets_to_client"] == 2
+    assert sum(v for k, v in counters.items() if k.startswith("drops_")) == 2

@@ -238,8 +238,8 @@ class _StuckCache:
 def test_redis_lookups_in_flight_are_bounded():
     routes = RouteTable.from_dict({"routes": {"1": "127.0.0.1:9"}}, "ingress")
     worker = RelayWorker(RelayConfig(routes=routes, listen=("127.0.0.1", free_port()),
-                                     hop_bind="127.0.0.1", metrics=None, max_lookups=3))
-    worker.cache = _StuckCache()
+                                     hop_bind="127.0.0.1", metrics=None, max_lookups=3),
+                         cache=_StuckCache())
     senders = [udp_from(f"127.0.40.{k}") for k in range(1, 7)]
     try:
         for s in senders:
@@ -252,7 +252,7 @@ def test_redis_lookups_in_flight_are_bounded():
         for s in senders:
             s.close()
         worker.sockets.close()
-    assert len(worker._lookups) == 3
+    assert worker.recovery.in_flight == 3
     assert worker.drops.counts["recovery_busy"] == 3
 
 
@@ -271,10 +271,10 @@ def test_first_packets_wait_in_a_bounded_backlog_and_known_flows_do_not():
         time.sleep(0.05)
         worker._on_public()
         assert len(worker.backlog) == 4 and worker.drops.counts["overload"] == 6
-        assert worker.flows_created == worker.pending_created == 0  # nothing parsed yet
+        assert worker.table.created == worker.table.pending_created == 0  # nothing parsed yet
         while worker.backlog:  # a chunk at a time, between looks at the sockets
             worker._drain_backlog()
-        assert len(worker.backlog) == 0 and len(worker.pending) == 4
+        assert len(worker.backlog) == 0 and len(worker.table.pending) == 4
         # The pending flows' next datagrams are theirs: handled at once, not queued.
         senders[0].sendto(RTP, vip)
         time.sleep(0.05)
@@ -332,8 +332,9 @@ def test_the_datagram_paths_leave_no_reference_cycles():
             worker._sweep(time.monotonic_ns())
             worker.counters()
         worker._sweep(time.monotonic_ns() + 60 * 10**9)  # every flow idle: all go
-        assert worker.pending_created > 40 and worker.pending_evicted and worker.pending_expired
-        assert worker.flows_created and worker.flows_expired
+        table = worker.table
+        assert table.pending_created > 40 and table.pending_evicted and table.pending_expired
+        assert table.created and table.expired
         assert gc.collect() == 0
     finally:
         gc.enable()

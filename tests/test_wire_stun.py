@@ -5,7 +5,9 @@ import struct
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from services.wire.stun import MAGIC_COOKIE, StunError, is_stun, read_username, server_ufrag
+from services.wire.stun import (
+    MAGIC_COOKIE, StunError, in_stun_range, is_stun, read_username, server_ufrag,
+)
 
 TXID = bytes(range(12))
 
@@ -131,6 +133,17 @@ def test_non_stun_first_byte(first_byte):
             read_username(bytes(msg))
     else:  # 0x16/0x0E keep the top two bits clear: still framed like STUN
         assert read_username(bytes(msg)) == b"srv:cli"
+
+
+@pytest.mark.parametrize("data, expected", [
+    (b"", False), (b"\x00", True), (b"\x01\x01", True), (b"\x03", True), (b"\x04", False),
+    (b"\x0e\x00", False), (b"\x16\xfe\xfd", False), (b"\x80\x6f", False), (b"\xff", False),
+])
+def test_stun_range_is_the_first_byte_0_to_3(data, expected):
+    """RFC 7983's demultiplexing: STUN 0-3, ZRTP 16-19, DTLS 20-63, RTP 128-191; the hop
+    header's 0x0E is outside every range. Framing does not matter to the range test."""
+    assert in_stun_range(data) is expected
+    assert in_stun_range(memoryview(bytearray(data) + b"junk")[:len(data)]) is expected
 
 
 @settings(max_examples=300)

@@ -5,9 +5,9 @@
  * "miss" (first packets, IPv6, bad headers, truncation, unknown or spoofed return traffic).
  *
  * A flow record is 14 little-endian uint64 words that Python allocates and C updates in place
- * (layout: REC_* below, mirrored in worker.py). The fast table is a dict {key: record address}
+ * (layout: REC_* below, mirrored in flows.py). The fast table is a dict {key: record address}
  * where key = the 48 bits of (port, IPv4 address) as laid out in bytes 2..7 of a sockaddr_in or
- * of a hop header, read little-endian (see hop.py and worker.sockaddr_key).
+ * of a hop header, read little-endian (see hop.py and flows.sockaddr_key).
  *
  * Also exports plain recvmmsg/sendmmsg (count or -errno) for Python-side batches.
  */

@@ -13,13 +13,18 @@ MESSAGE-INTEGRITY verifies). Until then a flow is *pending*:
 
 Every datagram from an address without an established flow also spends a token from its
 source IP's bucket (``FirstPacketLimiter``), so one source cannot make the slow path work for
-it at line rate.
+it at line rate. ``Admission`` applies both rules for a worker; the flow table (flows.py) keeps
+the pending flows (``PendingFlows``).
 """
 from __future__ import annotations
 
 import socket
 from collections import OrderedDict
 from typing import Iterator
+
+from services.relay.config import RelayConfig
+from services.relay.counters import Drops
+from services.wire.stun import is_stun
 
 
 def source_keys(sockaddr: bytes | bytearray) -> tuple[bytes, bytes]:
@@ -139,3 +144,31 @@ class PendingFlows:
                 return
             self.remove(key, flow)
             yield key, flow
+
+
+class Admission:
+    """A worker's rules for datagrams from addresses without an established flow; what it
+    refuses is counted in ``drops``."""
+
+    def __init__(self, config: RelayConfig, drops: Drops) -> None:
+        self.pending_flows = config.pending_flows  # False: the unhardened behaviour
+        self.limiter = FirstPacketLimiter(config.first_packet_rate, config.first_packet_burst)
+        self._drops = drops
+
+    def opens_pending(self, source: str) -> bool:
+        """Whether a new flow from ``source`` ("stun" or "redis") starts pending: one that a
+        first packet opened does, one that Redis vouched for does not."""
+        return source == "stun" and self.pending_flows
+
+    def pending_may_pass(self, flow, datagram, now: int) -> bool:
+        """Whether a datagram of a pending flow goes on: STUN only, within the source's rate."""
+        if not is_stun(datagram):
+            self._drops.add("pending_not_stun")
+            return False
+        if not self.limiter.allow(flow.ip_key, now):
+            self._drops.add("rate_limited")
+            return False
+        return True
+
+    def sweep(self, now: int) -> None:
+        self.limiter.sweep(now)

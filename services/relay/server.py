@@ -15,7 +15,8 @@ from services.logs import log_event
 from services.relay.config import RelayConfig
 from services.relay.counters import COUNTERS, GAUGES, NAMES, shared_block
 from services.relay.lifeline import PortTaken, port_holders
-from services.relay.worker import WorkerSockets, run_worker
+from services.relay.sockets import WorkerSockets
+from services.relay.worker import run_worker
 from services.wire.ufrag import DEV_SECRET_WARNING, is_dev_secret
 
 log = logging.getLogger("voiceedge.relay")

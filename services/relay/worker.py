@@ -1,6 +1,6 @@
 """One relay worker: a single-threaded epoll loop over the relay's sockets.
 
-Sockets of a worker:
+Sockets of a worker (sockets.py):
 - ``public``   the relay's UDP port (SO_REUSEPORT, shared by all workers): clients' datagrams.
 - ``internal`` cluster tier only (SO_REUSEPORT): hop-encapsulated datagrams from ingress relays,
                and the socket that returns datagrams to them.
@@ -11,13 +11,13 @@ Fast path and slow path: datagrams of known IPv4 flows are forwarded by the C he
 (_fastpath.c) with no Python per datagram and no copy (the send iovecs point at the flow's hop
 header and at the receive slot). Everything else comes back here as a "miss": first packets
 (STUN parsing, ufrag check, flow creation), IPv6 clients, Redis recovery, and every drop, which
-is counted by reason.
+is counted by reason. A first packet takes one path on both tiers, from the public port or
+through an ingress relay (``_first_packet``).
 
-A first packet is forwarded before its flow's bookkeeping: the ``flow_created`` line is written
-once the batch is sent, and the flow's Redis write waits for the next sweep (at most
-``_SWEEP_EVERY``), where all new flows go to Redis in one batch. Waking the Redis thread at
-once made it compete for the GIL with the answer to that very packet (~0.5 ms more on the
-first round trip of every call, measured on loopback).
+The worker moves datagrams; each other job has its module: the flow table (flows.py), what
+gets in from addresses without an established flow (admission.py), where a first packet goes
+(routing.py), flows recovered from Redis (recovery.py), and log lines, Redis writes and the
+shared counters (publishing.py).
 """
 from __future__ import annotations
 
@@ -26,28 +26,33 @@ import logging
 import os
 import select
 import signal
-import socket
 import sys
 import time
 
 from services.lag import LagWatch
 from services.logs import log_event
 from services.relay import _fastpath, mmsg
-from services.relay.admission import FirstPacketLimiter, PendingFlows, source_keys
+from services.relay.admission import Admission, PendingFlows, source_keys
 from services.relay.backlog import Backlog
 from services.relay.config import RelayConfig
-from services.relay.counters import INDEX, NAMES, Drops
-from services.relay.flowcache import CachedFlow, FlowCache
+from services.relay.counters import Drops
+from services.relay.flowcache import FlowCache
+from services.relay.flows import (
+    CLIENT_NAME, CLIENT_NAMELEN, HEADER, HEADER_LEN, Flow, FlowTable, Hop, header_key,
+    sockaddr_key,
+)
 from services.relay.lifeline import die_with_parent
+from services.relay.publishing import Publisher
+from services.relay.recovery import Recovery
+from services.relay.routing import Router
+from services.relay.sockets import WorkerSockets
 from services.wire import hop as hopwire
-from services.wire.stun import StunError, is_stun, read_username, server_ufrag
-from services.wire.ufrag import UfragCodec, UfragError
+from services.wire.stun import STUN_FIRST_BYTE_MAX, in_stun_range
+from services.wire.ufrag import UfragCodec
 
 log = logging.getLogger("voiceedge.relay")
 
 _SWEEP_EVERY = 0.5
-_RECOVERY_BACKLOG = 8
-_NEGATIVE_TTL = 1.0
 _MAX_ROUNDS = 16  # receive batches per readiness event before looking at other sockets
 # Batches with slow-path datagrams per readiness event: under a flood of first packets every
 # batch has some, and a loop until none came back never served the other sockets (answers and
@@ -56,7 +61,6 @@ _SLOW_ROUNDS = 2
 # First packets handled between two looks at the sockets (backlog.py). Under the hostile
 # flood 2 halved the calls' median transit, but shed more first packets (docs/relay.md).
 _BACKLOG_CHUNK = 8
-_WRITE_BATCH = 1024  # new flows held for Redis before the sweep writes them anyway
 # The worker runs without Python's automatic garbage collector (run_worker): a collection
 # walks every flow (17 ms at 4,096 pending flows, 40 ms with the startup objects), a stall of
 # every datagram behind it. Its datagram paths make no reference cycles (test_relay_pending);
@@ -64,174 +68,34 @@ _WRITE_BATCH = 1024  # new flows held for Redis before the sweep writes them any
 # than at the last collection.
 _GC_YOUNG_LIMIT = 50_000
 
-# Flow record words shared with _fastpath.c (its REC_* enum).
-(_NEXT_NAME, _NEXT_NAMELEN, _HEADER, _HEADER_LEN, _CLIENT_NAME, _CLIENT_NAMELEN, _PREV_NAME,
- _PREV_NAMELEN, _NEXT_KEY, _UP_PACKETS, _UP_BYTES, _DOWN_PACKETS, _DOWN_BYTES,
- _LAST_SEEN_NS) = range(14)
-assert _fastpath.REC_WORDS == 14 and _fastpath.MMSGHDR_SIZE == mmsg.MMSGHDR_SIZE
-
-
-def sockaddr_key(raw: bytes):
-    """Flow key of a client sockaddr: IPv4 an int of port+address, IPv6 bytes of the same.
-
-    The fast path derives the identical IPv4 key from a hop header, whose bytes 2-7 mirror a
-    sockaddr_in (see services/wire/hop.py).
-    """
-    if raw[0] | (raw[1] << 8) == socket.AF_INET6:
-        return raw[2:4] + raw[8:24]
-    return int.from_bytes(raw[:8], "little") >> 16
-
-
-def header_key(header: bytes | memoryview):
-    """Flow key of the client named in a hop header (same value as ``sockaddr_key``)."""
-    if header[1] & hopwire.FLAG_IPV6:
-        return bytes(header[2:20])
-    return int.from_bytes(header[:8], "little") >> 16
-
-
-class Hop:
-    """A next or previous hop, with its sockaddr prebuilt for sendmmsg."""
-
-    __slots__ = ("addr", "name", "name_ptr", "namelen", "key", "label")
-
-    def __init__(self, addr: tuple[str, int]) -> None:
-        self.addr = addr
-        self.name = bytearray(mmsg.sockaddr(*addr))
-        self.name_ptr = mmsg.address_of(self.name)
-        self.namelen = len(self.name) if ":" in addr[0] else 16
-        self.key = sockaddr_key(bytes(self.name))
-        self.label = f"{addr[0]}:{addr[1]}"
-
-
-class Flow:
-    """A client address, where its datagrams go, and its counters.
-
-    The counters and the last-seen time live in ``record`` (uint64 words) so the fast path can
-    update them in place; the properties read them back.
-    """
-
-    __slots__ = ("key", "client", "client_name", "header", "next", "prev", "cluster_id",
-                 "transceiver_id", "created", "refreshed", "source", "record", "words",
-                 "record_ptr", "pending", "ip_key", "prefix_key")
-
-    def __init__(self, key, client: tuple[str, int], next_hop: Hop, prev: Hop | None,
-                 cluster_id: int, transceiver_id: int, now_ns: int, source: str,
-                 client_name: bytes | None = None) -> None:
-        self.key = key
-        self.client = client
-        self.client_name = bytearray(client_name or mmsg.sockaddr(*client))
-        self.ip_key, self.prefix_key = source_keys(self.client_name)
-        self.pending = False  # see services/relay/admission.py
-        self.header = bytearray(hopwire.encode_sockaddr(self.client_name, hopwire.TO_SERVER))
-        self.cluster_id, self.transceiver_id = cluster_id, transceiver_id
-        self.created = self.refreshed = now_ns
-        self.source = source
-        self.record = bytearray(8 * _fastpath.REC_WORDS)
-        self.words = memoryview(self.record).cast("Q")
-        self.record_ptr = mmsg.address_of(self.record)
-        w = self.words
-        w[_HEADER] = mmsg.address_of(self.header)
-        w[_HEADER_LEN] = len(self.header)
-        w[_CLIENT_NAME] = mmsg.address_of(self.client_name)
-        w[_CLIENT_NAMELEN] = len(self.client_name) if ":" in client[0] else 16
-        w[_LAST_SEEN_NS] = now_ns
-        self.route(next_hop, prev)
-
-    def route(self, next_hop: Hop, prev: Hop | None) -> None:
-        self.next, self.prev = next_hop, prev
-        w = self.words
-        w[_NEXT_NAME], w[_NEXT_NAMELEN] = next_hop.name_ptr, next_hop.namelen
-        w[_NEXT_KEY] = next_hop.key if isinstance(next_hop.key, int) else 0
-        w[_PREV_NAME], w[_PREV_NAMELEN] = (prev.name_ptr, prev.namelen) if prev else (0, 0)
-
-    def count_up(self, size: int, now_ns: int) -> None:
-        w = self.words
-        w[_UP_PACKETS] += 1
-        w[_UP_BYTES] += size
-        w[_LAST_SEEN_NS] = now_ns
-
-    def count_down(self, size: int, now_ns: int) -> None:
-        w = self.words
-        w[_DOWN_PACKETS] += 1
-        w[_DOWN_BYTES] += size
-        w[_LAST_SEEN_NS] = now_ns
-
-    @property
-    def last_seen_ns(self) -> int:
-        return self.words[_LAST_SEEN_NS]
-
-    def totals(self) -> tuple[int, int, int, int]:
-        w = self.words
-        return w[_UP_PACKETS], w[_UP_BYTES], w[_DOWN_PACKETS], w[_DOWN_BYTES]
-
-
-def _udp_socket(addr: tuple[str, int], reuseport: bool) -> socket.socket:
-    family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuseport:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    for opt, force in ((socket.SO_RCVBUF, 33), (socket.SO_SNDBUF, 32)):  # *BUFFORCE as root
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, force, 4 << 20)
-        except PermissionError:
-            sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
-    sock.bind(addr)
-    sock.setblocking(False)
-    return sock
-
-
-class WorkerSockets:
-    """A worker's sockets, opened before the worker process starts so bind errors surface."""
-
-    def __init__(self, config: RelayConfig, index: int = 0) -> None:
-        self.public = _udp_socket(config.listen, reuseport=True)
-        self.internal = self.hop = None
-        try:
-            if config.tier == "cluster" and config.internal:
-                self.internal = _udp_socket(config.internal, reuseport=True)
-            hop_port = config.hop_port + index if config.hop_port else 0
-            self.hop = _udp_socket((config.hop_bind, hop_port), reuseport=False)
-        except OSError:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        for sock in (self.public, self.internal, self.hop):
-            if sock is not None:
-                sock.close()
-
 
 class RelayWorker:
-    """Forwards datagrams for one worker process; ``run`` returns when ``stop`` is called."""
+    """Forwards datagrams for one worker process; ``run`` returns when ``stop`` is called.
+
+    ``cache``: a flow cache to use instead of the one ``config.redis_url`` names (tests).
+    """
 
     def __init__(self, config: RelayConfig, index: int = 0, shared=None,
-                 sockets: WorkerSockets | None = None) -> None:
+                 sockets: WorkerSockets | None = None, cache: FlowCache | None = None) -> None:
         self.config = config
         self.index = index
-        self._shared = shared
-        self._codec = UfragCodec(config.secret)
-        self._routes = config.routes
-        self.flows: dict = {}  # key -> Flow, pending or established
-        # key -> Flow, the established ones: what the sweep and the counters walk (a flood
-        # keeps thousands of pending flows, which they skip).
-        self.established: dict = {}
-        self._pending_up = [0, 0]  # packets, bytes forwarded by the flows still pending
-        self._fast: dict[int, int] = {}  # IPv4 key -> record address, for the fast path
         self.drops = Drops.new()
-        self._hops: dict[tuple[str, int], Hop] = {}
-        self._retired = [0, 0, 0, 0]  # packets/bytes up, packets/bytes down of expired flows
-        self.flows_created = self.flows_recovered = self.flows_expired = 0
+        self.admission = Admission(config, self.drops)
+        self.table = FlowTable(config.max_flows, PendingFlows(
+            config.max_pending, config.pending_per_ip, config.pending_per_prefix,
+            config.pending_ttl), self.drops)
+        self.router = Router(UfragCodec(config.secret), config.routes, self.table.hop)
+        if cache is None and config.redis_url:
+            cache = FlowCache(config.redis_url, config.name, config.redis_ttl,
+                              config.redis_queue)
+        self.cache = cache
+        self.recovery = (Recovery(cache, config.routes, config.max_lookups,
+                                  self.admission.limiter, self.drops)
+                         if cache is not None else None)
+        self.publisher = Publisher(config.name, index, cache, config.redis_ttl, shared)
         self.receive_batches = 0
         self._send_failed = 0
-        self._lookups: dict = {}   # key -> (previous hop, datagrams waiting for Redis)
-        self.pending = PendingFlows(config.max_pending, config.pending_per_ip,
-                                    config.pending_per_prefix, config.pending_ttl)
-        self.limiter = FirstPacketLimiter(config.first_packet_rate, config.first_packet_burst)
-        self.pending_created = self.pending_expired = self.pending_evicted = 0
-        self._unlogged: list[Flow] = []  # created in this batch: logged once it is sent
-        self._unwritten: list[tuple[tuple[str, int], CachedFlow]] = []  # to Redis at the sweep
-        self._negative: dict = {}  # key -> monotonic ns until which Redis is not asked again
+        self._idle_ns = int(config.idle_timeout * 1e9)
         self._running = False
         self._stop_w: int | None = None  # the stop pipe's write end, while ``run`` runs
         size = config.batch
@@ -239,11 +103,12 @@ class RelayWorker:
         self.backlog = Backlog(config.backlog)
         self.tx_hop = mmsg.SendBatch(size)  # to next hops (and to upstream relays)
         self.tx_out = mmsg.SendBatch(size)  # to clients, from the public port
+        # The table's own dicts and hop lookup, bound once: the slow path of known flows
+        # (IPv6, the cluster tier's upstream datagrams) reads them per datagram.
+        self._flows, self._fast, self._hop = self.table.flows, self.table.fast, self.table.hop
         self._misses = bytearray(4 * size)
         self._misses_ptr = mmsg.address_of(self._misses)
         self._miss_index = memoryview(self._misses).cast("I")
-        self.cache = (FlowCache(config.redis_url, config.name, config.redis_ttl, config.redis_queue)
-                      if config.redis_url else None)
         self.sockets = sockets or WorkerSockets(config)
         self.public, self.internal, self.hop = (self.sockets.public, self.sockets.internal,
                                                 self.sockets.hop)
@@ -264,9 +129,8 @@ class RelayWorker:
 
     def close(self) -> None:
         self.sockets.close()
-        self._log_created()
+        self.publisher.close()
         if self.cache is not None:
-            self._write_created()
             self.cache.stop()
 
     def run(self) -> None:
@@ -326,7 +190,7 @@ class RelayWorker:
             for k in range(missed):
                 self._public_miss(misses[k], now)
             tx.flush(self._hop_fd)
-            self._log_created()
+            self.publisher.log_created()
 
     def _on_return(self) -> None:
         """Answers from next hops -> the client (header stripped) or the upstream relay."""
@@ -348,7 +212,7 @@ class RelayWorker:
             pub.flush(self._public_fd)
             if up.count:
                 up.flush(self._internal_fd)
-            self._log_created()
+            self.publisher.log_created()
 
     def _on_internal(self) -> None:
         """Cluster tier: hop-encapsulated datagrams from ingress relays -> transceivers.
@@ -366,11 +230,29 @@ class RelayWorker:
             for i in range(n):
                 self._upstream_datagram(i, now)
             tx.flush(self._hop_fd)
-            self._log_created()
+            self.publisher.log_created()
             if n < rx.size:
                 return
 
-    # ---------------------------------------------------------------- slow paths
+    def _on_cache(self) -> None:
+        """Redis answered: a flow it vouched for is re-created and what waited is forwarded."""
+        now = time.monotonic_ns()
+        for key, client, prev, found, waiting in self.recovery.answers():
+            known = self.table.get(key)
+            if known is not None:  # a STUN check opened it meanwhile
+                if known.pending and found is not None and known.next.addr == found.next_hop:
+                    self._establish(known)
+                continue
+            if found is None:
+                self.recovery.refuse(key, len(waiting), now)
+                continue
+            flow = self._open(key, client, None, self.table.hop(found.next_hop), prev,
+                              found.cluster_id, found.transceiver_id, now, "redis")
+            if flow is not None:
+                self._forward_waiting(flow, waiting, now)
+        self.publisher.log_created()
+
+    # ---------------------------------------------------------------- towards the server
 
     def _datagram(self, i: int, rx=None) -> memoryview:
         rx = self.rx if rx is None else rx  # (an empty Backlog is falsy)
@@ -385,10 +267,13 @@ class RelayWorker:
             return
         client_raw = rx.source(i)
         key = sockaddr_key(client_raw)
-        if key in self.flows:
+        if key in self._flows:
             self._public_slow(rx, i, client_raw, key, now)
-        elif self.cache is None and (not rx.length(i) or rx.data[i * rx.slot] > 3):
-            self.drops.add("unknown_not_stun")  # not STUN, and no Redis to ask: no more work
+        elif self.recovery is None and (not rx.length(i)
+                                        or rx.data[i * rx.slot] > STUN_FIRST_BYTE_MAX):
+            # Not STUN (in_stun_range, written out: a view of the slot per datagram cost this
+            # flood path a sixth more), and no Redis to ask: no more work.
+            self.drops.add("unknown_not_stun")
         elif not self.backlog.push(rx, i, client_raw):
             self.drops.add("overload")
 
@@ -400,76 +285,22 @@ class RelayWorker:
             client_raw = backlog.source(k)
             self._public_slow(backlog, k, client_raw, sockaddr_key(client_raw), now)
         self.tx_hop.flush(self._hop_fd)
-        self._log_created()
+        self.publisher.log_created()
 
     def _public_slow(self, rx, i: int, client_raw: bytes, key, now: int) -> None:
         """A client datagram in slot i of ``rx`` (the receive batch or the backlog), from
         ``client_raw`` (its sockaddr; ``key`` its flow key)."""
         datagram = self._datagram(i, rx)
-        flow = self.flows.get(key)
+        flow = self._flows.get(key)
         if flow is not None and flow.prev is None:
             # A pending flow, or an established one the fast path skips (IPv6).
-            if flow.pending and not self._pending_may_pass(flow, datagram, now):
-                return
-            self._send_up(flow, rx, i, len(datagram), len(datagram), True, now)
+            if not flow.pending or self.admission.pending_may_pass(flow, datagram, now):
+                self._send_up(flow, rx, i, len(datagram), len(datagram), now)
             return
         if flow is not None:  # the same address is a flow from an upstream relay
             self.drops.add("wrong_prev_hop")
             return
-        ip = source_keys(client_raw)[0]
-        if not datagram or datagram[0] > 3:  # not STUN: only Redis may know the address
-            if self.cache is None:
-                self.drops.add("unknown_not_stun")
-            else:
-                self._recover(key, ip, mmsg.sockaddr_to_tuple(client_raw), None,
-                              bytes(datagram), 0, now)
-            return
-        if not self.limiter.allow(ip, now):
-            self.drops.add("rate_limited")
-            return
-        routed = self._route(datagram)
-        client = mmsg.sockaddr_to_tuple(client_raw)
-        if isinstance(routed, str):
-            self.drops.add(routed)
-            return
-        cluster_id, transceiver_id, nxt = routed
-        flow = self._create(key, client, nxt, None, cluster_id, transceiver_id, now, "stun",
-                            client_raw)
-        if flow is not None:
-            self._send_up(flow, rx, i, len(datagram), len(datagram), True, now)
-
-    def _return_slow(self, i: int, now: int) -> None:
-        """A datagram from a next hop that the fast path did not forward."""
-        rx = self.rx
-        if rx.truncated(i):
-            self.drops.add("oversize")
-            return
-        datagram = self._datagram(i)
-        try:
-            header, payload = hopwire.decode(datagram)
-        except hopwire.HopHeaderError:
-            self.drops.add("bad_hop_header")
-            return
-        if header.direction != hopwire.TO_CLIENT:
-            self.drops.add("bad_hop_header")
-            return
-        flow = self.flows.get(header_key(datagram))
-        if flow is None:
-            self.drops.add("return_no_flow")
-            return
-        if sockaddr_key(rx.source(i)) != flow.next.key:
-            self.drops.add("return_wrong_source")
-            return
-        if flow.pending:
-            self._establish(flow)
-        if flow.prev is None:
-            w = flow.words
-            self.tx_out.add(w[_CLIENT_NAME], w[_CLIENT_NAMELEN],
-                            rx.data_addr + i * rx.slot + header.length, len(payload))
-        else:
-            self.tx_hop.add(flow.prev.name_ptr, flow.prev.namelen, rx.data_addr + i * rx.slot,
-                            len(datagram))
-        flow.count_down(len(payload), now)
+        self._first_packet(rx, i, key, None, None, datagram, datagram, client_raw, None, now)
 
     def _upstream_datagram(self, i: int, now: int) -> None:
         """A hop-encapsulated datagram from an ingress relay (cluster tier)."""
@@ -488,279 +319,147 @@ class RelayWorker:
             return
         key = header_key(datagram)
         prev = self._hop(mmsg.sockaddr_to_tuple(rx.source(i)))
-        flow = self.flows.get(key)
+        flow = self._flows.get(key)
         if flow is not None and flow.prev is prev:
-            if flow.pending and not self._pending_may_pass(flow, payload, now):
-                return
-            self._send_up(flow, self.rx, i, len(datagram), len(payload), False, now)
+            if not flow.pending or self.admission.pending_may_pass(flow, payload, now):
+                self._send_up(flow, rx, i, len(datagram), len(payload), now)
             return
-        name = mmsg.sockaddr(*header.client)
+        if flow is not None and not in_stun_range(payload):
+            self.drops.add("wrong_prev_hop")  # only a STUN check moves a client's flow
+            return
+        self._first_packet(rx, i, key, prev, flow, datagram, payload, None, header.client, now)
+
+    def _first_packet(self, rx, i: int, key, prev: Hop | None, flow: Flow | None,
+                      datagram: memoryview, payload: memoryview, name: bytes | None,
+                      client: tuple[str, int] | None, now: int) -> None:
+        """Both tiers' path for a client datagram without a flow from where it came: slot i
+        of ``rx``, the client's ``payload`` arrived as ``datagram`` from ``prev`` (an ingress
+        relay: ``datagram`` has its hop header) or from the client itself (``prev`` None,
+        ``datagram`` is ``payload``); ``flow`` is the client's flow through another ingress
+        relay, if any. The caller knows the client's sockaddr (``name``) or its address
+        (``client``).
+
+        Not STUN: only Redis may know the client. STUN: the source's rate, the route, then a
+        new flow, or the client's flow moved to ``prev``.
+        """
+        if name is None:
+            name = mmsg.sockaddr(*client)
         ip = source_keys(name)[0]
-        if not payload or payload[0] > 3:  # not STUN: only Redis may know the client
-            if flow is not None:
-                self.drops.add("wrong_prev_hop")
-            elif self.cache is not None:
-                self._recover(key, ip, header.client, prev, bytes(datagram), header.length, now)
-            else:
+        if not in_stun_range(payload):
+            if self.recovery is None:
                 self.drops.add("unknown_not_stun")
+            else:
+                self.recovery.ask(key, ip, client or mmsg.sockaddr_to_tuple(name), prev,
+                                  bytes(datagram), len(datagram) - len(payload), now)
             return
-        if not self.limiter.allow(ip, now):
+        if not self.admission.limiter.allow(ip, now):
             self.drops.add("rate_limited")
             return
-        routed = self._route(payload)
+        routed = self.router.route(payload)
         if isinstance(routed, str):
             self.drops.add(routed)
             return
         cluster_id, transceiver_id, nxt = routed
         if flow is not None:  # the client now arrives through another ingress relay
-            if flow.pending and not self._pending_may_pass(flow, payload, now):
+            if flow.pending and not self.admission.pending_may_pass(flow, payload, now):
                 return
             flow.route(nxt, prev)
         else:
-            flow = self._create(key, header.client, nxt, prev, cluster_id, transceiver_id, now,
-                                "stun", name)
+            flow = self._open(key, client or mmsg.sockaddr_to_tuple(name), name, nxt, prev,
+                              cluster_id, transceiver_id, now, "stun")
         if flow is not None:
-            self._send_up(flow, self.rx, i, len(datagram), len(payload), False, now)
+            self._send_up(flow, rx, i, len(datagram), len(payload), now)
 
-    def _send_up(self, flow: Flow, rx, i: int, length: int, payload: int, with_header: bool,
-                 now: int) -> None:
+    def _send_up(self, flow: Flow, rx, i: int, length: int, payload: int, now: int) -> None:
         """Queue slot i of ``rx`` (``length`` bytes, ``payload`` of them the client's datagram)
-        towards the flow's next hop, behind the flow's hop header when ``with_header``."""
+        towards the flow's next hop; a client's own datagram (no upstream relay) goes behind
+        the flow's hop header."""
         nxt = flow.next
         data = rx.data_addr + i * rx.slot
-        if with_header:
+        if flow.prev is None:
             w = flow.words
-            self.tx_hop.add(nxt.name_ptr, nxt.namelen, w[_HEADER], w[_HEADER_LEN], data, length)
+            self.tx_hop.add(nxt.name_ptr, nxt.namelen, w[HEADER], w[HEADER_LEN], data, length)
         else:
             self.tx_hop.add(nxt.name_ptr, nxt.namelen, data, length)
         flow.count_up(payload, now)
         if flow.pending:
-            self._pending_up[0] += 1
-            self._pending_up[1] += payload
+            self.table.count_pending_up(payload)
 
-    def _route(self, datagram: memoryview):
-        """(cluster, transceiver, next hop) from a first datagram's USERNAME, or a drop reason."""
-        if not datagram or datagram[0] > 3:
-            return "unknown_not_stun"
-        try:
-            username = read_username(datagram)
-        except StunError:
-            return "stun_malformed"
-        if username is None:
-            return "stun_no_username"
-        try:
-            hint = self._codec.decode(server_ufrag(username))
-        except UfragError:
-            return "bad_ufrag"
-        addr = self._routes.next_hop(hint.cluster_id, hint.transceiver_id)
-        if addr is None:
-            return "no_route"
-        return hint.cluster_id, hint.transceiver_id, self._hop(addr)
+    def _forward_waiting(self, flow: Flow, waiting: list[tuple[bytes, int]], now: int) -> None:
+        """The datagrams that waited for Redis (``hl`` bytes of hop header each), one by one."""
+        nxt = flow.next
+        for datagram, hl in waiting:
+            payload = datagram if hl else bytes(flow.header) + datagram
+            try:
+                self.hop.sendto(payload, nxt.addr)
+            except OSError:
+                self._send_failed += 1
+                continue
+            flow.count_up(len(datagram) - hl, now)
 
-    def _hop(self, addr: tuple[str, int]) -> Hop:
-        hop = self._hops.get(addr)
-        if hop is None:
-            hop = self._hops[addr] = Hop(addr)
-        return hop
-
-    def _create(self, key, client, nxt: Hop, prev: Hop | None, cluster_id: int,
-                transceiver_id: int, now: int, source: str,
-                name: bytes | None = None) -> Flow | None:
+    def _open(self, key, client: tuple[str, int], name: bytes | None, nxt: Hop,
+              prev: Hop | None, cluster_id: int, transceiver_id: int, now: int,
+              source: str) -> Flow | None:
         """A new flow: pending when a STUN first packet opened it (unless pending flows are
-        off), established when Redis vouched for it. ``name``: the client's sockaddr, if the
-        caller has it."""
-        pending = source == "stun" and self.config.pending_flows
-        name = name or mmsg.sockaddr(*client)
-        if pending:
-            refusal = self.pending.refusal(*source_keys(name))
-            if refusal is not None:
-                self.drops.add(refusal)
-                return None
-        if len(self.flows) >= self.config.max_flows and not (pending and self.pending):
-            self.drops.add("flow_table_full")
-            return None
-        flow = Flow(key, client, nxt, prev, cluster_id, transceiver_id, now, source, name)
-        self.flows[key] = flow
-        if pending:
-            flow.pending = True
-            self.pending_created += 1
-            evicted = self.pending.add(key, flow)
-            if evicted is not None:
-                self.pending_evicted += 1
-                self._forget(evicted)
-            elif len(self.flows) > self.config.max_flows:  # full table: the oldest pending goes
-                self.pending_evicted += 1
-                self._forget(self.pending.oldest())
-            return flow
-        self._established(flow)
+        off), established when Redis vouched for it."""
+        flow = self.table.open(key, client, name, nxt, prev, cluster_id, transceiver_id, now,
+                               source, self.admission.opens_pending(source))
+        if flow is not None and not flow.pending:
+            self.publisher.established(flow)
         return flow
-
-    def _established(self, flow: Flow) -> None:
-        """Put an established flow on the fast path, into Redis (if it came from STUN) and
-        into the log."""
-        self.established[flow.key] = flow
-        if isinstance(flow.key, int):
-            self._fast[flow.key] = flow.record_ptr
-        if flow.source == "stun":
-            self.flows_created += 1
-            if self.cache is not None:
-                prev = flow.prev
-                self._unwritten.append((flow.client, CachedFlow(
-                    flow.next.addr, prev.addr if prev else None, flow.cluster_id,
-                    flow.transceiver_id)))
-                if len(self._unwritten) >= _WRITE_BATCH:
-                    self._write_created()
-        else:
-            self.flows_recovered += 1
-        self._unlogged.append(flow)
 
     def _establish(self, flow: Flow) -> None:
         """A pending flow's next hop answered."""
-        self._leave_pending(flow)
-        flow.pending = False
-        self._established(flow)
+        self.table.establish(flow)
+        self.publisher.established(flow)
 
-    def _pending_may_pass(self, flow: Flow, datagram, now: int) -> bool:
-        """Whether a datagram of a pending flow goes on: STUN only, within the source's rate."""
-        if not is_stun(datagram):
-            self.drops.add("pending_not_stun")
-            return False
-        if not self.limiter.allow(flow.ip_key, now):
-            self.drops.add("rate_limited")
-            return False
-        return True
+    # ---------------------------------------------------------------- towards the client
 
-    def _forget(self, flow: Flow) -> None:
-        """Drop a pending flow from the table (evicted or expired: never established)."""
-        self._leave_pending(flow)
-        if self.flows.get(flow.key) is flow:
-            del self.flows[flow.key]
-        self._retire(flow)
-
-    def _leave_pending(self, flow: Flow) -> None:
-        self.pending.remove(flow.key, flow)
-        packets, size = flow.totals()[:2]
-        self._pending_up[0] -= packets
-        self._pending_up[1] -= size
-
-    def _retire(self, flow: Flow) -> None:
-        """Keep a removed flow's counters in the relay's totals."""
-        totals = flow.totals()
-        for k in range(4):
-            self._retired[k] += totals[k]
-
-    def _log_created(self) -> None:
-        """``flow_created`` for the flows of the batch just sent (after it: not before)."""
-        for flow in self._unlogged:
-            prev = flow.prev
-            log_event(log, "flow_created", relay=self.config.name, worker=self.index,
-                      client=f"{flow.client[0]}:{flow.client[1]}", next_hop=flow.next.label,
-                      prev_hop=prev.label if prev else None, cluster=flow.cluster_id,
-                      transceiver=flow.transceiver_id, origin=flow.source)
-        self._unlogged.clear()
-
-    def _write_created(self) -> None:
-        """Hand the new flows' Redis writes to the cache thread, in one batch."""
-        if self._unwritten:
-            self.cache.write_many(self._unwritten)
-            self._unwritten = []
-
-    # ---------------------------------------------------------------- Redis recovery
-
-    def _recover(self, key, ip: bytes, client, prev: Hop | None, datagram: bytes, hl: int,
-                 now: int):
-        """Ask Redis for the flow of a non-STUN datagram from an unknown client.
-
-        Only a new lookup spends a token of the source's bucket: the datagrams that wait for
-        one, or that a negative answer covers, cost nothing (after a relay restart without
-        Redis, a client's media must not eat the tokens its next consent check needs).
-        """
-        if self._negative.get(key, 0) > now:
-            self.drops.add("unknown_not_stun")
+    def _return_slow(self, i: int, now: int) -> None:
+        """A datagram from a next hop that the fast path did not forward."""
+        rx = self.rx
+        if rx.truncated(i):
+            self.drops.add("oversize")
             return
-        entry = self._lookups.get(key)
-        if entry is not None:
-            if len(entry[1]) >= _RECOVERY_BACKLOG:
-                self.drops.add("recovery_backlog")
-            else:
-                entry[1].append((datagram, hl))
+        datagram = self._datagram(i)
+        try:
+            header, payload = hopwire.decode(datagram)
+        except hopwire.HopHeaderError:
+            self.drops.add("bad_hop_header")
             return
-        if len(self._lookups) >= self.config.max_lookups:
-            self.drops.add("recovery_busy")
+        if header.direction != hopwire.TO_CLIENT:
+            self.drops.add("bad_hop_header")
             return
-        if not self.limiter.allow(ip, now):
-            self.drops.add("rate_limited")
+        flow = self._flows.get(header_key(datagram))
+        if flow is None:
+            self.drops.add("return_no_flow")
             return
-        if not self.cache.lookup(key, client):
-            self.drops.add("unknown_not_stun")
+        if sockaddr_key(rx.source(i)) != flow.next.key:
+            self.drops.add("return_wrong_source")
             return
-        self._lookups[key] = (prev, [(datagram, hl)])
-
-    def _on_cache(self) -> None:
-        self.cache.drain_wake()
-        results, now = self.cache.results, time.monotonic_ns()
-        while results:
-            key, client, found = results.popleft()
-            prev, waiting = self._lookups.pop(key, (None, []))
-            expected = (self._routes.next_hop(found.cluster_id, found.transceiver_id)
-                        if found else None)
-            vouched = found is not None and expected == found.next_hop
-            known = self.flows.get(key)
-            if known is not None:  # a STUN check opened it meanwhile
-                if known.pending and vouched and known.next.addr == expected:
-                    self._establish(known)
-                continue
-            if not vouched:
-                self._negative[key] = now + int(_NEGATIVE_TTL * 1e9)
-                self.drops.add("unknown_not_stun", len(waiting))
-                continue
-            nxt = self._hop(expected)
-            flow = self._create(key, client, nxt, prev, found.cluster_id, found.transceiver_id,
-                                now, "redis")
-            if flow is None:
-                continue
-            for datagram, hl in waiting:
-                payload = datagram if hl else bytes(flow.header) + datagram
-                try:
-                    self.hop.sendto(payload, nxt.addr)
-                except OSError:
-                    self._send_failed += 1
-                    continue
-                flow.count_up(len(datagram) - hl, now)
-        self._log_created()
+        if flow.pending:
+            self._establish(flow)
+        if flow.prev is None:
+            w = flow.words
+            self.tx_out.add(w[CLIENT_NAME], w[CLIENT_NAMELEN],
+                            rx.data_addr + i * rx.slot + header.length, len(payload))
+        else:
+            self.tx_hop.add(flow.prev.name_ptr, flow.prev.namelen, rx.data_addr + i * rx.slot,
+                            len(datagram))
+        flow.count_down(len(payload), now)
 
     # ---------------------------------------------------------------- housekeeping
 
     def _sweep(self, now: int) -> None:
         if gc.get_count()[0] >= _GC_YOUNG_LIMIT:
             self._collect_garbage()
-        for _, flow in self.pending.expired(now):
-            self.pending_expired += 1
-            self._forget(flow)
-        self.limiter.sweep(now)
-        idle_ns = int(self.config.idle_timeout * 1e9)
-        expired = [f for f in self.established.values() if now - f.last_seen_ns > idle_ns]
-        for flow in expired:
-            del self.flows[flow.key]
-            del self.established[flow.key]
-            self._fast.pop(flow.key, None)
-            self.flows_expired += 1
-            self._retire(flow)
-            totals = flow.totals()
-            log_event(log, "flow_expired", relay=self.config.name, worker=self.index,
-                      client=f"{flow.client[0]}:{flow.client[1]}", next_hop=flow.next.label,
-                      age_s=round((now - flow.created) / 1e9, 3), packets_up=totals[0],
-                      bytes_up=totals[1], packets_down=totals[2], bytes_down=totals[3])
-        if self._negative:
-            self._negative = {k: t for k, t in self._negative.items() if t > now}
-        if self.cache is not None:
-            self._write_created()
-            due = now - int(self.config.redis_ttl / 3 * 1e9)
-            stale = [f for f in self.established.values()
-                     if f.refreshed < due and f.last_seen_ns > f.refreshed]
-            for flow in stale:
-                flow.refreshed = now
-            self.cache.refresh([f.client for f in stale])
+        self.table.expire_pending(now)
+        self.admission.sweep(now)
+        for flow in self.table.expire_idle(now, self._idle_ns):
+            self.publisher.expired(flow, now)
+        if self.recovery is not None:
+            self.recovery.sweep(now)
+        self.publisher.sweep(self.table.established, now)
 
     def _collect_garbage(self) -> None:
         started = time.perf_counter()
@@ -769,22 +468,18 @@ class RelayWorker:
                   unreachable=found, ms=round((time.perf_counter() - started) * 1e3, 1))
 
     def counters(self) -> dict[str, int]:
-        totals = list(self._retired)
-        totals[0] += self._pending_up[0]
-        totals[1] += self._pending_up[1]
-        for f in self.established.values():
-            for k, v in enumerate(f.totals()):
-                totals[k] += v
+        table = self.table
+        totals = table.totals()
         values = {
             "packets_to_server": totals[0], "bytes_to_server": totals[1],
             "packets_to_client": totals[2], "bytes_to_client": totals[3],
-            "receive_batches": self.receive_batches, "flows_created": self.flows_created,
-            "flows_recovered": self.flows_recovered, "flows_expired": self.flows_expired,
-            "flows_active": len(self.flows), "flows_pending": len(self.pending),
-            "flows_pending_created": self.pending_created,
-            "flows_pending_expired": self.pending_expired,
-            "flows_pending_evicted": self.pending_evicted,
-            "rate_limit_untracked": self.limiter.untracked,
+            "receive_batches": self.receive_batches, "flows_created": table.created,
+            "flows_recovered": table.recovered, "flows_expired": table.expired,
+            "flows_active": len(table), "flows_pending": len(table.pending),
+            "flows_pending_created": table.pending_created,
+            "flows_pending_expired": table.pending_expired,
+            "flows_pending_evicted": table.pending_evicted,
+            "rate_limit_untracked": self.admission.limiter.untracked,
         }
         cache = self.cache
         if cache is not None:
@@ -798,11 +493,7 @@ class RelayWorker:
         return values
 
     def publish(self) -> None:
-        if self._shared is None:
-            return
-        row = self.index * len(NAMES)
-        for name, value in self.counters().items():
-            self._shared[row + INDEX[name]] = value
+        self.publisher.publish(self.counters)
 
 
 def run_worker(config: RelayConfig, index: int, shared, cpu: int | None,

@@ -9,6 +9,17 @@ HEADER_LENGTH = 20
 ATTR_USERNAME = 0x0006
 
 
+STUN_FIRST_BYTE_MAX = 3  # RFC 7983: a first byte of 0-3 is STUN (16-19 ZRTP, 20-63 DTLS...)
+
+
+def in_stun_range(data: bytes | bytearray | memoryview) -> bool:
+    """True when the first byte of ``data`` is in STUN's demultiplexing range (RFC 7983).
+
+    The cheap test of what may be parsed as STUN at all; ``is_stun`` checks the framing.
+    """
+    return bool(data) and data[0] <= STUN_FIRST_BYTE_MAX
+
+
 def is_stun(data: bytes | memoryview) -> bool:
     """True when ``data`` is framed like a STUN message (header and cookie, length fits)."""
     if len(data) < HEADER_LENGTH or data[0] & 0xC0:
