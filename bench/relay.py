@@ -126,14 +126,18 @@ class _Target:
 class _RelayTarget(_Target):
     name = "relay"
 
-    def __init__(self, sink: Sink, secret: bytes, workers: int, cpus: tuple[int, ...]) -> None:
+    def __init__(self, sink: Sink, secret: bytes, workers: int, cpus: tuple[int, ...],
+                 flows: int) -> None:
         port = _free_udp_port()
         self.workers = workers
         self.address = ("127.0.0.1", port)
         self.server = RelayServer(RelayConfig(
             routes=RouteTable("ingress", {1: sink.address}), listen=self.address,
             hop_bind="127.0.0.1", secret=secret, workers=workers, cpus=cpus, metrics=None,
-            relay_id=f"bench-{port}"))
+            relay_id=f"bench-{port}",
+            # Every flow of the bench comes from 127.0.0.1: the per-address cap on pending
+            # flows (a flood defence, 64 by default) would refuse all flows past the 64th.
+            pending_per_ip=max(RelayConfig.pending_per_ip, flows)))
         self.server.start()
 
     def pids(self) -> list[int]:
@@ -206,7 +210,7 @@ def run_bench(cfg: BenchConfig, say=lambda msg: None) -> list[PhaseRow]:
     try:
         for w in cfg.workers:
             pinned = (cfg.relay_cpu,) if w == 1 else tuple(sorted({cfg.relay_cpu, cfg.gen_cpu}))
-            targets.append(_RelayTarget(sink, secret, w, pinned))
+            targets.append(_RelayTarget(sink, secret, w, pinned, cfg.flows))
         if cfg.naive:
             targets.append(_NaiveTarget(sink, cfg.relay_cpu))
         os.sched_setaffinity(0, {cfg.gen_cpu})
