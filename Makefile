@@ -1,6 +1,7 @@
 # voiceedge: the two commands of the README, and a few more.
 #   make scenario REGION=apac   run the main scenario for clients in REGION
-#   make test                   run the test suite (needs root: namespaces, iptables)
+#   make check                  the fast tier: unit and component tests (no root needed)
+#   make test                   run the whole test suite (needs root: namespaces, iptables)
 SHELL := /bin/bash
 PY_SYSTEM := /usr/bin/python3
 VENV := .venv
@@ -9,12 +10,14 @@ REGION ?= apac
 SCENARIO ?= scenarios/default.yaml
 SWEEP ?= scenarios/sweep.yaml
 
-.PHONY: deps venv browsers scenario sweep test budgets bench-relay bench-hostile clean help
+.PHONY: deps venv browsers scenario sweep check test budgets bench-relay bench-hostile clean help
 
 help:
 	@echo "make scenario REGION=apac   run the scenario for clients in REGION"
 	@echo "make sweep REGION=apac      run the shipped sweep (the public internet's rtt_scale; docs/sweeps.md)"
-	@echo "make test                   run the tests"
+	@echo "make check                  the fast tier: unit and component tests, no world, namespace,"
+	@echo "                            browser or docker (about a minute; docs/contributing.md)"
+	@echo "make test                   run the whole test suite (what CI runs; needs root)"
 	@echo "make budgets                run the compact CI scenarios; check the latency and fault budgets"
 	@echo "make bench-relay            benchmark the relay's forwarding cost and added latency"
 	@echo "make bench-hostile          hostile input against a live edge (fuzz, flood, signaling, hygiene)"
@@ -51,6 +54,12 @@ scenario: venv
 sweep: venv
 	@if $(call wants_browsers,$(SWEEP)); then scripts/install-debian-deps.sh browsers; fi
 	@$(BIN)/voiceedge sweep $(SWEEP) --region $(REGION) $(SWEEP_ARGS)
+
+# The tiers (docs/contributing.md): `make check` before each commit, `make test` before pushing.
+CHECK_MARKERS := not world and not netns and not browser and not docker
+
+check: venv
+	@$(BIN)/python -m pytest -q -m "$(CHECK_MARKERS)" $(PYTEST_ARGS)
 
 test: venv browsers
 	@$(BIN)/python -m pytest $(PYTEST_ARGS)
