@@ -1,149 +1,146 @@
 """The test tiers' guard (tests/conftest.py): a test marked neither ``world`` nor ``netns`` that
 makes a network namespace fails loudly, naming the marker, whether it makes it in its own process
-or in a process it starts, and even when it swallows the error. Each case is a real pytest run
-of a small test file with the project's conftest; the guard refuses before anything is made, so
-this needs no root and leaves nothing behind."""
+or in a process it starts, and even when it swallows the error. One real pytest run of a small
+test file with the project's conftest holds the cases; the guard refuses before anything is
+made, so this needs no root and leaves nothing behind."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.conftest import REPO
 from topology.netns import FORBIDDEN_ENV, FORBIDDEN_LOG_ENV
 
+CASES = f"""
+    import os
+    import subprocess
+    import sys
 
-def run_pytest(tmp_path, source: str, *args: str) -> subprocess.CompletedProcess:
-    """pytest (with ``args``) on one test file holding ``source``, with the project's conftest
-    and markers."""
-    path = tmp_path / "test_tiny.py"
-    path.write_text(textwrap.dedent(source))
+    import pytest
+
+    from tests.conftest import needs
+    from topology.netns import NetnsError, add_netns, lab_namespace, refuse_if_forbidden
+
+
+    def test_makes_a_lab():
+        with lab_namespace("veguard"):
+            pass
+
+
+    def test_swallows_the_refusal():
+        try:
+            add_netns("veguard-swallowed")
+        except NetnsError:
+            pass
+
+
+    def test_a_child_makes_one():  # as `voiceedge scenario` started by a test would
+        subprocess.run([sys.executable, "-c",
+                        "from topology.netns import add_netns; add_netns('veguard-child')"])
+
+
+    def test_ip_netns_add():
+        try:
+            subprocess.run(["ip", "netns", "add", "veguard-ip"])
+        finally:  # only were the guard broken would there be one to delete
+            subprocess.run(["ip", "netns", "delete", "veguard-ip"], capture_output=True)
+
+
+    def test_mnexec():
+        subprocess.run(["mnexec", "-cdn", "true"])
+
+
+    def test_other_commands_run():
+        assert {FORBIDDEN_ENV!r} in os.environ
+        assert subprocess.run(["ip", "-V"], capture_output=True).returncode == 0
+
+
+    @pytest.mark.netns
+    def test_marked():
+        assert {FORBIDDEN_ENV!r} not in os.environ
+        refuse_if_forbidden("network namespace x")  # allowed: raises nothing
+
+
+    @pytest.fixture
+    @needs("netns")
+    def lab():
+        return "lab"
+
+
+    @pytest.fixture
+    def edge(lab):
+        return lab
+
+
+    def test_through_a_fixture(edge):
+        pass
+"""
+
+
+def run_pytest(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """pytest (with ``args``) on CASES, with the project's conftest and markers."""
+    path = tmp_path / "test_cases.py"
+    path.write_text(textwrap.dedent(CASES))
     # This test is itself unmarked: its guard must not reach the inner run's own.
     env = {k: v for k, v in os.environ.items() if k not in (FORBIDDEN_ENV, FORBIDDEN_LOG_ENV)}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-c", str(REPO / "pyproject.toml"),
-         "--rootdir", str(tmp_path), "-q", "-p", "no:cacheprovider", *args, str(path)],
+         "--rootdir", str(tmp_path), "-p", "no:cacheprovider", "-rA", *args, str(path)],
         capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
 
 
-def failures(proc: subprocess.CompletedProcess) -> list[str]:
-    return [line for line in proc.stdout.splitlines() if line.startswith("FAILED ")]
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory) -> tuple[dict[str, str], dict[str, str], str]:
+    """({test: PASSED/FAILED/SKIPPED}, {failed test: its failure's text}, the whole output)."""
+    proc = run_pytest(tmp_path_factory.mktemp("tiers"))
+    out = proc.stdout
+    status = dict((name, word) for word, name in
+                  re.findall(r"^(PASSED|FAILED|SKIPPED|ERROR) \S*::(test_\w+)", out, re.M))
+    sections = re.split(r"^_{3,} (test_\w+) _{3,}$", out, flags=re.M)
+    failures = dict(zip(sections[1::2], sections[2::2]))
+    return status, failures, out
 
 
-def test_an_unmarked_test_that_makes_a_lab_namespace_fails_naming_the_marker(tmp_path):
-    proc = run_pytest(tmp_path, """
-        from topology.netns import lab_namespace
-
-        def test_makes_a_lab():
-            with lab_namespace("veguard"):
-                pass
-    """)
-    assert proc.returncode == 1, proc.stdout
-    [failed] = failures(proc)
-    assert "test_makes_a_lab" in failed
-    assert "marked neither world nor netns" in proc.stdout
-    assert "pytest.mark.netns" in proc.stdout and "pytest.mark.world" in proc.stdout
-    assert "lab namespace veguard-" in proc.stdout
+MESSAGE = ("is marked neither world nor netns but makes a network namespace or a Mininet world: "
+           "mark it (`pytestmark = pytest.mark.netns`, or `pytest.mark.world`")
 
 
-def test_a_swallowed_refusal_still_fails_the_test(tmp_path):
-    proc = run_pytest(tmp_path, """
-        from topology.netns import NetnsError, add_netns
-
-        def test_swallows():
-            try:
-                add_netns("veguard-swallowed")
-            except NetnsError:
-                pass
-    """)
-    assert proc.returncode == 1, proc.stdout
-    assert "test_swallows" in failures(proc)[0]
-    assert "network namespace veguard-swallowed" in proc.stdout
-
-
-def test_a_namespace_made_by_a_child_process_fails_the_test(tmp_path):
-    """The child (as `voiceedge scenario` would be) inherits the guard and refuses."""
-    proc = run_pytest(tmp_path, """
-        import subprocess, sys
-
-        def test_child_makes_one():
-            subprocess.run([sys.executable, "-c",
-                            "from topology.netns import add_netns; add_netns('veguard-child')"])
-    """)
-    assert proc.returncode == 1, proc.stdout
-    assert "test_child_makes_one" in failures(proc)[0]
-    assert "network namespace veguard-child" in proc.stdout
+@pytest.mark.parametrize("test, refused", [
+    ("test_makes_a_lab", "lab namespace veguard-"),
+    ("test_swallows_the_refusal", "network namespace veguard-swallowed"),
+    ("test_a_child_makes_one", "network namespace veguard-child"),
+    ("test_ip_netns_add", "ip netns add"),
+    ("test_mnexec", "mnexec (Mininet)"),
+])
+def test_an_unmarked_test_that_makes_a_namespace_fails_naming_the_marker(outcome, test, refused):
+    status, failures, out = outcome
+    assert status.get(test) == "FAILED", out
+    text = " ".join(failures[test].split())
+    assert f"test_cases.py::{test} {MESSAGE}" in text, text
+    assert f"Refused: {refused}" in text, text
 
 
-def test_ip_netns_add_and_mininet_s_mnexec_are_refused_whoever_runs_them(tmp_path):
-    proc = run_pytest(tmp_path, """
-        import subprocess
-
-        def test_ip_netns_add():
-            try:
-                subprocess.run(["ip", "netns", "add", "veguard-ip"])
-            finally:  # only were the guard broken would there be one to delete
-                subprocess.run(["ip", "netns", "delete", "veguard-ip"], capture_output=True)
-
-        def test_mnexec():
-            subprocess.run(["mnexec", "-cdn", "true"])
-
-        def test_other_commands_run():
-            assert subprocess.run(["ip", "-V"], capture_output=True).returncode == 0
-    """)
-    assert proc.returncode == 1, proc.stdout
-    failed = failures(proc)
-    assert len(failed) == 2 and "test_ip_netns_add" in failed[0] and "test_mnexec" in failed[1]
-    assert "ip netns add refused" in proc.stdout and "mnexec (Mininet) refused" in proc.stdout
-    assert "1 passed" in proc.stdout
-    assert "veguard-ip" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                              text=True).stdout
+def test_nothing_was_made(outcome):
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "veguard" not in names
 
 
-def test_a_marked_test_is_not_guarded_and_is_skipped_without_root(tmp_path):
-    proc = run_pytest(tmp_path, f"""
-        import os
-        import pytest
-        from topology.netns import refuse_if_forbidden
-
-        @pytest.mark.netns
-        def test_marked():
-            assert {FORBIDDEN_ENV!r} not in os.environ
-            refuse_if_forbidden("network namespace x")  # allowed: raises nothing
-
-        def test_unmarked_may_do_anything_else():
-            assert {FORBIDDEN_ENV!r} in os.environ
-    """)
-    assert proc.returncode == 0, proc.stdout
-    if os.geteuid() == 0:
-        assert "2 passed" in proc.stdout
-    else:
-        assert "1 passed, 1 skipped" in proc.stdout
+def test_other_commands_and_marked_tests_are_left_alone(outcome):
+    status, _, out = outcome
+    assert status.get("test_other_commands_run") == "PASSED", out
+    # marked netns: not guarded; skipped by the conftest when not root
+    assert status.get("test_marked") == ("PASSED" if os.geteuid() == 0 else "SKIPPED"), out
 
 
 def test_a_fixture_says_what_its_tests_need(tmp_path):
     """A test that uses a fixture under ``@needs("netns")`` (as the lab fixture is), directly or
     through another fixture, is marked netns, so ``-m "not netns"`` (make check) leaves it out."""
-    proc = run_pytest(tmp_path, """
-        import pytest
-        from tests.conftest import needs
-
-        @pytest.fixture
-        @needs("netns")
-        def lab():
-            return "lab"
-
-        @pytest.fixture
-        def edge(lab):
-            return lab
-
-        def test_through_another_fixture(edge):
-            pass
-
-        def test_without():
-            pass
-    """, "--collect-only", "-m", "not netns")
+    proc = run_pytest(tmp_path, "--collect-only", "-q", "-m", "netns")
     assert proc.returncode == 0, proc.stdout
-    assert "test_without" in proc.stdout and "test_through_another_fixture" not in proc.stdout
-    assert "1/2 tests collected (1 deselected)" in proc.stdout
+    selected = re.findall(r"::(test_\w+)", proc.stdout)
+    assert selected == ["test_marked", "test_through_a_fixture"], proc.stdout
