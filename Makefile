@@ -16,7 +16,7 @@ help:
 	@echo "make scenario REGION=apac   run the scenario for clients in REGION"
 	@echo "make sweep REGION=apac      run the shipped sweep (the public internet's rtt_scale; docs/sweeps.md)"
 	@echo "make check                  the fast tier: unit and component tests, no world, namespace,"
-	@echo "                            browser or docker (under 90 s on 2 cores; docs/contributing.md)"
+	@echo "                            browser or docker; no root (about 90 s on 2 cores; docs/contributing.md)"
 	@echo "make test                   run the whole test suite (what CI runs; needs root)"
 	@echo "make budgets                run the compact CI scenarios; check the latency and fault budgets"
 	@echo "make bench-relay            benchmark the relay's forwarding cost and added latency"
