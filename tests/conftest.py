@@ -126,8 +126,8 @@ def pytest_runtest_setup(item):
     if os.geteuid() != 0:
         marked = [m for m in NEEDS_ROOT if item.get_closest_marker(m)]
         if marked:
-            pytest.skip(f"needs root (marked {', '.join(marked)}: network namespaces, Mininet "
-                        "or iptables); run the tests as root, as `make test` and CI do")
+            pytest.skip(f"needs root (marked {', '.join(marked)}); run the tests as root, as "
+                        "`make test` and CI do")
     if not _unmarked(item):
         return (yield)
     with _guarded(item):

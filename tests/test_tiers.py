@@ -97,10 +97,9 @@ def run_pytest(tmp_path, *args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def outcome(tmp_path_factory) -> tuple[dict[str, str], dict[str, str], str]:
     """({test: PASSED/FAILED/SKIPPED}, {failed test: its failure's text}, the whole output)."""
-    proc = run_pytest(tmp_path_factory.mktemp("tiers"))
+    proc = run_pytest(tmp_path_factory.mktemp("tiers"), "-v")
     out = proc.stdout
-    status = dict((name, word) for word, name in
-                  re.findall(r"^(PASSED|FAILED|SKIPPED|ERROR) \S*::(test_\w+)", out, re.M))
+    status = dict(re.findall(r"^\S*::(test_\w+) (PASSED|FAILED|SKIPPED|ERROR)", out, re.M))
     sections = re.split(r"^_{3,} (test_\w+) _{3,}$", out, flags=re.M)
     failures = dict(zip(sections[1::2], sections[2::2]))
     return status, failures, out
