@@ -1,6 +1,7 @@
 # voiceedge: the two commands of the README, and a few more.
 #   make scenario REGION=apac   run the main scenario for clients in REGION
-#   make test                   run the test suite (needs root: namespaces, iptables)
+#   make check                  the fast tier: unit and component tests (no root needed)
+#   make test                   run the whole test suite (needs root: namespaces, iptables)
 SHELL := /bin/bash
 PY_SYSTEM := /usr/bin/python3
 VENV := .venv
@@ -9,12 +10,14 @@ REGION ?= apac
 SCENARIO ?= scenarios/default.yaml
 SWEEP ?= scenarios/sweep.yaml
 
-.PHONY: deps venv browsers scenario sweep test budgets bench-relay bench-hostile clean help
+.PHONY: deps venv browsers scenario sweep check test test-deps budgets bench-relay bench-hostile clean help
 
 help:
 	@echo "make scenario REGION=apac   run the scenario for clients in REGION"
 	@echo "make sweep REGION=apac      run the shipped sweep (the public internet's rtt_scale; docs/sweeps.md)"
-	@echo "make test                   run the tests"
+	@echo "make check                  the fast tier: unit and component tests, no world, namespace,"
+	@echo "                            browser or docker; no root (about 90 s on 2 cores; docs/contributing.md)"
+	@echo "make test                   run the whole test suite (what CI runs; needs root)"
 	@echo "make budgets                run the compact CI scenarios; check the latency and fault budgets"
 	@echo "make bench-relay            benchmark the relay's forwarding cost and added latency"
 	@echo "make bench-hostile          hostile input against a live edge (fuzz, flood, signaling, hygiene)"
@@ -52,8 +55,29 @@ sweep: venv
 	@if $(call wants_browsers,$(SWEEP)); then scripts/install-debian-deps.sh browsers; fi
 	@$(BIN)/voiceedge sweep $(SWEEP) --region $(REGION) $(SWEEP_ARGS)
 
-test: venv browsers
+# The tiers (docs/contributing.md). `make check`: the unit and component tests (loopback, real
+# redis-server), on both cores; no root needed. `make test`: everything, as CI runs it; the
+# same tier first, on both cores, then the tests that need a world, a namespace, Chromium or
+# dockerd one at a time (they measure latency and CPU: side by side they would skew each
+# other). With PYTEST_ARGS, one pytest run of what they select, e.g. PYTEST_ARGS=tests/test_x.py.
+CHECK_MARKERS := not world and not netns and not browser and not docker
+
+check: venv
+	@$(BIN)/python -m pytest -q -n 2 -m "$(CHECK_MARKERS)" $(PYTEST_ARGS)
+
+# One apt-get run for the base packages and chromium (test-deps), then the venv.
+test-deps:
+	@scripts/install-debian-deps.sh base browsers
+
+test: test-deps venv
+ifeq ($(strip $(PYTEST_ARGS)),)
+	@status=0; \
+	$(BIN)/python -m pytest -q -n 2 -m "$(CHECK_MARKERS)" || status=$$?; \
+	$(BIN)/python -m pytest -m "not ($(CHECK_MARKERS))" || status=$$?; \
+	exit $$status
+else
 	@$(BIN)/python -m pytest $(PYTEST_ARGS)
+endif
 
 budgets: venv
 	@$(BIN)/voiceedge budgets

@@ -2,17 +2,23 @@
 # Installs the Debian packages voiceedge needs, only those missing (idempotent, fast when done).
 set -euo pipefail
 packages=(mininet bridge-utils iptables conntrack iputils-ping redis-server tcpdump coturn python3-venv python3-dev gcc)
-# Usage: install-debian-deps.sh [browsers]
-#   (none)     what every command needs (above)
+# Usage: install-debian-deps.sh [base] [browsers]
+#   base       what every command needs (above; the default)
 #   browsers   Debian's chromium, for browser clients (make browsers; docs/browser.md)
-mode=${1:-base}
-case "$mode" in
-    base) ;;
-    browsers) packages=(chromium) ;;
-    *) echo "usage: $0 [browsers]" >&2; exit 2 ;;
-esac
+# Both at once (make test) is one apt-get update and one install: on a fresh machine the
+# second update of two separate calls costs as much as the first.
+modes=("${@:-base}")
+wanted=()
+with_base=no
+for mode in "${modes[@]}"; do
+    case "$mode" in
+        base) wanted+=("${packages[@]}"); with_base=yes ;;
+        browsers) wanted+=(chromium) ;;
+        *) echo "usage: $0 [base] [browsers]" >&2; exit 2 ;;
+    esac
+done
 missing=()
-for p in "${packages[@]}"; do
+for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
@@ -27,7 +33,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 # --no-install-recommends: mininet would otherwise pull openvswitch-switch, unused here.
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-if [ "$mode" = browsers ]; then exit 0; fi
+if [ "$with_base" = no ]; then exit 0; fi
 # The package starts a system redis-server on :6379; tests run their own, so keep it from lingering.
 if [ -d /run/systemd/system ]; then systemctl disable --now redis-server >/dev/null 2>&1 || true; fi
 # coturn's package may start (or enable) a system turnserver on :3478; the edge runs its own

@@ -16,10 +16,12 @@ import pytest
 from scenarios.demo_edge import demo_plan
 from scenarios.edge import Edge
 from services.browser.config import DEFAULT_CHROMIUM
+from tests.conftest import needs
 from topology.netns import in_namespace
 
 
 @pytest.fixture(scope="module")
+@needs("browser")
 def chromium() -> str:
     if not os.access(DEFAULT_CHROMIUM, os.X_OK):
         pytest.fail(f"no Chromium at {DEFAULT_CHROMIUM}: run `make browsers` (make test does)")

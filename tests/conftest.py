@@ -1,11 +1,13 @@
 """Shared fixtures: real processes (redis-server, relays) on loopback, cleaned up afterwards."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -15,10 +17,136 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+# ------------------------------------------------------------------ tiers (docs/contributing.md)
+# Every test is marked by what it needs (pyproject's markers): `world` and `netns` need root
+# and make namespaces, `browser` starts Chromium, `docker` needs dockerd, `slow` is none of
+# those but long. `make check` runs the tests with none of world/netns/browser/docker. A
+# marker comes from the module's `pytestmark`, a test's decorator, or a fixture the test uses
+# that says what it needs (`needs` below: a test that uses the `lab` fixture is `netns`).
+
+NEEDS_ROOT = ("world", "netns", "root")
+MAKES_NAMESPACES = ("world", "netns")
+
+
+def needs(*markers: str):
+    """Put under ``@pytest.fixture``: every test that uses the fixture, directly or through
+    another fixture, gets ``markers`` (e.g. ``@needs("netns")`` on a lab fixture)."""
+
+    def mark(fn):
+        fn.voiceedge_needs = markers
+        return fn
+
+    return mark
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by markers
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        have = {m.name for m in item.iter_markers()}
+        for defs in item._fixtureinfo.name2fixturedefs.values():
+            for marker in getattr(defs[-1].func, "voiceedge_needs", ()):
+                if marker not in have:
+                    item.add_marker(marker)
+                    have.add(marker)
+
+
+# The loud failure for a test that makes namespaces without saying so. For a test marked
+# neither world nor netns, setup and call run with topology.netns.FORBIDDEN_ENV set: the
+# project's namespace and Mininet creators refuse (also in the processes the test starts) and
+# log each refusal; and an audit hook refuses this process's own `ip netns add`, `unshare -n`
+# and `mnexec` (Mininet's namespace maker) whoever calls them. Any refusal fails the test.
+_guard: dict = {"message": None, "log": None}
+
+
+def _namespace_command(args) -> str | None:
+    """The namespace-making command ``args`` is, or None."""
+    argv = [os.path.basename(str(a)) if i == 0 else str(a)
+            for i, a in enumerate(args if isinstance(args, (list, tuple)) else [args])]
+    if not argv:
+        return None
+    if argv[0] == "ip" and "netns" in argv and "add" in argv[argv.index("netns"):]:
+        return "ip netns add"
+    if argv[0] == "unshare" and any(a == "--net" or a.startswith("--net=") or (
+            a.startswith("-") and not a.startswith("--") and "n" in a) for a in argv[1:]):
+        return "unshare --net"
+    if argv[0] == "mnexec":
+        return "mnexec (Mininet)"
+    return None
+
+
+def _audit(event: str, args) -> None:
+    if _guard["message"] is None or event not in ("subprocess.Popen", "os.posix_spawn",
+                                                    "os.exec"):
+        return
+    what = _namespace_command(args[1])
+    if what is not None:
+        with open(_guard["log"], "a") as f:
+            f.write(f"{what} (pid {os.getpid()})\n")
+        raise RuntimeError(f"{what} refused: {_guard['message']}")
+
+
+sys.addaudithook(_audit)
+
+
+@contextlib.contextmanager
+def _guarded(item):
+    """One phase (setup or call) of a test marked neither world nor netns: the guard is on,
+    and afterwards the test fails, naming the marker, if anything tried to make a namespace."""
+    from topology.netns import FORBIDDEN_ENV, FORBIDDEN_LOG_ENV
+
+    fd, log = tempfile.mkstemp(prefix="voiceedge-netns-refused-", suffix=".log")
+    os.close(fd)
+    message = (f"{item.nodeid} is marked neither world nor netns but makes a network namespace "
+               "or a Mininet world: mark it (`pytestmark = pytest.mark.netns`, or "
+               "`pytest.mark.world` for a world, scenario or sweep; docs/contributing.md)")
+    saved = {k: os.environ.get(k) for k in (FORBIDDEN_ENV, FORBIDDEN_LOG_ENV)}
+    os.environ[FORBIDDEN_ENV], os.environ[FORBIDDEN_LOG_ENV] = message, log
+    _guard.update(message=message, log=log)
+    try:
+        yield
+    finally:
+        _guard.update(message=None, log=None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        refused = Path(log).read_text().splitlines()
+        os.unlink(log)
+        if refused:
+            pytest.fail(f"{message}. Refused: {'; '.join(refused)}", pytrace=False)
+
+
+def _unmarked(item) -> bool:
+    return not any(item.get_closest_marker(m) for m in MAKES_NAMESPACES)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    if os.geteuid() != 0:
+        marked = [m for m in NEEDS_ROOT if item.get_closest_marker(m)]
+        if marked:
+            pytest.skip(f"needs root (marked {', '.join(marked)}); run the tests as root, as "
+                        "`make test` and CI do")
+    if not _unmarked(item):
+        return (yield)
+    with _guarded(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    if not _unmarked(item):
+        return (yield)
+    with _guarded(item):
+        return (yield)
+
+
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
 @pytest.fixture
+@needs("root")
 def as_nobody() -> list[str]:
     """The command prefix that runs a command as user nobody, for tests of the not-root paths.
 
@@ -41,9 +169,8 @@ def lab_fixture(prefix: str):
     (topology/netns.py), which needs root. Use as ``lab = lab_fixture("vexyz")``."""
 
     @pytest.fixture(scope="module")
+    @needs("netns")
     def lab():
-        if os.geteuid() != 0:
-            pytest.skip("needs root for a network namespace")
         from topology.netns import lab_namespace
 
         with lab_namespace(prefix) as ns:
@@ -220,14 +347,14 @@ def run_scenario(path: Path, region: str, out: Path, env: dict | None = None,
 
 def shipped_scenario(tmp_path_factory, name: str, region: str,
                      args: tuple[str, ...] = ()) -> tuple[dict, Path]:
-    """One run of ``scenarios/<name>.yaml`` for clients in ``region`` (root: Mininet)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (Mininet)")
+    """One run of ``scenarios/<name>.yaml`` for clients in ``region`` (root: Mininet; the
+    fixture that calls it says ``@needs("world")``)."""
     return run_scenario(REPO / "scenarios" / f"{name}.yaml", region,
                         tmp_path_factory.mktemp(f"{name}-results"), args=args)
 
 
 @pytest.fixture(scope="session")
+@needs("world")
 def ci_results(tmp_path_factory):
     """One run of the compact CI scenario (scenarios/ci.yaml), shared by the tests that read it;
     with packet captures (tests/test_wire_world.py reads them; tcpdump's cost on this run is

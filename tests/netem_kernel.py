@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.conftest import needs
+
 
 @dataclass(frozen=True)
 class KernelNetem:
@@ -35,9 +37,8 @@ def ask_kernel() -> KernelNetem:
 
 
 @pytest.fixture(scope="session")
+@needs("netns")
 def kernel() -> KernelNetem:
-    if os.geteuid() != 0:
-        pytest.fail("asking the kernel for netem needs root: run the tests as root")
     return ask_kernel()
 
 

@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from bench.capacity import lag_of
 from tests.conftest import REPO
 
@@ -23,6 +25,7 @@ def test_lag_is_summed_per_service_from_the_summaries(tmp_path):
     assert lag_of(tmp_path) == ({"relay": 3, "transceiver": 0}, {"relay": 20, "transceiver": 12})
 
 
+@pytest.mark.netns  # the demo edge runs in a lab namespace
 def test_two_small_sizes_run_and_report_their_own_cpu_and_lag(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "voiceedge", "bench", "capacity", "--sessions",
                            "1,3", "--duration", "3", "--rate", "5", "--workdir", str(tmp_path),

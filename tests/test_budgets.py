@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,7 @@ import yaml
 
 from analysis.budgets import PACKAGE_ROOT, Budget, BudgetError, BudgetFile, check, check_one
 from analysis.power import detectable_failure_rate
-from tests.conftest import REPO, run_scenario
+from tests.conftest import REPO, needs, run_scenario
 
 CI_SCENARIO = REPO / "scenarios" / "ci.yaml"
 
@@ -61,11 +60,10 @@ def _edit(text: str, old: str, new: str) -> str:
 
 
 @pytest.fixture(scope="module")
+@needs("world")
 def regressed(tmp_path_factory):
     """The CI scenario without cluster-relay, every relay sleeping 30 ms at each wake-up (a
     test-only switch), with packet captures."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (Mininet)")
     tmp_path = tmp_path_factory.mktemp("regressed")
     scenario = tmp_path / "regressed.yaml"
     text = CI_SCENARIO.read_text()

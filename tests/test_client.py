@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
 import socket
 import subprocess
@@ -31,7 +30,7 @@ from services.client.seqstats import SeqTracker, extend_seq, loss_stats, unwrap
 from services.client.session import CallSession, ping_event, run_session
 from services.gaps import GAP_MIN_MS, ArrivalGaps
 from services.logs import Event
-from tests.conftest import REPO
+from tests.conftest import REPO, needs
 from tests.logcheck import service_records
 from voiceedge.errors import UserError
 
@@ -221,11 +220,10 @@ def closed_udp_port(host: str) -> int:
 
 
 @pytest.fixture(scope="module")
+@needs("netns")
 def media_host():
     """A veth address in a lab namespace the tests run in (aioice skips 127.0.0.1, and no
     traffic may touch the machine's own interfaces)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root for a network namespace")
     with lab_namespace("veclient") as ns, entered(ns.name):
         yield ns.addresses[0]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 
 import pytest
@@ -23,6 +22,7 @@ from services.client.config import FULL, LIGHT, ClientConfig
 from services.client.runner import kinds, run_sessions
 from services.client.session import run_session
 from services.client.voiced import VOICED_MIN_BYTES, VoicedCount
+from tests.conftest import needs
 from topology.netns import in_namespace, lab_namespace
 from voiceedge.errors import UserError
 
@@ -41,8 +41,6 @@ class SilentAgentEdge(Edge):
 
 
 def running_edge(kind: type[Edge], prefix: str, logs):
-    if os.geteuid() != 0:
-        pytest.skip("needs root for a network namespace")
     with lab_namespace(prefix) as ns:
         edge = kind(demo_plan("shared", ns.name, *ns.addresses), logs)
         with edge:
@@ -50,11 +48,13 @@ def running_edge(kind: type[Edge], prefix: str, logs):
 
 
 @pytest.fixture(scope="module")
+@needs("netns")
 def echo_edge(tmp_path_factory):
     yield from running_edge(Edge, "velight", tmp_path_factory.mktemp("echo-edge"))
 
 
 @pytest.fixture(scope="module")
+@needs("netns")
 def silent_edge(tmp_path_factory):
     yield from running_edge(SilentAgentEdge, "vesilent", tmp_path_factory.mktemp("silent-edge"))
 

@@ -13,6 +13,8 @@ import pytest
 
 from tests.conftest import run_scenario
 
+pytestmark = [pytest.mark.world, pytest.mark.browser]
+
 AIORTC, CHROMIUM = 2, 2   # per architecture; the two browsers offer gathered, then immediate
 SESSIONS = AIORTC + CHROMIUM
 SCENARIO = f"""\
@@ -32,8 +34,6 @@ calibration: {{count: 100, rate: 100, at_load: false}}
 
 @pytest.fixture(scope="module")
 def mixed_run(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("needs root (Mininet)")
     root = tmp_path_factory.mktemp("clients")
     path = root / "clients.yaml"
     path.write_text(SCENARIO)

@@ -3,7 +3,6 @@ the first-packet parsers they aim at survive them (hypothesis), and a quick run 
 live edge (relay, transceiver, signaling, one real call) breaks no rule."""
 from __future__ import annotations
 
-import os
 import random
 from collections import Counter
 
@@ -177,9 +176,8 @@ NEVER_ROUTE = ("stun_bad_cookie", "stun_length_past_end", "stun_attr_overflow",
                "ufrag_bitflip", "rtp", "dtls", "channeldata", "jumbo", "empty")
 
 
+@pytest.mark.netns
 def test_quick_run_against_a_live_edge(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root for a network namespace")
     from bench.hostile.fuzz import AFTER, FuzzConfig, lines, run
 
     config = FuzzConfig.quick()

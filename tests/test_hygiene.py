@@ -142,13 +142,12 @@ def test_settled_takes_the_minimum_of_each_count():
     assert s["signaling"]["tasks"] is None  # not known in every sample: not compared
 
 
+@pytest.mark.netns
 def test_quick_run_leaves_no_growth_and_reaps_every_half_way_session(tmp_path):
     """2 rounds of 40 complete sessions and 40 half-way ones (no ICE, no DTLS, vanished after
     connecting), the transceiver's setup timeout and consent checks shortened to a second or
     two; round 2 grows no service's heap in use by more than 56 KiB (a native leak of 1 KiB a
     session is 80)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root for a network namespace")
     cfg = HygieneConfig.quick(workdir=tmp_path)
     result = run(cfg)
     report = "\n".join(lines(result))

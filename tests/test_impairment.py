@@ -36,6 +36,7 @@ from topology.impairment.netem import (NetemBackend, change_command, change_prob
 from topology.netns import entered
 from topology.probe import udp_probe
 from topology.impairment.userspace import UserspaceBackend
+from tests.conftest import needs
 from tests.netem_kernel import kernel, netem, no_netem  # noqa: F401 (fixtures)
 
 # -- pure: netem commands, the per-packet model -------------------------------------------------
@@ -223,9 +224,9 @@ def test_userspace_change_of_an_interface_never_applied_is_refused():
 
 
 @pytest.fixture(scope="module")
+@needs("netns")
 def root():
-    if os.geteuid() != 0:
-        pytest.fail("the impairment tests need root (namespaces, iptables): run `make test` as root")
+    """For the tests that make namespaces (skipped when not root: tests/conftest.py)."""
 
 
 def test_detect_says_what_the_kernel_supports_and_why(root, kernel, caplog):

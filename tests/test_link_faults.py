@@ -4,7 +4,6 @@ world with the userspace engine, probed the way calibration probes (needs root).
 from __future__ import annotations
 
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from topology.probe import ProbeResult, udp_probe
 from topology.impairment.model import link_down, with_extra_loss
 from topology.world import ImpairedLink, World, WorldSpec
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
+pytestmark = pytest.mark.world
 
 # The two directions of the backbone differ, so a fault built per direction must keep each.
 AB, BA = Impairment(delay_ms=20, jitter_ms=1), Impairment(delay_ms=25, jitter_ms=1)

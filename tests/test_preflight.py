@@ -87,13 +87,11 @@ def test_an_unknown_backend_is_refused():
         check_world_prerequisites("tbf", euid=0)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="asks the kernel for netem: needs root")
 def test_on_this_machine_it_says_the_backend_the_kernel_supports(kernel):
     assert check_world_prerequisites(None) == kernel.backend
     assert check_world_prerequisites("userspace", services=True) == "userspace"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="asks the kernel for netem: needs root")
 def test_netem_asked_for_on_a_kernel_without_it_is_one_line(no_netem):
     with pytest.raises(EnvironmentProblem) as err:
         check_world_prerequisites("netem")
@@ -102,7 +100,6 @@ def test_netem_asked_for_on_a_kernel_without_it_is_one_line(no_netem):
     assert "--backend userspace" in message
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="asks the kernel for netem: needs root")
 def test_netem_asked_for_on_a_kernel_with_it(netem):
     assert check_world_prerequisites("netem") == "netem"
 
@@ -130,7 +127,7 @@ def test_calibrate_as_nobody_exits_2_with_one_line(tmp_path, as_nobody):
     assert not list(tmp_path.iterdir())  # nothing written
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="gets past the root check: needs root")
+@pytest.mark.root  # gets past the root check
 def test_calibrate_without_mnexec_exits_2_naming_mininet(tmp_path):
     proc = subprocess.run([*VOICEEDGE, "calibrate", "--regions", "apac-se"], capture_output=True,
                           text=True, cwd=REPO, timeout=60,

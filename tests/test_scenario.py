@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import sys
 import pytest
 
 from scenarios.spec import Scenario, ScenarioError
-from tests.conftest import REPO
+from tests.conftest import REPO, needs
 from topology.impairment.backend import detect
 
 CI = REPO / "scenarios" / "ci.yaml"
@@ -19,10 +18,9 @@ N = Scenario.load(CI).sessions_per_region  # sessions per architecture (one clie
 
 
 @pytest.fixture(scope="module")
+@needs("netns")
 def kernel_backend() -> str:
     """The backend this kernel supports, as the runner's automatic choice must find it."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to probe the kernel")
     found = detect()
     return getattr(found, "name", found)
 
@@ -186,6 +184,7 @@ def test_scenario_files_are_checked(tmp_path):
         Scenario.load(tmp_path / "missing.yaml")
 
 
+@pytest.mark.netns  # the runner asks the kernel for netem (a namespace) before it reads --region
 def test_bad_region_is_a_one_line_error():
     proc = subprocess.run([sys.executable, "-m", "voiceedge", "scenario", str(CI), "--region",
                            "atlantis"], capture_output=True, text=True, cwd=REPO, timeout=60)

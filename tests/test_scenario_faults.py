@@ -14,6 +14,8 @@ import pytest
 from analysis.budgets import BudgetFile, check_faults
 from tests.conftest import shipped_scenario
 
+pytestmark = pytest.mark.world
+
 
 @pytest.fixture(scope="module")
 def fault_run(tmp_path_factory):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import random
 import socket
 import time
@@ -169,7 +168,7 @@ def test_malformed_http_logs_one_warning_line_without_a_traceback(caplog):
     assert records[0].exc_info is None and records[0].msg.name == "bad_http_request"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a network namespace")
+@pytest.mark.netns
 def test_a_real_front_under_abuse_answers_4xx_frees_what_it_took_and_still_places_calls(
         tmp_path):
     cfg = replace(abuse.SignalingAbuseConfig.quick(), workdir=tmp_path)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 
@@ -18,7 +17,7 @@ import pytest
 from scenarios.spec import Scenario, ScenarioError
 from scenarios.sweep import point_orders, rotated, run_order
 from scenarios.sweepspec import SweepSpec, scenario_at
-from tests.conftest import REPO
+from tests.conftest import REPO, needs
 
 SCENARIO = """\
 name: sweeptest
@@ -121,10 +120,9 @@ def sweep(path, out, *args, timeout=600):
 
 
 @pytest.fixture(scope="module")
+@needs("world")
 def two_point_sweep(tmp_path_factory):
     """(first run, resumed run, sweep folder): stopped after one point, then resumed."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (Mininet)")
     path = tmp_path_factory.mktemp("sweep-file") / "sweeptest.yaml"
     path.write_text(SCENARIO)
     out = tmp_path_factory.mktemp("sweep-results")

@@ -6,8 +6,12 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
+
 from scenarios.spec import Scenario
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.world
 
 N = Scenario.load(REPO / "scenarios" / "ci.yaml").sessions_per_region
 

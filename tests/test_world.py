@@ -24,7 +24,7 @@ from topology.world import World, WorldSpec
 from tests.conftest import REPO
 from tests.netem_kernel import kernel  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
+pytestmark = pytest.mark.world
 
 
 def _matching() -> set[str]:

@@ -20,8 +20,7 @@ import pytest
 from tests.conftest import REPO
 from topology.worldstate import same_process, start_ticks
 
-pytestmark = [pytest.mark.root,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")]
+pytestmark = pytest.mark.world
 
 # 100 probes a path: with 20, the robust spread of a 1 ms jitter misses its 0.75 ms tolerance
 # by chance in about 1% of paths (IQR / 1.349 of 20 samples varies by ~0.3 sd)

@@ -27,6 +27,29 @@ class NetnsError(RuntimeError):
     """A namespace could not be made, entered or left (not root, no iproute2, gone)."""
 
 
+# The test suite's guard (tests/conftest.py, docs/contributing.md): for a test marked neither
+# ``world`` nor ``netns`` it sets FORBIDDEN_ENV to a sentence naming the test and the marker to
+# add. Every creator of namespaces in the project (add_netns, so the lab; topology.world.World,
+# so Mininet; the netem probe) then refuses, in the test's process and in every process it
+# starts; each refusal is also appended to the file named by FORBIDDEN_LOG_ENV, so that the
+# test fails even where the error is swallowed or happens in a child process.
+FORBIDDEN_ENV = "VOICEEDGE_NETNS_FORBIDDEN"
+FORBIDDEN_LOG_ENV = "VOICEEDGE_NETNS_FORBIDDEN_LOG"
+
+
+def refuse_if_forbidden(what: str) -> None:
+    """Raise NetnsError before making ``what`` (e.g. "network namespace x") when the
+    environment forbids namespaces (FORBIDDEN_ENV); nothing when it does not."""
+    reason = os.environ.get(FORBIDDEN_ENV)
+    if not reason:
+        return
+    log = os.environ.get(FORBIDDEN_LOG_ENV)
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{what} (pid {os.getpid()})\n")
+    raise NetnsError(f"{what} refused: {reason}")
+
+
 def ns_path(name: str) -> str:
     """The namespace file for ``name``: a name under /var/run/netns, or already a path."""
     return name if name.startswith("/") else f"/var/run/netns/{name}"
@@ -110,6 +133,7 @@ def ip(*args: str) -> None:
 
 def add_netns(name: str) -> str:
     """Create the named namespace with ``lo`` up; return its path."""
+    refuse_if_forbidden(f"network namespace {name}")
     try:
         ip("netns", "add", name)
         ip("-n", name, "link", "set", "lo", "up")
@@ -142,6 +166,7 @@ class lab_namespace:
         self.ns = LabNamespace(f"{prefix}-{os.getpid()}")
 
     def __enter__(self) -> LabNamespace:
+        refuse_if_forbidden(f"lab namespace {self.ns.name}")
         if os.geteuid() != 0:
             raise NetnsError("a lab namespace needs root")
         name = self.ns.name

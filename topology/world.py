@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from topology.impairment.model import Impairment, NetNode
+from topology.netns import refuse_if_forbidden
 
 log = logging.getLogger("voiceedge.topology")
 
@@ -169,6 +170,7 @@ class World:
         from mininet.net import Mininet
         from mininet.node import Host
 
+        refuse_if_forbidden("a Mininet world")  # the test suite's guard (topology/netns.py)
         setLogLevel("error")
         spec = self.spec
         # No switches, no controller (no Open vSwitch here): hosts joined by veth pairs. Not
