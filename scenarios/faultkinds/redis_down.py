@@ -2,20 +2,13 @@
 (empty: it keeps nothing on disk)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from scenarios.faultkinds.base import FaultKind, Lasting
-
-
-@dataclass(frozen=True)
-class RedisDownOptions(Lasting):
-    pass
 
 
 class RedisDown(FaultKind):
     name = "redis_down"
     targets = ("cluster",)
-    options = RedisDownOptions
+    options = Lasting  # duration_s
 
     def not_applicable(self, spec, plan):
         return None if plan.relayed else f"{plan.architecture} has no relay"

@@ -2,21 +2,14 @@
 starts again after ``restart_after_s`` (none: it stays down)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from analysis.faulteffect import FIRST_CALL_ELSEWHERE
 from scenarios.faultkinds.base import FaultKind, Restarting
-
-
-@dataclass(frozen=True)
-class TransceiverCrashOptions(Restarting):
-    pass
 
 
 class TransceiverCrash(FaultKind):
     name = "transceiver_crash"
     targets = ("cluster",)
-    options = TransceiverCrashOptions
+    options = Restarting  # restart_after_s
     names_transceiver = True
     measures = (FIRST_CALL_ELSEWHERE,)  # the first call that connected off the crashed one
 
