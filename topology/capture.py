@@ -35,6 +35,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from voiceedge import reaper
+
 _STAT = re.compile(r"^(\d+) packets? (captured|received by filter|dropped by kernel|"
                    r"dropped by interface)")
 
@@ -122,6 +124,7 @@ class Capture:
             self._proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                           text=True, start_new_session=True)
+            reaper.track_process(self._proc.pid)
         except FileNotFoundError as exc:
             raise CaptureError(f"cannot run {exc.filename} (Debian package tcpdump)") from None
         self._reader = threading.Thread(target=self._read_stderr, name="tcpdump-stderr",

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from topology.impairment.model import Impairment, NetNode
+from voiceedge import reaper
 
 log = logging.getLogger("voiceedge.topology")
 
@@ -161,6 +162,8 @@ class World:
                 self.net.stop()
                 self.net = None
                 _reap(shells)
+                for shell in shells:
+                    reaper.untrack_process(shell.pid)
         self.teardown_seconds = time.monotonic() - started
 
     def _build(self) -> None:
@@ -178,7 +181,8 @@ class World:
             i = self.index[region]
             for role in ("pub", "bb", "edge", "client") + (
                     ("cluster",) if region in spec.clusters else ()):
-                net.addHost(f"{role}{i}", ip=None)
+                host = net.addHost(f"{role}{i}", ip=None)
+                reaper.track_process(host.pid)  # its namespace dies with its shell
         for host in net.hosts:
             host.cmd("ip link set lo up")  # services bind loopback addresses inside hosts
         for region in spec.regions:
