@@ -28,50 +28,40 @@ def exit_status(signum: int) -> int:
 
 class stop_signals:
     """Context manager (main thread only): SIGTERM and SIGHUP raise ``KeyboardInterrupt`` as
-    SIGINT does. ``received``: the first stop signal seen (SIGINT counted too), or None.
-    Exiting puts the previous handlers back."""
+    SIGINT does. ``received``: the first SIGTERM or SIGHUP seen, or None (Ctrl-C, or no
+    signal). Exiting puts the previous handlers back."""
 
     def __init__(self) -> None:
         self.received: signal.Signals | None = None
         self._saved: dict[int, object] = {}
-        self._saved_int = None
 
     def __enter__(self) -> "stop_signals":
         if threading.current_thread() is not threading.main_thread():
             return self  # signals are delivered to the main thread only: nothing to do
         for sig in _REDIRECTED:
             self._saved[sig] = signal.signal(sig, self._on_stop)
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            # Seen, then handled as before; asyncio.run still installs its own over it.
-            self._saved_int = signal.signal(signal.SIGINT, self._on_int)
         return self
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._saved.items():
             signal.signal(sig, handler)
         self._saved.clear()
-        if self._saved_int is not None:
-            signal.signal(signal.SIGINT, self._saved_int)
-            self._saved_int = None
 
     def status(self) -> int:
-        """The exit status for an interrupted command: 128 + the first stop signal (130 when
-        none was seen: a KeyboardInterrupt raised by code)."""
+        """The exit status for an interrupted command: 128 + the first stop signal (130 for
+        Ctrl-C)."""
         return exit_status(self.received or signal.SIGINT)
-
-    def _on_int(self, signum, frame) -> None:
-        if self.received is None:
-            self.received = signal.Signals(signum)
-        signal.default_int_handler(signum, frame)
 
     def _on_stop(self, signum, frame) -> None:
         if self.received is not None:
             return  # already unwinding: let the cleanup finish
         self.received = signal.Signals(signum)
+        # Through the current SIGINT handler (SIGINT itself is left alone): inside asyncio.run
+        # that is asyncio's, which cancels the main task as on Ctrl-C; elsewhere Python's.
         handler = signal.getsignal(signal.SIGINT)
-        if callable(handler) and handler is not self._on_int:
-            handler(signal.SIGINT, frame)  # asyncio.run's: cancels its main task, as Ctrl-C
-        else:
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:  # SIGINT ignored (a background job of a shell script)
             raise KeyboardInterrupt
 
 
