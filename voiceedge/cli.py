@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.verbose:  # the WebRTC stack logs every ICE check at INFO
             for name in ("aioice", "aiortc"):
                 logging.getLogger(name).setLevel(logging.WARNING)
-    if getattr(args, "service", None):  # services stop on SIGTERM by themselves
+    if args.command in _SERVICES:  # they stop on SIGTERM by themselves (services/lifecycle.py)
         return _run(args)
     # Every other command: SIGTERM and SIGHUP unwind as Ctrl-C does, and what the command
     # started is reaped even if it is killed (docs/logs.md, "Stopping a command").
