@@ -62,28 +62,30 @@ def _cmdline(pid: int) -> str:
     return (_read(pid, "cmdline") or b"").replace(b"\0", b" ").decode(errors="replace").strip()
 
 
-ROOT_NETNS = _netns(1)
+# The namespace the commands start in. Not /proc/1's: in a container that link may not be
+# readable, and a None here would make every process of the machine look like the run's.
+HOME_NETNS = os.readlink("/proc/self/ns/net")
 
 
-def run_processes(marker: str) -> dict[tuple[int, int], str]:
+def run_processes(marker: str, since: int) -> dict[tuple[int, int], str]:
     """The live processes of a run: those with ``MARKER=marker`` in their environment, and
-    every process inside a network namespace one of them is in (redis-server rewrites its
-    environment). (pid, start ticks) -> command line."""
+    every process started since ``since`` (clock ticks) inside a network namespace one of them
+    is in, other than this test's own (redis-server rewrites its environment). (pid, start
+    ticks) -> command line."""
     needle = f"{MARKER}={marker}".encode()
     pids = [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != os.getpid()]
     found, spaces = {}, set()
     for pid in pids:
         if needle in (_read(pid, "environ") or b"").split(b"\0"):
             ticks = _ticks(pid)
-            if ticks is not None:
+            if ticks is not None and ticks >= since:
                 found[(pid, ticks)] = _cmdline(pid)
                 spaces.add(_netns(pid))
-    spaces.discard(ROOT_NETNS)
-    spaces.discard(None)
+    spaces -= {HOME_NETNS, None}
     for pid in pids:
         if _netns(pid) in spaces:
             ticks = _ticks(pid)
-            if ticks is not None:
+            if ticks is not None and ticks >= since:
                 found.setdefault((pid, ticks), _cmdline(pid))
     return found
 
@@ -131,29 +133,33 @@ def run_and_stop(case: Case, tmp_path: Path, ready_timeout: float = 120.0) -> di
         proc = subprocess.Popen([sys.executable, "-m", "voiceedge", *args], cwd=REPO, env=env,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                 start_new_session=True)  # the signal is for it alone
+    since = _ticks(proc.pid)
+    if since is None:  # gone already: nothing of it can be running
+        proc.wait()
+        pytest.fail(f"voiceedge {' '.join(args)} exited at once:\n{err_path.read_text()}")
     seen: dict[tuple[int, int], str] = {}
     try:
         deadline = time.monotonic() + ready_timeout
-        while not _ready(case, seen, marker, out_path):
+        while not _ready(case, seen, marker, since, out_path):
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"voiceedge {' '.join(args)} not up in {ready_timeout:g} s (exit "
                             f"{proc.poll()}):\n{err_path.read_text()[-3000:]}")
             time.sleep(0.1)
         time.sleep(case.settle_s)
-        seen.update(run_processes(marker))
+        seen.update(run_processes(marker, since))
         assert proc.poll() is None, err_path.read_text()[-3000:]
         proc.send_signal(case.sig)
         proc.wait(timeout=120)
         # the watchdog (and anything it reaps) takes a few seconds more at most
         deadline = time.monotonic() + 15
-        while _alive(seen, marker) and time.monotonic() < deadline:
+        while _alive(seen, marker, since) and time.monotonic() < deadline:
             time.sleep(0.1)
-        left = _alive(seen, marker)
+        left = _alive(seen, marker, since)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for pid, _ in _alive(seen, marker):  # a failing run's: the next test starts clean
+        for pid, _ in _alive(seen, marker, since):  # a failing run's: the next test starts clean
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -165,18 +171,18 @@ def run_and_stop(case: Case, tmp_path: Path, ready_timeout: float = 120.0) -> di
             "temporary": sorted(p.name for p in tmpdir.iterdir())}
 
 
-def _ready(case: Case, seen: dict, marker: str, out_path: Path) -> bool:
-    running = run_processes(marker)
+def _ready(case: Case, seen: dict, marker: str, since: int, out_path: Path) -> bool:
+    running = run_processes(marker, since)
     seen.update(running)
     if case.ready_out is not None and case.ready_out not in out_path.read_text():
         return False
     return all(word in " | ".join(running.values()) for word in case.ready)
 
 
-def _alive(seen: dict, marker: str) -> dict[tuple[int, int], str]:
+def _alive(seen: dict, marker: str, since: int) -> dict[tuple[int, int], str]:
     """Processes of the run still there: any seen during it, and any new one of it."""
     left = {key: cmd for key, cmd in seen.items() if _ticks(key[0]) == key[1]}
-    return {**left, **run_processes(marker)}
+    return {**left, **run_processes(marker, since)}
 
 
 def assert_nothing_left(case: Case, found: dict) -> None:
