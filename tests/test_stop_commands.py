@@ -186,12 +186,12 @@ def _alive(seen: dict, marker: str, since: int) -> dict[tuple[int, int], str]:
 
 
 def assert_nothing_left(case: Case, found: dict) -> None:
-    expected = case.status if case.status is not None else 128 + case.sig
-    assert found["status"] == expected, found["stderr"][-3000:]
-    assert "Traceback" not in found["stderr"], found["stderr"][-3000:]
     assert {k: found[k] for k in ("processes", "namespaces", "interfaces", "iptables",
                                   "temporary")} == \
         {"processes": [], "namespaces": [], "interfaces": [], "iptables": [], "temporary": []}
+    expected = case.status if case.status is not None else 128 + case.sig
+    assert found["status"] == expected, found["stderr"][-3000:]
+    assert "Traceback" not in found["stderr"], found["stderr"][-3000:]
 
 
 # ------------------------------------------------------------------ the commands
