@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from voiceedge.errors import UserError
+from voiceedge.reaper import temp_dir
+from voiceedge.stopsignals import run_child
 
 # analysis.budgets's BUDGETS_FILE, without importing numpy and pandas for every command.
 BUDGETS_FILE = Path(__file__).with_name("budgets.yaml")
@@ -53,12 +54,12 @@ def run_scenario(scenario: Path, region: str, quiet: bool) -> tuple[Path, int]:
     """``voiceedge scenario`` into a fresh folder: (the results folder, its exit status). A run
     that measured but missed its success target (exit 1) is still gated; a run that measured
     nothing is an error."""
-    root = Path(tempfile.mkdtemp(prefix="voiceedge-budgets-"))
+    root = temp_dir("voiceedge-budgets-")
     cmd = [sys.executable, "-m", "voiceedge", "scenario", str(scenario), "--region", region,
            "--results", str(root)]
     if quiet:
         cmd.append("--json")
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else None)
+    proc = run_child(cmd, stdout=subprocess.DEVNULL if quiet else None)
     folders = [p for p in root.iterdir() if (p / "sessions.csv").is_file()]
     if proc.returncode not in (0, 1) or len(folders) != 1:
         raise UserError(f"the budget scenario {scenario.name} did not run (exit "

@@ -9,12 +9,12 @@ docs/logs.md), so a size whose figures are the host's rather than the edge's say
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from voiceedge.errors import UserError
+from voiceedge.stopsignals import run_child
 
 SERVICES = ("transceiver", "relay", "signaling", "agent", "clients")
 
@@ -73,7 +73,7 @@ def run_size(sessions: int, duration: float, rate: float, full_clients: int | No
            "--duration", str(duration), "--rate", str(rate), "--workdir", str(workdir), "--json"]
     if full_clients is not None:
         cmd += ["--full-clients", str(full_clients)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = run_child(cmd, capture_output=True, text=True)  # stopped with SIGTERM if we are
     try:
         demo = json.loads(proc.stdout)
     except ValueError:

@@ -18,6 +18,7 @@ exit status:
   2    nothing was run: bad input, not root, a missing package, no netem for --backend netem,
        a --target whose signaling front does not answer
   130  interrupted (Ctrl-C): the architectures that finished are in the results folder
+       (143 on SIGTERM, 129 on SIGHUP: the same)
 """
 
 

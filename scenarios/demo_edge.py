@@ -19,7 +19,6 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
@@ -36,6 +35,7 @@ from services.logs import JsonFormatter
 from services.transceiver.ice import MODES, SHARED
 from topology.netns import in_namespace, lab_namespace
 from voiceedge.errors import UserError
+from voiceedge.reaper import temp_dir
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def run_demo(config: DemoConfig, say=lambda msg: None, progress=None) -> DemoRes
         raise ValueError(f"mode must be one of {', '.join(MODES)}")
     if config.sessions < 1:
         raise ValueError("sessions must be at least 1")
-    workdir = config.workdir or Path(tempfile.mkdtemp(prefix="voiceedge-demo-"))
+    workdir = config.workdir or temp_dir("voiceedge-demo-")
     workdir.mkdir(parents=True, exist_ok=True)
     with lab_namespace("vedemo") as ns:
         plan = demo_plan(config.mode, ns.name, *ns.addresses)

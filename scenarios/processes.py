@@ -15,6 +15,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from voiceedge import reaper
+
 
 class ServiceError(RuntimeError):
     """A service that did not start; the message carries the tail of its log."""
@@ -57,6 +59,7 @@ class ServiceProcess:
         with open(self.log_path, "ab") as log, open(self.log_path.with_suffix(".out"), "ab") as out:
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=log,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        reaper.track_process(self.proc.pid)  # reaped with its group if we die first
         return self
 
     @property
@@ -92,6 +95,7 @@ class ServiceProcess:
         if self.proc is not None:
             _signal_group(self.proc, signal.SIGKILL)
             self.proc.wait()
+            reaper.untrack_process(self.proc.pid)
             self.proc = None
             self._drop_empty_out()
 
@@ -119,6 +123,7 @@ class ServiceProcess:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+            reaper.untrack_process(pgid)
         self._dead_groups.clear()
         if self.proc is None:
             return
@@ -128,6 +133,7 @@ class ServiceProcess:
         except subprocess.TimeoutExpired:
             _signal_group(self.proc, signal.SIGKILL)
             self.proc.wait()
+        reaper.untrack_process(self.proc.pid)
         self.proc = None
         self._drop_empty_out()
 

@@ -15,7 +15,7 @@ exit status:
   2    nothing was run: bad input, not root, a missing package
   3    stopped after the first point: the rest would take longer than the time limit
        (resume with --resume DIR, and a larger --max-minutes)
-  130  interrupted (Ctrl-C): resume with --resume DIR
+  130  interrupted (Ctrl-C; 143 on SIGTERM, 129 on SIGHUP): resume with --resume DIR
 """
 
 

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from voiceedge.results import CAPTURES_FILE, RX_LOG_SUFFIX  # noqa: F401 (the runner's too)
+from voiceedge import reaper
 
 _STAT = re.compile(r"^(\d+) packets? (captured|received by filter|dropped by kernel|"
                    r"dropped by interface)")
@@ -124,6 +125,7 @@ class Capture:
             self._proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                           text=True, start_new_session=True)
+            reaper.track_process(self._proc.pid)
         except FileNotFoundError as exc:
             raise CaptureError(f"cannot run {exc.filename} (Debian package tcpdump)") from None
         self._reader = threading.Thread(target=self._read_stderr, name="tcpdump-stderr",

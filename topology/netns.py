@@ -13,11 +13,14 @@ addresses from ``10.77.0.0/24``, lo up, nothing routed outside. Code reaches it 
 """
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import subprocess
 import threading
 from dataclasses import dataclass
+
+from voiceedge import reaper
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -99,8 +102,24 @@ class entered:
 
 def in_namespace(name: str, fn, *args, **kwargs):
     """Run ``fn(*args, **kwargs)`` in a new thread inside namespace ``name``; return its result
-    (or raise its exception) in the caller's thread."""
+    (or raise its exception) in the caller's thread.
+
+    An interrupt of the caller (Ctrl-C, or SIGTERM turned into one: voiceedge/stopsignals.py)
+    does not leave the thread running on its own: for ``in_namespace(name, asyncio.run,
+    coro)`` the coroutine is cancelled, as ``asyncio.run`` does on Ctrl-C in the main thread,
+    so its ``finally`` blocks stop what it started; any other ``fn`` is waited for. Then the
+    interrupt is raised again (a second one while waiting is raised at once)."""
     box: dict = {}
+    started = threading.Event()
+    if fn is asyncio.run and args and asyncio.iscoroutine(args[0]):
+        coro, args = args[0], args[1:]
+
+        async def cancellable():
+            box["loop"], box["task"] = asyncio.get_running_loop(), asyncio.current_task()
+            started.set()
+            return await coro
+
+        args = (cancellable(), *args)
 
     def target() -> None:
         try:
@@ -112,10 +131,22 @@ def in_namespace(name: str, fn, *args, **kwargs):
             box["result"] = fn(*args, **kwargs)
         except BaseException as exc:  # handed to the caller's thread
             box["error"] = exc
+        finally:
+            started.set()
 
     thread = threading.Thread(target=target, name=f"netns-{os.path.basename(name)}")
     thread.start()
-    thread.join()
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        started.wait()
+        if "task" in box:
+            try:
+                box["loop"].call_soon_threadsafe(box["task"].cancel)
+            except RuntimeError:  # its loop is already closed
+                pass
+        thread.join()  # its cleanup (a second Ctrl-C leaves the rest to the reaper)
+        raise
     if "error" in box:
         raise box["error"]
     return box.get("result")
@@ -136,6 +167,7 @@ def add_netns(name: str) -> str:
     refuse_if_forbidden(f"network namespace {name}")
     try:
         ip("netns", "add", name)
+        reaper.track_netns(name)  # deleted by the reaper if we die first
         ip("-n", name, "link", "set", "lo", "up")
     except NetnsError:
         delete_netns(name)
@@ -146,6 +178,7 @@ def add_netns(name: str) -> str:
 def delete_netns(name: str) -> None:
     """Delete the named namespace (and the veths inside it); no error if it is gone."""
     subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+    reaper.untrack_netns(name)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 
 from topology.impairment.model import Impairment, NetNode
 from topology.netns import refuse_if_forbidden
+from voiceedge import reaper
 
 log = logging.getLogger("voiceedge.topology")
 
@@ -162,6 +163,8 @@ class World:
                 self.net.stop()
                 self.net = None
                 _reap(shells)
+                for shell in shells:
+                    reaper.untrack_process(shell.pid)
         self.teardown_seconds = time.monotonic() - started
 
     def _build(self) -> None:
@@ -180,7 +183,8 @@ class World:
             i = self.index[region]
             for role in ("pub", "bb", "edge", "client") + (
                     ("cluster",) if region in spec.clusters else ()):
-                net.addHost(f"{role}{i}", ip=None)
+                host = net.addHost(f"{role}{i}", ip=None)
+                reaper.track_process(host.pid)  # its namespace dies with its shell
         for host in net.hosts:
             host.cmd("ip link set lo up")  # services bind loopback addresses inside hosts
         for region in spec.regions:

@@ -97,14 +97,31 @@ def main(argv: list[str] | None = None) -> int:
         if not args.verbose:  # the WebRTC stack logs every ICE check at INFO
             for name in ("aioice", "aiortc"):
                 logging.getLogger(name).setLevel(logging.WARNING)
+    if args.command in _SERVICES:  # they stop on SIGTERM by themselves (services/lifecycle.py)
+        return _run(args)
+    # Every other command: SIGTERM and SIGHUP unwind as Ctrl-C does, and what the command
+    # started is reaped even if it is killed (docs/logs.md, "Stopping a command").
+    from voiceedge.reaper import reaping
+    from voiceedge.stopsignals import stop_signals
+
+    with stop_signals() as stops, reaping() as reaper:
+        return _run(args, stops, reaper)
+
+
+def _run(args: argparse.Namespace, stops=None, reaper=None) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
         _fatal(args, "error", f"voiceedge {args.command}: {exc}")
         return 2
     except KeyboardInterrupt:
-        _fatal(args, "interrupted", f"voiceedge {args.command}: interrupted")
-        return 130
+        if reaper is not None:
+            reaper.close(clean=False)  # an interrupted run's temporary folders go
+        received = stops.received if stops is not None else None
+        how = f"stopped by {received.name}" if received and received.name != "SIGINT" \
+            else "interrupted"
+        _fatal(args, "interrupted", f"voiceedge {args.command}: {how}")
+        return stops.status() if stops is not None else 130
 
 
 def _fatal(args: argparse.Namespace, event: str, line: str) -> None:
@@ -115,4 +132,7 @@ def _fatal(args: argparse.Namespace, event: str, line: str) -> None:
         log_event(logging.getLogger(f"voiceedge.{service}"), event, level=logging.ERROR,
                   error=line)
     else:
-        print(line, file=sys.stderr)
+        try:
+            print(line, file=sys.stderr)
+        except OSError:  # the terminal is gone (SIGHUP)
+            pass

@@ -39,7 +39,6 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 import zlib
 from collections import deque
@@ -53,6 +52,8 @@ from services.relay.config import RelayConfig
 from services.wire import hop as hopwire
 from services.wire.stun import ATTR_USERNAME, MAGIC_COOKIE
 from services.wire.ufrag import DEV_SECRET, UfragCodec
+from voiceedge import reaper
+from voiceedge.reaper import temp_dir
 
 REPO = Path(__file__).resolve().parents[2]
 _KEY_BYTES = 192  # datagram bytes compared across the relay (the capture keeps 214 on lo)
@@ -242,6 +243,7 @@ class FloodSender:
     def start(self, timeout: float = 60.0) -> None:
         self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, start_new_session=True)
+        reaper.track_process(self.proc.pid)
         line = self.proc.stdout.readline()
         if line.strip() != "ready":
             self.kill()
@@ -379,7 +381,7 @@ def run(config: FloodConfig, say=lambda m: None, progress=None) -> dict:
     from services.transceiver.ice import SHARED
     from topology.netns import in_namespace, lab_namespace
 
-    workdir = config.workdir or Path(tempfile.mkdtemp(prefix="voiceedge-flood-"))
+    workdir = config.workdir or temp_dir("voiceedge-flood-")
     workdir.mkdir(parents=True, exist_ok=True)
     with lab_namespace("veflood") as ns:
         plan = dataclasses.replace(demo_plan(SHARED, ns.name, *ns.addresses),

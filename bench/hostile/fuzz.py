@@ -33,7 +33,6 @@ import select
 import socket
 import statistics
 import sys
-import tempfile
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, replace
@@ -45,6 +44,8 @@ from analysis.pcap.reader import read_udp
 from topology.capture import Capture
 from services.wire import hop as hopwire
 from services.wire.stun import HEADER_LENGTH, MAGIC_COOKIE
+from voiceedge import reaper
+from voiceedge.reaper import temp_dir
 
 BEFORE, AFTER = "before", "after"
 COLUMN_ARGS = {BEFORE: ("--no-pending-flows",), AFTER: ()}
@@ -227,6 +228,7 @@ class Sender:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", "from bench.hostile.fuzz import sender_main; sender_main()",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=str(REPO))
+        reaper.track_process(self.proc.pid)
         self.proc.stdin.write((json.dumps(self.spec) + "\n").encode())
         await self.proc.stdin.drain()
         return (await self._line("ready"))["ready"]
@@ -554,7 +556,7 @@ def run(config: FuzzConfig, say=lambda m: None, progress=None) -> dict:
     from services.transceiver.ice import SHARED
     from topology.netns import in_namespace, lab_namespace
 
-    workdir = config.workdir or Path(tempfile.mkdtemp(prefix="voiceedge-fuzz-"))
+    workdir = config.workdir or temp_dir("voiceedge-fuzz-")
     workdir.mkdir(parents=True, exist_ok=True)
     say(f"building templates ({config.templates_per_kind} per kind) in {workdir}")
     t0 = time.perf_counter()

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
 import time
 import urllib.request
 from collections import Counter
@@ -68,6 +67,7 @@ from services.procfs import descendants, kib, open_fds, status_fields
 from services.relay.counters import scrape
 from services.transceiver.ice import SHARED
 from topology.netns import in_namespace, lab_namespace
+from voiceedge.reaper import temp_dir
 
 NO_ICE, NO_DTLS, VANISHED = "no-ice", "no-dtls", "vanished"
 HALFWAY_KINDS = (NO_ICE, NO_DTLS, VANISHED)
@@ -422,7 +422,7 @@ async def reap(probe: Probe, baseline: dict | None, cfg: HygieneConfig) -> tuple
 def run(config: HygieneConfig = HygieneConfig(), say=lambda msg: None, progress=None) -> dict:
     """The whole measurement (needs root: a lab namespace); JSON-ready. ``progress(done,
     total)`` is called as sessions end."""
-    workdir = config.workdir or Path(tempfile.mkdtemp(prefix="voiceedge-hygiene-"))
+    workdir = config.workdir or temp_dir("voiceedge-hygiene-")
     workdir.mkdir(parents=True, exist_ok=True)
     with lab_namespace("vehyg") as ns:
         plan = replace(demo_plan(SHARED, ns.name, *ns.addresses),

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
@@ -57,6 +56,7 @@ from services.client.config import ClientConfig
 from services.client.runner import run_sessions
 from services.transceiver.ice import SHARED
 from topology.netns import in_namespace, lab_namespace
+from voiceedge.reaper import temp_dir
 
 MEMORY = ("heap_kib", "heap_free_kib", "py_blocks", "rss_trimmed_kib", "rss_kib")
 KINDS = ("oversized", "content_type", "pathological_sdp", "slow_upload", "slow_headers",
@@ -482,7 +482,7 @@ class AbuseEdge:
 
 def run(config: SignalingAbuseConfig = SignalingAbuseConfig(), say=lambda msg: None) -> dict:
     """Start it all, abuse the front, stop it all: a JSON-ready dict (module docstring)."""
-    workdir = config.workdir or Path(tempfile.mkdtemp(prefix="voiceedge-sigabuse-"))
+    workdir = config.workdir or temp_dir("voiceedge-sigabuse-")
     workdir.mkdir(parents=True, exist_ok=True)
     with lab_namespace("vesig") as ns:
         say(f"starting the edge and a front in {workdir}")

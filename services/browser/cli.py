@@ -5,7 +5,6 @@ import argparse
 import asyncio
 import json
 import logging
-import signal
 
 from services.browser.config import DEFAULT_CHROMIUM, OFFER_CHOICES, OFFER_STYLES, BrowserConfig
 from services.client.cli import add_output_args, add_verify_arg, verifies_from_args
@@ -159,18 +158,12 @@ def run(args: argparse.Namespace) -> int:
                   rate=config.start_rate, offer=config.offer, index_base=config.index_base,
                   chromium=config.chromium, version=browser.version, launch_ms=browser.launch_ms)
 
-    async def main():
-        task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)  # stopped by a runner: as Ctrl-C
-        try:
-            return await run_browser(config, args.sessions, results_path=args.results,
-                                     samples_path=args.samples, on_launch=launched,
-                                     on_ready=lambda: log_event(log, READY_EVENT,
-                                                                pages=args.sessions),
-                                     on_result=None if args.quiet else log_result)
-        finally:
-            loop.remove_signal_handler(signal.SIGTERM)
+    async def main():  # SIGTERM (a runner stopping it) cancels it as Ctrl-C does: cli.py
+        return await run_browser(config, args.sessions, results_path=args.results,
+                                 samples_path=args.samples, on_launch=launched,
+                                 on_ready=lambda: log_event(log, READY_EVENT,
+                                                            pages=args.sessions),
+                                 on_result=None if args.quiet else log_result)
 
     try:
         browser_run = asyncio.run(main())

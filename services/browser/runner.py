@@ -29,6 +29,7 @@ from services.browser.session import PreparedSession
 from services.browser.usage import Usage, measure
 from services.browser.view import BrowserExtras
 from services.client.results import JsonLines, SessionResult
+from voiceedge import reaper
 
 USAGE_INTERVAL_S = 1.0
 
@@ -130,6 +131,7 @@ async def run_browser(config: BrowserConfig, n: int, *,
 
     try:
         with tempfile.TemporaryDirectory(prefix="voiceedge-browser-") as workdir:
+            reaper.track_dir(workdir)  # removed even if this process is killed
             async with Chromium(config.chromium, origin_of(config.url), Path(workdir),
                                 config.tone_hz) as browser:
                 run.version, run.launch_ms = browser.version, browser.launch_ms

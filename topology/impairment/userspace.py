@@ -25,6 +25,7 @@ from pathlib import Path
 from topology.impairment.backend import (ImpairmentBackend, ImpairmentError, iface_key,
                                          never_applied)
 from topology.impairment.model import Impairment, NetNode, impairment_to_dict
+from voiceedge import reaper
 
 log = logging.getLogger("voiceedge.impairment")
 
@@ -52,6 +53,7 @@ class EngineChannel:
                                       "--spin-us", str(spin_us)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._stderr, env=env)
+        reaper.track_process(self.proc.pid)
         try:
             hello = self._read_reply()
             if not hello.get("ready"):
