@@ -23,7 +23,6 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces)")]
 
 MARKER = "VOICEEDGE_STOP_TEST"
 # The edge of the one-host commands (demo edge, the hostile benches): its five services.
