@@ -33,13 +33,14 @@ from scenarios.spec import Scenario, ScenarioError
 from scenarios.saturation import LagWindows, flag
 from scenarios.timeline import TIMELINE, merge_timeline
 from topology.calibrate import CalibrationReport, calibrate, session_links
-from topology.capture import RX_LOG_SUFFIX, WorldCapture, capture_hosts
+from topology.capture import WorldCapture, capture_hosts
 from topology.loadcal import EngineWindow, LoadCalibration, calibrate_under_load, engine_stats
 from topology.netns import in_namespace
 from topology.plan import world_spec
 from topology.regions import RegionsCatalog
 from topology.world import World
 from services.clienttypes import AIORTC
+from voiceedge.results import RX_LOG_SUFFIX
 
 SESSION_FIELDS = (
     "architecture", "client_region", "cluster_region", "session", "client", "ok", "error",

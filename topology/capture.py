@@ -35,7 +35,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from voiceedge.results import CAPTURES_FILE, RX_LOG_SUFFIX  # noqa: F401 (the runner's too)
+from voiceedge.results import CAPTURES_FILE
 from voiceedge import reaper
 
 _STAT = re.compile(r"^(\d+) packets? (captured|received by filter|dropped by kernel|"

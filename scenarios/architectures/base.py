@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from services.client.verify import AUDIO, CHECKS, DATACHANNEL, ENVELOPE  # noqa: F401
+from services.client.verify import CHECKS
 
 if TYPE_CHECKING:
     from scenarios.edge import ClusterPlan, Edge, EdgePlan

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from scenarios.architectures.base import (BACKBONE, COMMON_PATH, PER_SESSION, PUBLIC, SHARED,
-                                          VERIFIABLE, Architecture, AUDIO)
+                                          VERIFIABLE, Architecture)
+from services.client.verify import AUDIO
 
 if TYPE_CHECKING:
     from scenarios.edge import ClusterPlan, Edge, IngressPlan
