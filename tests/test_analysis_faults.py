@@ -512,7 +512,7 @@ def test_voiceedge_budgets_runs_both_scenarios_and_gates_each_with_its_set(tmp_p
                                          else latency_run)
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(budgets_cli.subprocess, "run", fake_run)
+    monkeypatch.setattr(budgets_cli, "run_child", fake_run)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its results folders go here
     monkeypatch.setattr(budgets_cli, "_scenario", lambda name, path, file: path)
     budgets = _budgets_file(tmp_path / "b.yaml",
