@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
@@ -153,13 +154,15 @@ class _Job:
     expectation: Expectation
 
 
-def _probe(world: World, job: _Job, count: int, rate: float) -> ProbeResult:
+def _probe(world: World, job: _Job, count: int, rate: float,
+           stop: threading.Event) -> ProbeResult:
     """Probe one path between two hosts of the world, waiting for stragglers as long as the
     configured delay could hold them."""
     exp = job.expectation
     drain_s = 1.0 + (exp.mean_ms + 6 * exp.sd_ms) / 1000
     return udp_probe(world.node(job.sender).ns_path, world.node(job.receiver).ns_path,
-                     job.target_ip, count=count, rate=rate, size=PROBE_BYTES, drain_s=drain_s)
+                     job.target_ip, count=count, rate=rate, size=PROBE_BYTES, drain_s=drain_s,
+                     stop=stop)
 
 
 def session_links(world: World, client_regions: list[str],
@@ -191,11 +194,17 @@ def calibrate(world: World, count: int = 200, rate: float = 100.0, parallel: int
                      Expectation.of(None)))
     if progress is not None:
         progress(0, len(jobs))
+    stop = threading.Event()
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        futures = [pool.submit(_probe, world, job, count, rate) for job in jobs]
-        for done, _ in enumerate(as_completed(futures), start=1):
-            if progress is not None:
-                progress(done, len(jobs))
+        futures = [pool.submit(_probe, world, job, count, rate, stop) for job in jobs]
+        try:
+            for done, _ in enumerate(as_completed(futures), start=1):
+                if progress is not None:
+                    progress(done, len(jobs))
+        except BaseException:  # Ctrl-C or a stop signal: the probes end now, not in count/rate s
+            stop.set()
+            pool.shutdown(cancel_futures=True)
+            raise
     results = []
     for job, future in zip(jobs, futures):
         probe = future.result()

@@ -106,10 +106,13 @@ def _low_timer_slack() -> None:
 
 
 def udp_probe(src_ns: str, dst_ns: str, dst_addr: str, *, count: int = 300, rate: float = 100.0,
-              size: int = 64, drain_s: float = 0.5, burst: int = 1) -> ProbeResult:
+              size: int = 64, drain_s: float = 0.5, burst: int = 1,
+              stop: threading.Event | None = None) -> ProbeResult:
     """Send ``count`` datagrams of ``size`` bytes from namespace ``src_ns`` to ``dst_addr`` in
     namespace ``dst_ns`` (names or namespace file paths), ``rate`` per second (in groups of
-    ``burst`` back to back); after the last, wait for the missing ones up to ``drain_s``."""
+    ``burst`` back to back); after the last, wait for the missing ones up to ``drain_s``.
+    ``stop`` set: it sends no more and returns at once (an interrupted calibration)."""
+    stop = stop or threading.Event()
     family = socket.AF_INET6 if ":" in dst_addr else socket.AF_INET
     with entered(dst_ns):
         rx = socket.socket(family, socket.SOCK_DGRAM)
@@ -147,8 +150,8 @@ def udp_probe(src_ns: str, dst_ns: str, dst_addr: str, *, count: int = 300, rate
             for seq in range(count):
                 if seq % burst == 0:
                     wait = start + (seq // burst) * burst / rate - time.monotonic()
-                    if wait > 0:
-                        time.sleep(wait)
+                    if wait > 0 and stop.wait(wait):
+                        return
                 tx.sendto(_HEADER.pack(seq, time.monotonic_ns()) + pad, target)
 
         receiver = threading.Thread(target=receive, name="probe-rx", daemon=True)
@@ -156,7 +159,8 @@ def udp_probe(src_ns: str, dst_ns: str, dst_addr: str, *, count: int = 300, rate
         sender = threading.Thread(target=send, name="probe-tx", daemon=True)
         sender.start()
         sender.join()
-        complete.wait(drain_s)
+        if not stop.is_set():
+            complete.wait(drain_s)
         done.set()
         receiver.join()
     finally:
