@@ -73,7 +73,7 @@ test: test-deps venv
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@status=0; \
 	$(BIN)/python -m pytest -q -n 2 -m "$(CHECK_MARKERS)" || status=$$?; \
-	$(BIN)/python -m pytest -m "not ($(CHECK_MARKERS))" || status=$$?; \
+	$(BIN)/python -m pytest --durations=15 -m "not ($(CHECK_MARKERS))" || status=$$?; \
 	exit $$status
 else
 	@$(BIN)/python -m pytest $(PYTEST_ARGS)
