@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from voiceedge.errors import UserError
+from voiceedge.watchdog import start_ticks, stat_fields
 
 STATE_DIR = Path("/run/voiceedge")
 LOCK_NAME = "world.lock"
@@ -46,24 +47,6 @@ class WorldBusy(UserError):
 # ------------------------------------------------------------------ processes
 
 
-def _stat(pid: int) -> list[str] | None:
-    """Fields 3.. of /proc/PID/stat (state first), or None if the process is gone or a
-    zombie (a zombie has left its namespaces already)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rindex(")") + 2:].split()
-    return None if fields[0] in ("Z", "X") else fields
-
-
-def start_ticks(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks since boot), or None if it is gone."""
-    fields = _stat(pid)
-    return int(fields[19]) if fields else None
-
-
 def same_process(pid: int, ticks: int | None) -> bool:
     """Whether ``pid`` is still the process that started at ``ticks`` (not a recycled pid)."""
     return ticks is not None and start_ticks(pid) == ticks
@@ -73,7 +56,7 @@ def process_record(pid: int, what: str) -> dict | None:
     """How the state file records a process (None if it is already gone). ``group``: it leads
     its own process group (a service started with start_new_session, a host's shell), so the
     whole group is signalled, workers included."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     if fields is None:
         return None
     return {"pid": pid, "start_ticks": int(fields[19]), "group": int(fields[2]) == pid,
