@@ -31,7 +31,8 @@ def applies(results: Results) -> bool:
 
 
 def transactions(cell) -> list[list]:
-    """A sessions.csv ``turn_transactions`` cell: [method, sent_ms, rtt_ms, outcome] each."""
+    """A sessions.csv ``turn_transactions`` cell: [method, sent_ms, rtt_ms, outcome, sends]
+    each (older runs: no sends)."""
     if isinstance(cell, list):
         return cell
     if cell is None or (isinstance(cell, float) and pd.isna(cell)) or not str(cell).strip():
@@ -101,7 +102,8 @@ def overhead(results: Results) -> Table:
                        "holds the allocation (Allocate 401: the credential challenge, then "
                        "Allocate). The first ICE RTT under TURN holds the ChannelBind aioice "
                        "sends before its first check to a peer. TURN requests are the client's "
-                       "own timings (first transmission to the answer's arrival; Refresh: the "
+                       "own timings (first transmission to the answer's arrival, a retransmission "
+                       "after a loss included; Refresh: the "
                        "allocation's deletion at the end of the call). Ports: turn = the TURN "
                        "servers' listening port and a relay port per allocation, plus the "
                        "transceivers' port per session.")

@@ -70,12 +70,14 @@ def test_relay_only_clients_through_coturn_fetch_credentials_and_time_turn(lab, 
         host, port = local.rsplit(":", 1)
         assert host == turn_address and low <= int(port) <= high, r.ice_pair  # relayed
         assert remote.split(":")[0] == edge.plan.clusters[0].public
-        calls = [(m, outcome) for m, _, _, outcome in r.turn_transactions]
+        calls = [(m, outcome) for m, _, _, outcome, _ in r.turn_transactions]
         # the long-term credential challenge, the allocation, the channel to the
         # transceiver's port, and the allocation's deletion at close
         assert calls[:2] == [("Allocate", "401"), ("Allocate", "ok")], calls
         assert ("ChannelBind", "ok") in calls and calls[-1] == ("Refresh", "ok"), calls
-        assert all(rtt is not None and 0 < rtt < 100 for _, _, rtt, _ in r.turn_transactions)
+        # no loss on this path: each request sent once and answered within a round trip
+        assert all(rtt is not None and 0 < rtt < 100 and sends == 1
+                   for _, _, rtt, _, sends in r.turn_transactions), r.turn_transactions
         allocate_done = r.turn_transactions[1][1] + r.turn_transactions[1][2]
         assert 0 < r.turn_transactions[0][1] < allocate_done <= r.gathered_ms <= r.offer_ms
         bind = next(t for t in r.turn_transactions if t[0] == "ChannelBind")

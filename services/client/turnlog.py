@@ -1,4 +1,5 @@
-"""Every TURN request of one connection, timed: method, first transmission, response, outcome.
+"""Every TURN request of one connection, timed: method, first transmission, response, outcome,
+and how many times it was sent.
 
 aioice sends its TURN requests (Allocate, Refresh, ChannelBind; CreatePermission is not used:
 a channel binding installs the permission too) through ``TurnClientMixin.request`` of a TURN
@@ -10,8 +11,10 @@ first request through a TURN client in such a context binds the client to that l
 (its refreshes and its final Refresh at close are then logged whatever context they run in)
 and shadows its ``datagram_received`` on that one instance, so the response's arrival is
 timed when the datagram arrives, not when the awaiting task next runs, as
-services/client/probes.py does for ICE checks. Requests, responses and retries are aioice's
-own: nothing is changed.
+services/client/probes.py does for ICE checks; its ``send_stun`` is shadowed the same way to
+count transmissions, so a request answered only after aioice retransmitted it (a lost request
+or answer: its RTT then holds the retransmission timeout, 500 ms first) says so. Requests,
+responses and retries are aioice's own: nothing is changed.
 
 An Allocate answered 401 (the long-term credential challenge: realm and nonce) and sent again
 with credentials counts as two requests, outcomes ``401`` and ``ok``. Pinned to aioice 0.13.
@@ -43,6 +46,7 @@ class TurnRequest:
     sent_at: float                   # first transmission (monotonic)
     answered_at: float | None = None  # the response's arrival
     outcome: str | None = None       # ok, an error code ("401"), timeout; None: pending
+    sends: int = 0                   # transmissions: 1, or more after aioice's retransmissions
 
     @property
     def rtt_ms(self) -> float | None:
@@ -59,15 +63,15 @@ class TurnLog:
         self._pending: dict[bytes, TurnRequest] = {}
 
     def rows(self, t0: float) -> list[list]:
-        """``[method, sent_ms, rtt_ms or None, outcome]`` per request, ms on the timeline
-        that starts at ``t0`` (monotonic)."""
+        """``[method, sent_ms, rtt_ms or None, outcome, sends]`` per request, ms on the
+        timeline that starts at ``t0`` (monotonic)."""
         return [[r.method, round((r.sent_at - t0) * 1000.0, 3),
-                 None if r.rtt_ms is None else round(r.rtt_ms, 3), r.outcome]
+                 None if r.rtt_ms is None else round(r.rtt_ms, 3), r.outcome, r.sends]
                 for r in self.requests]
 
     def _bind(self, client: Any) -> None:
         setattr(client, _BOUND, self)
-        received = client.datagram_received
+        received, send = client.datagram_received, client.send_stun
         pending = self._pending
 
         def datagram_received(data: bytes, addr: Any) -> None:
@@ -77,7 +81,14 @@ class TurnLog:
                     entry.answered_at = time.monotonic()
             received(data, addr)
 
+        def send_stun(message: stun.Message, addr: Any) -> None:
+            entry = pending.get(message.transaction_id)
+            if entry is not None:
+                entry.sends += 1
+            send(message, addr)
+
         client.datagram_received = datagram_received
+        client.send_stun = send_stun
 
     async def _timed(self, original, client: Any, request: stun.Message):
         entry = TurnRequest(METHODS.get(request.message_method, str(request.message_method)),
