@@ -17,10 +17,19 @@ import pytest
 from tests.conftest import REPO
 
 
+def _as_from_a_terminal() -> None:
+    """The signal state a command started from a shell's prompt has: nothing blocked, SIGINT
+    and SIGTERM at their defaults (a pytest worker may have inherited or set otherwise)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def child(code: str, tmp_path: Path) -> subprocess.Popen:
     """A Python child running ``code``, read until it prints ``ready``."""
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(tmp_path)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_from_a_terminal)
     line = proc.stdout.readline()
     if line.strip() != "ready":
         proc.kill()
@@ -73,7 +82,12 @@ def test_a_stop_signal_unwinds_as_ctrl_c(tmp_path, sig, status):
     """Without stop_signals, SIGTERM and SIGHUP kill Python on the spot: no finally runs."""
     proc = child(ASYNC_CHILD, tmp_path)
     proc.send_signal(sig)
-    proc.wait(timeout=10)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # once in make check: say what the child's signals were
+        masks = [line for line in open(f"/proc/{proc.pid}/status") if line.startswith("Sig")]
+        proc.kill()
+        pytest.fail(f"the child ignored {sig!r} for 10 s: {''.join(masks)}")
     assert proc.returncode == status, proc.stderr.read()
     assert (tmp_path / "cleaned").read_text() == "yes"
 
