@@ -47,11 +47,13 @@ class DemoConfig:
     concurrency: int | None = None  # 1: sessions one at a time
     full_clients: int = 2           # sessions with the full client; the others are light
     workdir: Path | None = None
+    media_path: str = "python"      # the transceiver's (shared mode): python or native
 
 
 @dataclass
 class DemoResult:
     mode: str
+    media_path: str
     sessions: int
     ok: int
     failed: int
@@ -129,13 +131,14 @@ def cpu_ms_per_session_second(start: CpuMark, end: CpuMark,
             for name, cpu in start.seconds.items() if name in end.seconds}
 
 
-def demo_plan(mode: str, netns: str, public: str, internal: str) -> EdgePlan:
+def demo_plan(mode: str, netns: str, public: str, internal: str,
+              media_path: str = "python") -> EdgePlan:
     """The demo's edge: one cluster and its front in one namespace."""
     host = Host("lab", netns)
     cluster = ClusterPlan("demo", 1, host, public=public, internal=internal)
     front = FrontPlan("demo", host, "127.0.0.1", (FrontRoute("demo", 0.0),))
     return EdgePlan("cluster-relay" if mode == SHARED else "port-per-session", (cluster,), (front,),
-                    max_sessions=500)
+                    max_sessions=500, transceiver_args=("--media-path", media_path))
 
 
 def run_demo(config: DemoConfig, say=lambda msg: None, progress=None) -> DemoResult:
@@ -144,10 +147,12 @@ def run_demo(config: DemoConfig, say=lambda msg: None, progress=None) -> DemoRes
         raise ValueError(f"mode must be one of {', '.join(MODES)}")
     if config.sessions < 1:
         raise ValueError("sessions must be at least 1")
+    if config.media_path == "native" and config.mode != SHARED:
+        raise ValueError("the native media path needs the shared mode (one socket)")
     workdir = config.workdir or temp_dir("voiceedge-demo-")
     workdir.mkdir(parents=True, exist_ok=True)
     with lab_namespace("vedemo") as ns:
-        plan = demo_plan(config.mode, ns.name, *ns.addresses)
+        plan = demo_plan(config.mode, ns.name, *ns.addresses, media_path=config.media_path)
         return in_namespace(ns.name, asyncio.run, _demo(config, plan, workdir, say, progress))
 
 
@@ -223,7 +228,7 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
                for kind in KINDS}
 
     return DemoResult(
-        mode=cfg.mode, sessions=cfg.sessions, ok=len(ok), failed=len(results) - len(ok),
+        mode=cfg.mode, media_path=cfg.media_path, sessions=cfg.sessions, ok=len(ok), failed=len(results) - len(ok),
         failures=failures,
         setup_ms_p50=pct("setup_ms", 50), setup_ms_p95=pct("setup_ms", 95),
         first_ice_rtt_ms_p50=pct("first_ice_rtt_ms", 50),
@@ -301,6 +306,9 @@ def add_parser(sub) -> None:
     e.add_argument("--full-clients", type=int, default=d.full_clients, metavar="N",
                    help="sessions with the full client (decodes, checks the echo's level); "
                         f"the others are light (default {d.full_clients})")
+    e.add_argument("--media-path", choices=("python", "native"), default=d.media_path,
+                   help="the transceiver's media path (shared mode): python, the reference, "
+                        "or native, the C media plane (default python)")
     e.add_argument("--workdir", type=Path, help="where logs and JSON lines go (default: a temp dir)")
     e.add_argument("--json", action="store_true", help="print only JSON")
     e.set_defaults(func=_main)
@@ -320,7 +328,8 @@ def _main(args) -> int:
 
     cfg = DemoConfig(sessions=args.sessions, mode=args.mode, duration_s=args.duration,
                      start_rate=args.rate, concurrency=args.concurrency,
-                     full_clients=args.full_clients, workdir=args.workdir)
+                     full_clients=args.full_clients, workdir=args.workdir,
+                     media_path=args.media_path)
     bars = ProgressBars(Console(stderr=True), enabled=not args.json)
     with bars:
         try:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages voiceedge needs, only those missing (idempotent, fast when done).
 set -euo pipefail
-packages=(mininet bridge-utils iptables conntrack iputils-ping redis-server tcpdump coturn python3-venv python3-dev gcc)
+packages=(mininet bridge-utils iptables conntrack iputils-ping redis-server tcpdump coturn python3-venv python3-dev gcc libsrtp2-dev libopus-dev)
 # Usage: install-debian-deps.sh [base] [browsers]
 #   base       what every command needs (above; the default)
 #   browsers   Debian's chromium, for browser clients (make browsers; docs/browser.md)

@@ -65,6 +65,23 @@ class ArrivalGaps:
         else:
             self.dropped += 1
 
+    def record(self, start: float, seconds: float, first: float, last: float) -> None:
+        """What another tracker measured (the native media plane, on the wall clock): a gap
+        of ``seconds`` after the packet at ``start``; ``first`` and ``last`` its first and
+        latest arrival (0: none yet). Only for trackers with no offset (``time.time()``)."""
+        if first and self.first is None:
+            self.first = first
+        if last:
+            self._last = max(self._last, last)
+        if seconds <= 0:
+            return
+        if len(self.gaps) < self._cap:
+            self.gaps.append((start, seconds, self.attempt))
+            if self._on_gap is not None:
+                self._on_gap(start, seconds)
+        else:
+            self.dropped += 1
+
     @property
     def last(self) -> float | None:
         """The latest packet's arrival (None before the first)."""

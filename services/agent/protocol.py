@@ -45,9 +45,17 @@ def error(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"type": "error", "code": code, "message": message, **extra}
 
 
-def session_created(session_id: str, mode: str) -> dict[str, Any]:
-    return {"type": "session.created", "session_id": session_id, "mode": mode,
-            "audio": AUDIO_FORMAT}
+OPUS_FORMAT = {"encoding": "opus", "sample_rate": SAMPLE_RATE, "channels": 1, "frame_ms": FRAME_MS}
+OPUS_MAX_BYTES = 1275   # the largest Opus packet (RFC 6716 3.4)
+
+
+def session_created(session_id: str, mode: str, codec: str = "pcm16",
+                    link: str | None = None) -> dict[str, Any]:
+    event = {"type": "session.created", "session_id": session_id, "mode": mode,
+             "audio": OPUS_FORMAT if codec == "opus" else AUDIO_FORMAT}
+    if link is not None:
+        event["frames"] = {"link": link}
+    return event
 
 
 def echo(event: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from services import introspect
 from services.agent import metrics, pcm, protocol
 from services.agent.config import AgentConfig
+from services.agent.frameslink import FramesLink
 from services.agent.session import Session, SessionCounters
 from services.logs import log_event
 
@@ -50,6 +51,7 @@ class AgentServer:
         self._registry.register(self._process)
         self._runner: web.AppRunner | None = None
         self._stopping = False
+        self.links: dict[str, FramesLink] = {}   # frames links by name (frameslink.py)
 
     @property
     def sessions(self) -> dict[str, Session]:
@@ -68,6 +70,7 @@ class AgentServer:
         app = web.Application()
         app.router.add_get("/v1/sessions/{session_id}", self._session)
         app.router.add_get("/v1/sessions", self._list_sessions)
+        app.router.add_get("/v1/frames/{link}", self._frames_link)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
         return app
@@ -123,7 +126,8 @@ class AgentServer:
         if not ws.can_prepare(request).ok:
             return _refuse(426, "this is a WebSocket endpoint", headers={"Upgrade": "websocket"})
         # Registered before the first await, so a concurrent duplicate gets 409.
-        o = self._open[session_id] = _Open(Session(session_id, self.config, ws, self._reply), ws)
+        o = self._open[session_id] = _Open(Session(session_id, self.config, ws, self._reply,
+                                                        self.links.get), ws)
         self.sessions_total += 1
         opened = time.monotonic()
         try:
@@ -147,6 +151,36 @@ class AgentServer:
                       **o.session.counters.as_dict())
         if o.pump is not None and not o.pump.cancelled() and o.pump.exception() is not None:
             raise o.pump.exception()
+        return ws
+
+    async def _frames_link(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["link"]
+        if not protocol.valid_session_id(name):
+            return _refuse(400, f"link name must match {protocol.SESSION_ID.pattern}")
+        if self._stopping:
+            return _refuse(503, "agent is stopping")
+        if name in self.links:
+            return _refuse(409, f"frames link {name} is already open")
+        ws = _WebSocket(compress=False, heartbeat=self.config.heartbeat_s,
+                        max_msg_size=self.config.max_event_bytes, timeout=CLOSE_TIMEOUT)
+        if not ws.can_prepare(request).ok:
+            return _refuse(426, "this is a WebSocket endpoint", headers={"Upgrade": "websocket"})
+        link = self.links[name] = FramesLink(name, ws)
+        try:
+            await ws.prepare(request)
+            log_event(log, "frames_link_opened", link=name, peer=request.remote)
+            async for msg in ws:
+                if msg.type == WSMsgType.BINARY:
+                    await link.received(msg.data)
+                elif msg.type == WSMsgType.ERROR:
+                    break
+        except ConnectionError:
+            pass
+        finally:
+            del self.links[name]
+            log_event(log, "frames_link_closed", link=name, batches=link.batches_in,
+                      records=link.records_in, unknown_channel=link.unknown_channel,
+                      bad_records=link.bad_records)
         return ws
 
     @staticmethod

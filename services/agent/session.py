@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from services.agent import protocol
 from services.agent.config import AgentConfig
+from services.agent.frameslink import FramesLink, LinkedChannel
 from services.agent.pacing import Pacer
 from services.agent.pcm import FRAME_BYTES, FRAME_SECONDS
 from services.agent.vad import EnergyVad, VadEvent
@@ -54,9 +55,13 @@ class Session:
     """
 
     def __init__(self, session_id: str, config: AgentConfig, channel: Channel,
-                 reply_frames: Sequence[bytes]) -> None:
+                 reply_frames: Sequence[bytes],
+                 links: Callable[[str], FramesLink | None] = lambda name: None) -> None:
         self.id = session_id
         self.mode = config.mode
+        self.codec = "pcm16"   # or "opus": Opus payloads as they arrived (echo mode only)
+        self._links = links
+        self._link: tuple[FramesLink, int] | None = None
         self.counters = SessionCounters()
         self.started = False
         self.ended = False
@@ -75,6 +80,13 @@ class Session:
         return [t for t in (self._player,) if t is not None and not t.done()]
 
     async def on_frame(self, data: bytes) -> None:
+        if self.codec == "opus":
+            if not 0 < len(data) <= protocol.OPUS_MAX_BYTES:
+                self.counters.bad_frames += 1
+                return
+            self.counters.frames_in += 1
+            await self._send_frame(data)  # echo: the payload as it came
+            return
         if len(data) != FRAME_BYTES:
             self.counters.bad_frames += 1
             await self._send_event(protocol.error(
@@ -109,6 +121,8 @@ class Session:
     async def close(self) -> None:
         """Stop a playing reply without telling the peer (it is gone or going)."""
         self.ended = True
+        if self._link is not None:
+            self._link[0].leave(self._link[1], self)
         await self._stop_reply()
 
     async def _on_started(self, event: dict[str, Any]) -> None:
@@ -123,7 +137,28 @@ class Session:
         self.started = True
         client = event.get("client")
         self.client = client if isinstance(client, dict) else None
-        await self._send_event(protocol.session_created(self.id, self.mode))
+        link_name = self._join_link(event.get("frames"))
+        await self._send_event(protocol.session_created(self.id, self.mode, self.codec,
+                                                        link_name))
+
+    def _join_link(self, frames: Any) -> str | None:
+        """Move the session's frames to the frames link ``session.started`` names, in the
+        codec it offers that this mode takes (echo: Opus first; reply: PCM only)."""
+        if not isinstance(frames, dict):
+            return None
+        link = self._links(str(frames.get("link")))
+        channel = frames.get("channel")
+        if link is None or not isinstance(channel, int) or not 0 <= channel < 1 << 32:
+            return None
+        codecs = frames.get("codecs") or ["pcm16"]
+        if self.mode == "echo" and "opus" in codecs:
+            self.codec = "opus"
+        elif "pcm16" not in codecs:
+            return None
+        link.join(channel, self)
+        self._link = (link, channel)
+        self._channel = LinkedChannel(link, channel, self._channel)
+        return link.name
 
     async def _on_vad(self, event: VadEvent) -> None:
         if event.kind == "speech_started":

@@ -38,6 +38,13 @@ def add_parser(sub) -> None:
                         f"{opus.application}: CELT only, the least CPU; docs/transceiver.md)")
     p.add_argument("--opus-complexity", type=int, default=opus.complexity, metavar="0-10",
                    help=f"libopus complexity of the outbound encoder (default {opus.complexity})")
+    p.add_argument("--media-path", choices=("python", "native"), default="python",
+                   help="who carries an established session's RTP: aiortc in Python (the "
+                        "reference), or the native media plane in C (shared mode only; "
+                        "docs/transceiver.md)")
+    p.add_argument("--agent-codec", choices=("opus", "pcm16", "any"), default="any",
+                   help="the frames the native path offers the agent: opus (payloads as they "
+                        "came), pcm16 (decoded), or any (the agent chooses; default)")
     # Test-only (TransceiverConfig.test_consent_interval_s); not in --help.
     p.add_argument("--test-consent-interval", type=float, default=0.0, help=argparse.SUPPRESS)
     p.set_defaults(func=run, service="transceiver")  # JSON logs: services/logs.py
@@ -54,6 +61,10 @@ def config_from_args(args: argparse.Namespace):
         if not 0 <= args.opus_complexity <= 10:
             raise ConfigError("--opus-complexity must be 0..10")
         media = parse_hostport(args.media, "--media", allow_zero=True)
+        if args.media_path == "native" and args.mode != ice.SHARED:
+            raise ConfigError("--media-path native needs --mode shared (one socket for all)")
+        if args.media_path == "native" and ":" in media[0]:
+            raise ConfigError("--media-path native takes an IPv4 --media address")
         return TransceiverConfig(
             cluster_id=args.cluster, transceiver_id=args.transceiver_id, mode=args.mode,
             media_host=media[0], media_port=media[1],
@@ -63,6 +74,8 @@ def config_from_args(args: argparse.Namespace):
             max_sessions=args.max_sessions, setup_timeout=args.setup_timeout,
             opus=OpusSettings(application=args.opus_application,
                               complexity=args.opus_complexity),
+            media_path=args.media_path,
+            agent_codecs=("opus", "pcm16") if args.agent_codec == "any" else (args.agent_codec,),
             test_consent_interval_s=max(0.0, args.test_consent_interval))
     except ConfigError as exc:
         raise UserError(str(exc)) from None

@@ -130,6 +130,7 @@ class SharedSocket(asyncio.DatagramProtocol):
         # the header towards it. Only learned clients: a flood of headers naming unknown
         # clients must neither grow this nor push the real clients out.
         self._hop_clients: dict[bytes, tuple[str, int]] = {}
+        self._plane = None  # the native media plane, once it reads the socket (nativeplane.py)
 
     @classmethod
     async def open(cls, host: str, port: int, buffer_bytes: int = _BUFFER_BYTES) -> "SharedSocket":
@@ -174,6 +175,31 @@ class SharedSocket(asyncio.DatagramProtocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def read_through(self, plane) -> None:
+        """Hand the socket's reads to ``plane``, the native media plane: it reads in batches,
+        keeps its sessions' RTP and returns everything else, which is received here as
+        before (the transport still sends)."""
+        # The selector loop's own transport-level calls: its public add/remove_reader refuse
+        # an fd that a transport owns (this transport keeps sending, and closes the fd).
+        loop = asyncio.get_running_loop()
+        loop._remove_reader(self._sock.fileno())
+        self._plane = plane
+        loop._add_reader(self._sock.fileno(), self._read_plane)
+
+    def _read_plane(self) -> None:
+        if self._sock is None:
+            return
+        for data, addr in self._plane.read():
+            self._receive(data, addr)
+
+    def relay_of(self, client: tuple[str, int]) -> tuple[str, int] | None:
+        """The relay a learned client last came through (None: directly, or not learned)."""
+        learned = self._by_addr.get(client)
+        return learned.relay if learned is not None else None
 
 
     # ------------------------------------------------------------ registration

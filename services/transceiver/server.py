@@ -35,7 +35,9 @@ from services.config import parse_hostport
 from services.logs import log_event
 from services.transceiver import ice
 from services.transceiver.opus import OpusSettings
+from services.transceiver.agentframes import AgentFrames
 from services.transceiver.mux import SharedSocket
+from services.transceiver.nativeplane import NATIVE, NativeMedia
 from services.transceiver.pacing import FrameClock
 from services.transceiver.session import Session
 from services.wire.sdp import OfferError, check_offer
@@ -61,6 +63,8 @@ class TransceiverConfig:
     setup_timeout: float = 10.0
     certificates_ahead: int = 32                # DTLS certificates made before the calls
     opus: OpusSettings = OpusSettings()         # the outbound encoder
+    media_path: str = "python"                  # or "native": nativeplane.py (shared mode)
+    agent_codecs: tuple[str, ...] = ("opus", "pcm16")  # native path: offered to the agent
     # Test-only (bench/hostile/hygiene.py's quick run): aioice's consent-check interval in
     # seconds instead of its 5 (0: aioice's), so that a vanished client's session is reaped in
     # seconds. Process-wide: every ICE agent of a transceiver process is one of its sessions.
@@ -106,6 +110,7 @@ class TransceiverServer:
         self._registry.register(_Collector(self))
         self.certificates = ice.CertificatePool(config.certificates_ahead)
         self.clock = FrameClock()  # paces every session's outgoing audio
+        self.native: NativeMedia | None = None
 
     async def __aenter__(self) -> "TransceiverServer":
         await self.start()
@@ -132,6 +137,12 @@ class TransceiverServer:
         if cfg.mode == ice.SHARED:
             self.mux = await SharedSocket.open(cfg.media_host, cfg.media_port)
         self._http = aiohttp.ClientSession()
+        if cfg.media_path == NATIVE:
+            if self.mux is None:
+                raise ValueError("the native media path needs the shared socket (mode shared)")
+            self.native = NativeMedia(self.mux, self.clock, max(cfg.max_sessions, 1), cfg.opus)
+            await self.native.start(AgentFrames(cfg.agent_url, self._http)
+                                    if cfg.agent_url else None)
         app = web.Application(client_max_size=256 * 1024)
         app.router.add_post("/sessions", self._post_session)
         app.router.add_delete("/sessions/{id}", self._delete_session)
@@ -145,7 +156,7 @@ class TransceiverServer:
         await site.start()
         self.control_port = site._server.sockets[0].getsockname()[1]
         log_event(log, "transceiver_started", cluster=cfg.cluster_id,
-                  transceiver=cfg.transceiver_id, mode=cfg.mode,
+                  transceiver=cfg.transceiver_id, mode=cfg.mode, media_path=cfg.media_path,
                   media=f"{self.media_address[0]}:{self.media_address[1]}" if self.mux else None,
                   control=f"{cfg.control[0]}:{self.control_port}",
                   ufrag_dev_secret=self.dev_secret)
@@ -158,6 +169,8 @@ class TransceiverServer:
                              return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.native is not None:
+            await self.native.stop()
         if self._http is not None:
             await self._http.close()
         self.certificates.close()
@@ -166,7 +179,8 @@ class TransceiverServer:
             self.mux.read_kernel_drops()
         log_event(log, "transceiver_stopped", sessions_total=self.sessions_total,
                   sessions_refused=self.sessions_refused,
-                  mux=vars(self.mux.counters) if self.mux else None)
+                  mux=vars(self.mux.counters) if self.mux else None,
+                  native=self.native.counters() if self.native else None)
         if self.mux is not None:
             self.mux.close()
 
@@ -208,7 +222,7 @@ class TransceiverServer:
         with ice.certificates(self.certificates):
             session = Session(session_id, plan, self.config.agent_url, self._http,
                               self.config.setup_timeout, self._forget, self.config.opus,
-                              self.clock)
+                              self.clock, self.native, self.config.agent_codecs)
         self.sessions[session_id] = session
         try:
             answer = await session.start(offer)
@@ -269,6 +283,9 @@ class TransceiverServer:
             "media": list(self.media_address) if self.mux else None,
             "mux": vars(self.mux.counters) if self.mux else None,
             "mux_state": self.mux_state(),
+            "media_path": cfg.media_path,
+            "native": ({"sessions": self.native.sessions, **self.native.counters()}
+                       if self.native else None),
             "process": introspect.snapshot(collect, trim),
             "session_details": [
                 {"id": sid, "state": sess.state, "ufrag": sess.plan.ufrag,

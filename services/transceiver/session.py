@@ -23,6 +23,7 @@ from services.transceiver.eager import run_now
 from services.gaps import ArrivalGaps
 from services.transceiver.inbound import shortcut_srtp
 from services.transceiver.media import AgentAudioTrack, decode_inline
+from services.transceiver.nativeplane import AGENT_CODECS, IdleSender, NativeMedia
 from services.transceiver.opus import OpusSettings
 from services.transceiver.outbound import play_on_tick
 from services.transceiver.pacing import FrameClock
@@ -61,7 +62,9 @@ class Session:
 
     def __init__(self, session_id: str, plan: IcePlan, agent_url: str | None,
                  http: aiohttp.ClientSession, setup_timeout: float, on_closed,
-                 opus: OpusSettings = OpusSettings(), clock: FrameClock | None = None) -> None:
+                 opus: OpusSettings = OpusSettings(), clock: FrameClock | None = None,
+                 native: NativeMedia | None = None,
+                 agent_codecs: tuple[str, ...] = AGENT_CODECS) -> None:
         self.id = session_id
         self.plan = plan
         self.stats = SessionStats()
@@ -80,6 +83,13 @@ class Session:
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
         self._srtp_shortcut = None
+        # the native media path (nativeplane.py): the plane carries the RTP once DTLS is up
+        self._native = native
+        self._agent_codecs = agent_codecs
+        self._idle: IdleSender | None = None
+        self.channel: int | None = None       # on the plane
+        self.agent_codec: str | None = None   # what the agent took at session.created
+        self._native_stats: dict | None = None
         # the caller's RTP, recorded by the SRTP shortcut; each gap logged as it ends
         self.rx = ArrivalGaps(on_gap=self._log_gap)
 
@@ -104,7 +114,10 @@ class Session:
         pc.on("connectionstatechange", self._on_state)
         with ice_plan(self.plan):
             await pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
-        play_on_tick(pc.addTrack(self._outbound), self._outbound, self._clock)
+        if self._native is not None:
+            self._idle = IdleSender(pc.addTrack(self._outbound))
+        else:
+            play_on_tick(pc.addTrack(self._outbound), self._outbound, self._clock)
         await pc.setLocalDescription(await pc.createAnswer())
         self._spawn(self._guard_setup())
         if self._agent_url:
@@ -130,6 +143,8 @@ class Session:
                     except (ConnectionError, RuntimeError):
                         pass
                 await self._ws.close()
+            if self.channel is not None:
+                self._native_stats = self._native.detach(self.channel)
             self._outbound.stop()
             await self._pc.close()
             pending = [t for t in self._tasks if t is not current]
@@ -141,8 +156,16 @@ class Session:
                       events_to_agent=self.stats.events_to_agent,
                       events_to_client=self.stats.events_to_client,
                       srtp_inline=self._srtp_shortcut.packets if self._srtp_shortcut else None,
-                      **self.rx.fields())
+                      media_path="native" if self._native is not None else "python",
+                      agent_codec=self.agent_codec, **self._native_fields(), **self.rx.fields())
             self._on_closed(self)
+
+    def _native_fields(self) -> dict:
+        stats = self._native_stats
+        if stats is None:
+            return {}
+        return {"native_rtp_in": stats["packets_received"],
+                "native_rtp_out": stats["packets_sent"]}
 
     # ------------------------------------------------------------ peer connection events
 
@@ -156,6 +179,9 @@ class Session:
         if state == "connected" and self.stats.connected_at is None:
             self.stats.connected_at = time.monotonic()
             self._srtp_shortcut = shortcut_srtp(self._pc, self.rx)
+            if self._native is not None:
+                self.channel = self._native.attach(self._pc, self._idle,
+                                                   selected_remote_address(self._pc), self.rx)
             self._connected.set()
             log_event(log, "session_connected", session=self.id,
                       setup_s=round(self.stats.connected_at - self.stats.created, 4))
@@ -195,27 +221,51 @@ class Session:
             return
         await self._connected.wait()  # media can flow now, and the client's address is known
         client = selected_remote_address(self._pc)
-        await self._ws.send_str(json.dumps({
-            "type": "session.started", "session_id": self.id, "ufrag": self.plan.ufrag,
-            "mode": self.plan.mode,
-            "client": {"address": f"{client[0]}:{client[1]}" if client else None}}))
+        started = {"type": "session.started", "session_id": self.id, "ufrag": self.plan.ufrag,
+                   "mode": self.plan.mode,
+                   "client": {"address": f"{client[0]}:{client[1]}" if client else None}}
+        if self.channel is not None:
+            frames = self._native.frames
+            await frames.wait_up()
+            started["frames"] = {"link": frames.name, "channel": self.channel,
+                                 "codecs": list(self._agent_codecs)}
+        await self._ws.send_str(json.dumps(started))
         self._ws_ready.set()
         async for message in self._ws:
             if message.type == aiohttp.WSMsgType.BINARY:
                 self._outbound.push(message.data)
             elif message.type == aiohttp.WSMsgType.TEXT:
+                if self.agent_codec is None:
+                    self._on_agent_created(message.data)
                 self._to_client_text(message.data)
             else:
                 break
         if not self._closing:
             self._spawn(self.close("agent closed"))
 
+    def _on_agent_created(self, text: str) -> None:
+        """The agent's ``session.created``: the codec of the session's frames (on the native
+        path, PCM sessions are decoded and encoded by the plane)."""
+        try:
+            event = json.loads(text)
+        except ValueError:
+            return
+        if not isinstance(event, dict) or event.get("type") != "session.created":
+            return
+        audio = event.get("audio") if isinstance(event.get("audio"), dict) else {}
+        self.agent_codec = "opus" if audio.get("encoding") == "opus" else "pcm16"
+        if self.channel is not None:
+            if not isinstance(event.get("frames"), dict):
+                log_event(log, "agent_without_frames_link", level=logging.WARNING,
+                          session=self.id)
+            self._native.set_pcm(self.channel, self.agent_codec == "pcm16")
+
     def _to_agent_audio(self, pcm: bytes) -> None:
         """Caller audio -> agent, one PCM frame per WebSocket message, written at once (no
         task per frame). Audio that arrives before the agent answered is dropped: queued, it
         would only add latency."""
         ws = self._ws
-        if ws is None or not self._ws_ready.is_set() or ws.closed:
+        if ws is None or not self._ws_ready.is_set() or ws.closed or self._native is not None:
             return
         if write_now(ws.send_bytes(pcm)):
             self.stats.frames_to_agent += 1

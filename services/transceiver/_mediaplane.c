@@ -1,0 +1,892 @@
+/* The transceiver's native media plane: every established session's RTP on the shared socket.
+ *
+ * aiortc and aioice keep the control: ICE, DTLS, SDP, RTCP, the session's lifecycle. Once a
+ * session's DTLS is done, Python hands its SRTP keys and RTP parameters here (Plane.add) and
+ * from then on the session's RTP never reaches Python:
+ *
+ *   in   recvmmsg batches off the shared socket; a datagram (after the relay's hop header, if
+ *        any) from a native session's client address whose first byte says RTP (RFC 7983,
+ *        128-191, and not RTCP's packet types 192-223) is unprotected with libsrtp, counted
+ *        into the session's receive statistics (RFC 3550 A.1/A.8, as aiortc's
+ *        StreamStatistics) and its payload queued for the agent: the Opus payload itself, or
+ *        decoded to 20 ms of PCM (libopus) in pcm16 mode. Everything else (STUN, DTLS, SRTCP,
+ *        unknown addresses) is returned to Python unchanged, with its source address.
+ *   agent take_batch() packs every session's queued frames into one buffer of records
+ *        [u32 channel][u16 length][payload] (network order), put_batch() queues the agent's
+ *        records for sending (pcm16: encoded to Opus first).
+ *   out  tick(frames): per session and 20 ms frame, the next queued payload (or the silence
+ *        packet), as an RTP packet with the session's SSRC, sequence and timestamp and its
+ *        one-byte header extensions (mid, abs-send-time), protected with libsrtp, and sent in
+ *        sendmmsg batches, with the hop header towards the client when it came through a
+ *        relay.
+ *
+ * Bad input is dropped and counted by reason (counters()), never a crash: a packet reaches
+ * only the session its address was learned for, and a session removed while packets of it
+ * are in a batch just stops matching. Everything is preallocated when the plane is made.
+ */
+#define _GNU_SOURCE
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <opus/opus.h>
+#include <srtp2/srtp.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#define HOP_MAGIC 0x0E
+#define HOP_V4_LEN 8
+#define BATCH 64                /* datagrams per recvmmsg / sendmmsg */
+#define SLOT_BYTES 2048         /* a datagram larger than this is not media: truncated, to Python */
+#define FRAME_MAX 1920          /* a queued frame: 20 ms of mono PCM, or an Opus payload */
+#define PCM_SAMPLES 960
+#define RING 8                  /* frames queued per session and direction */
+#define OUT_KEEP 5              /* frames queued towards the client before the oldest goes */
+#define GAPS 16                 /* arrival gaps kept until Python reads them */
+#define GAP_NS 60000000ll       /* 60 ms: services/gaps.py's threshold */
+#define RTP_MAX (SLOT_BYTES - HOP_V4_LEN - SRTP_MAX_TRAILER_LEN)
+
+/* Drop and pass reasons. */
+enum {
+    C_DATAGRAMS, C_TO_PYTHON, C_RTP_IN, C_RTP_OUT, C_BYTES_IN, C_BYTES_OUT,
+    C_DROP_SRTP_AUTH, C_DROP_SRTP_REPLAY, C_DROP_SRTP_OTHER, C_DROP_RTP_MALFORMED,
+    C_DROP_FRAME_TOO_BIG, C_DROP_DECODE, C_DROP_IN_QUEUE_FULL, C_DROP_OUT_QUEUE_FULL,
+    C_BATCH_BAD_RECORD, C_BATCH_UNKNOWN_CHANNEL, C_DROP_ENCODE, C_SEND_ERRORS, C_SSRC_CHANGES,
+    C_RECV_TRUNCATED, C_COUNTERS
+};
+static const char *COUNTER_NAMES[C_COUNTERS] = {
+    "datagrams", "to_python", "rtp_in", "rtp_out", "bytes_in", "bytes_out",
+    "drop_srtp_auth", "drop_srtp_replay", "drop_srtp_other", "drop_rtp_malformed",
+    "drop_frame_too_big", "drop_decode", "drop_in_queue_full", "drop_out_queue_full",
+    "batch_bad_record", "batch_unknown_channel", "drop_encode", "send_errors", "ssrc_changes",
+    "recv_truncated",
+};
+
+typedef struct {
+    uint16_t len;
+    uint8_t data[FRAME_MAX];
+} Frame;
+
+typedef struct {
+    Frame frames[RING];
+    unsigned head, count;
+} Ring;
+
+typedef struct {
+    int used;
+    uint32_t channel;
+    uint64_t key;                       /* client (port, IPv4) as 48 bits, hop-header layout */
+    struct sockaddr_in client;
+    int relayed;
+    struct sockaddr_in relay;           /* the relay that last delivered the client */
+    uint8_t hop[HOP_V4_LEN];            /* the header towards the client */
+    srtp_t rx, tx;
+    int pcm;                            /* pcm16 towards the agent: decode and encode here */
+    OpusDecoder *dec;
+    OpusEncoder *enc;
+    /* receive statistics */
+    int have_ssrc;
+    uint32_t rx_ssrc;
+    uint32_t packets_received, cycles;
+    uint16_t base_seq, max_seq;
+    int64_t jitter_q4;
+    int64_t last_arrival;               /* in the clock rate's units */
+    uint32_t last_ts;
+    int64_t last_ns;                    /* monotonic arrival of the previous packet */
+    double first_wall, last_wall;       /* the first and latest packet's arrival (wall clock) */
+    double gaps[GAPS][2];               /* (start: wall clock of the packet before, seconds) */
+    unsigned ngaps, gaps_lost;
+    /* send state */
+    uint32_t ssrc, timestamp, packets_sent, octets_sent;
+    uint16_t seq;
+    uint8_t pt, mid_id, ast_id, mid_len;
+    uint8_t mid[16];
+    uint64_t last_ntp;                  /* NTP time and RTP timestamp of the last packet sent */
+    uint32_t last_rtp_ts;
+    uint16_t silence_len;
+    uint8_t silence[64];
+    Ring in, out;
+} Session;
+
+typedef struct {
+    PyObject_HEAD
+    int fd;
+    unsigned capacity;
+    Session *sessions;
+    int32_t *table;                     /* open addressing: index into sessions, -1 empty */
+    unsigned table_size;
+    unsigned live, tombstones;
+    uint64_t counters[C_COUNTERS];
+    /* receive batch */
+    struct mmsghdr rmsgs[BATCH];
+    struct iovec riov[BATCH];
+    struct sockaddr_in rnames[BATCH];
+    uint8_t *rbuf;
+    /* send batch */
+    struct mmsghdr smsgs[BATCH];
+    struct iovec siov[BATCH];
+    uint8_t *sbuf;
+    unsigned scount;
+} Plane;
+
+static int srtp_ready = 0;
+
+static inline uint64_t key_of(const uint8_t *p6) { /* bytes: port (2), IPv4 (4) */
+    uint64_t k = 0;
+    memcpy(&k, p6, 6);
+    return k;
+}
+
+static inline uint64_t key_of_sockaddr(const struct sockaddr_in *a) {
+    return key_of((const uint8_t *)&a->sin_port);  /* sin_port then sin_addr, network order */
+}
+
+static inline unsigned hash_key(uint64_t k, unsigned size) {
+    k ^= k >> 29; k *= 0xbf58476d1ce4e5b9ull; k ^= k >> 32;
+    return (unsigned)(k & (size - 1));
+}
+
+static inline int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+static inline double wall_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static Session *find(Plane *p, uint64_t key) {
+    unsigned i = hash_key(key, p->table_size);
+    for (unsigned n = 0; n < p->table_size; n++, i = (i + 1) & (p->table_size - 1)) {
+        int32_t s = p->table[i];
+        if (s == -1) return NULL;
+        if (s >= 0 && p->sessions[s].key == key) return &p->sessions[s];
+    }
+    return NULL;
+}
+
+static Session *by_channel(Plane *p, uint32_t channel) {
+    /* channels are the sessions' slot numbers plus one generation per reuse: slot in the
+     * low 16 bits */
+    uint32_t slot = channel & 0xFFFF;
+    if (slot >= p->capacity) return NULL;
+    Session *s = &p->sessions[slot];
+    return s->used && s->channel == channel ? s : NULL;
+}
+
+static void table_insert(Plane *p, unsigned slot) {
+    unsigned i = hash_key(p->sessions[slot].key, p->table_size);
+    while (p->table[i] >= 0) i = (i + 1) & (p->table_size - 1);
+    if (p->table[i] == -2) p->tombstones--;
+    p->table[i] = (int32_t)slot;
+}
+
+static void table_remove(Plane *p, uint64_t key) {
+    unsigned i = hash_key(key, p->table_size);
+    for (unsigned n = 0; n < p->table_size; n++, i = (i + 1) & (p->table_size - 1)) {
+        int32_t s = p->table[i];
+        if (s == -1) break;
+        if (s >= 0 && p->sessions[s].key == key) { p->table[i] = -2; p->tombstones++; break; }
+    }
+    /* a miss walks to an empty entry: rebuild before tombstones make that long */
+    if (p->tombstones > p->table_size / 4) {
+        for (unsigned j = 0; j < p->table_size; j++) p->table[j] = -1;
+        p->tombstones = 0;
+        for (unsigned slot = 0; slot < p->capacity; slot++)
+            if (p->sessions[slot].used && p->sessions[slot].key != key) table_insert(p, slot);
+    }
+}
+
+/* Queue a frame; at ``limit`` frames the oldest goes (bounded latency). */
+static void ring_push(Ring *r, const uint8_t *data, unsigned len, unsigned limit, int *dropped) {
+    *dropped = 0;
+    if (r->count >= limit) {
+        r->head = (r->head + 1) % RING;
+        r->count--;
+        *dropped = 1;
+    }
+    Frame *f = &r->frames[(r->head + r->count) % RING];
+    memcpy(f->data, data, len);
+    f->len = (uint16_t)len;
+    r->count++;
+}
+
+static Frame *ring_pop(Ring *r) {
+    if (!r->count) return NULL;
+    Frame *f = &r->frames[r->head];
+    r->head = (r->head + 1) % RING;
+    r->count--;
+    return f;
+}
+
+/* ------------------------------------------------------------------ receive */
+
+static void stats_add(Session *s, uint16_t seq, uint32_t ts, uint32_t ssrc) {
+    if (s->have_ssrc && ssrc != s->rx_ssrc) {   /* a new stream: its statistics start over */
+        s->have_ssrc = 0;
+        s->packets_received = 0;
+        s->cycles = 0;
+        s->jitter_q4 = 0;
+    }
+    int first = !s->have_ssrc;
+    int in_order = first || ((uint16_t)(seq - s->max_seq) < 0x8000u && seq != s->max_seq);
+    s->packets_received++;
+    if (first) {
+        s->have_ssrc = 1;
+        s->rx_ssrc = ssrc;
+        s->base_seq = seq;
+    }
+    if (in_order) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        int64_t arrival = (int64_t)now.tv_sec * 48000 + (int64_t)now.tv_nsec * 48 / 1000000;
+        if (!first && seq < s->max_seq) s->cycles += 1u << 16;
+        s->max_seq = seq;
+        if (!first && ts != s->last_ts && s->packets_received > 1) {
+            int64_t d = (arrival - s->last_arrival) - (int64_t)(int32_t)(ts - s->last_ts);
+            if (d < 0) d = -d;
+            s->jitter_q4 += d - ((s->jitter_q4 + 8) >> 4);
+        }
+        s->last_arrival = arrival;
+        s->last_ts = ts;
+    }
+}
+
+static void note_arrival(Session *s) {
+    int64_t now = mono_ns();
+    s->last_wall = wall_s();
+    if (!s->first_wall) s->first_wall = s->last_wall;
+    if (s->last_ns && now - s->last_ns >= GAP_NS) {
+        if (s->ngaps < GAPS) {
+            double seconds = (now - s->last_ns) / 1e9;
+            s->gaps[s->ngaps][0] = wall_s() - seconds;
+            s->gaps[s->ngaps][1] = seconds;
+            s->ngaps++;
+        } else {
+            s->gaps_lost++;
+        }
+    }
+    s->last_ns = now;
+}
+
+/* One datagram (data may be modified in place, it is ours). Returns 1 when the plane took it
+ * (delivered or dropped), 0 when it goes to Python. */
+static int handle(Plane *p, uint8_t *data, int len, const struct sockaddr_in *src) {
+    uint8_t *pkt = data;
+    int plen = len;
+    uint64_t key;
+    int relayed = 0;
+    if (plen >= 1 && pkt[0] == HOP_MAGIC) {
+        if (plen < HOP_V4_LEN || pkt[1] != 0x00) return 0;   /* IPv6, towards the client, bad */
+        key = key_of(pkt + 2);
+        pkt += HOP_V4_LEN;
+        plen -= HOP_V4_LEN;
+        relayed = 1;
+    } else {
+        key = key_of_sockaddr(src);
+    }
+    if (plen < 2 || pkt[0] < 128 || pkt[0] > 191 || (pkt[1] >= 192 && pkt[1] <= 223)) return 0;
+    Session *s = find(p, key);
+    if (!s || s->relayed != relayed) return 0;
+    if (plen < 12) { p->counters[C_DROP_RTP_MALFORMED]++; return 1; }
+    int clear = plen;
+    srtp_err_status_t e = srtp_unprotect(s->rx, pkt, &clear);
+    if (e != srtp_err_status_ok) {
+        if (e == srtp_err_status_auth_fail) p->counters[C_DROP_SRTP_AUTH]++;
+        else if (e == srtp_err_status_replay_fail || e == srtp_err_status_replay_old)
+            p->counters[C_DROP_SRTP_REPLAY]++;
+        else p->counters[C_DROP_SRTP_OTHER]++;
+        return 1;
+    }
+    /* RTP header: version 2, CSRCs, extension, padding */
+    if (clear < 12 || (pkt[0] >> 6) != 2) { p->counters[C_DROP_RTP_MALFORMED]++; return 1; }
+    int off = 12 + 4 * (pkt[0] & 0x0F);
+    if (pkt[0] & 0x10) {
+        if (off + 4 > clear) { p->counters[C_DROP_RTP_MALFORMED]++; return 1; }
+        off += 4 + 4 * ((pkt[off + 2] << 8) | pkt[off + 3]);
+    }
+    int end = clear;
+    if (pkt[0] & 0x20) {
+        if (end <= off) { p->counters[C_DROP_RTP_MALFORMED]++; return 1; }
+        end -= pkt[end - 1];
+    }
+    if (off > end) { p->counters[C_DROP_RTP_MALFORMED]++; return 1; }
+    uint16_t seq = (uint16_t)(pkt[2] << 8 | pkt[3]);
+    uint32_t ts = (uint32_t)pkt[4] << 24 | pkt[5] << 16 | pkt[6] << 8 | pkt[7];
+    uint32_t ssrc = (uint32_t)pkt[8] << 24 | pkt[9] << 16 | pkt[10] << 8 | pkt[11];
+    if (s->have_ssrc && ssrc != s->rx_ssrc) p->counters[C_SSRC_CHANGES]++;
+    stats_add(s, seq, ts, ssrc);
+    note_arrival(s);
+    if (relayed) s->relay = *src;   /* answers follow the relay that last delivered the client */
+    p->counters[C_RTP_IN]++;
+    p->counters[C_BYTES_IN] += (uint64_t)len;
+    int payload = end - off;
+    int dropped;
+    if (payload == 0) return 1;
+    if (s->pcm) {
+        opus_int16 pcm[PCM_SAMPLES];
+        int n = opus_decode(s->dec, pkt + off, payload, pcm, PCM_SAMPLES, 0);
+        if (n != PCM_SAMPLES) { p->counters[C_DROP_DECODE]++; return 1; }
+        ring_push(&s->in, (const uint8_t *)pcm, PCM_SAMPLES * 2, RING, &dropped);
+    } else {
+        if (payload > FRAME_MAX) { p->counters[C_DROP_FRAME_TOO_BIG]++; return 1; }
+        ring_push(&s->in, pkt + off, (unsigned)payload, RING, &dropped);
+    }
+    if (dropped) p->counters[C_DROP_IN_QUEUE_FULL]++;
+    return 1;
+}
+
+static PyObject *to_python(const uint8_t *data, int len, const struct sockaddr_in *src) {
+    char host[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &src->sin_addr, host, sizeof host);
+    return Py_BuildValue("(y#(si))", data, (Py_ssize_t)len, host, (int)ntohs(src->sin_port));
+}
+
+/* ------------------------------------------------------------------ send */
+
+static int flush(Plane *p) {
+    unsigned done = 0;
+    while (done < p->scount) {
+        int n = sendmmsg(p->fd, p->smsgs + done, p->scount - done, MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            p->counters[C_SEND_ERRORS] += p->scount - done;  /* buffer full: UDP drops them */
+            break;
+        }
+        done += (unsigned)n;
+    }
+    p->scount = 0;
+    return 0;
+}
+
+static uint64_t ntp_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t sec = (uint64_t)ts.tv_sec + 2208988800ull;
+    uint64_t frac = ((uint64_t)ts.tv_nsec << 32) / 1000000000ull;
+    return sec << 32 | frac;
+}
+
+static void send_frame(Plane *p, Session *s, const uint8_t *payload, unsigned plen) {
+    if (p->scount == BATCH) flush(p);
+    unsigned i = p->scount;
+    uint8_t *out = p->sbuf + (size_t)i * SLOT_BYTES;
+    unsigned hlen = s->relayed ? HOP_V4_LEN : 0;
+    uint8_t *rtp = out + hlen;
+    uint64_t ntp = ntp_now();
+    rtp[0] = 0x80;
+    int ext_words = 0;
+    uint8_t ext[24];
+    unsigned elen = 0;
+    if (s->mid_id && s->mid_len) {
+        ext[elen++] = (uint8_t)(s->mid_id << 4 | (s->mid_len - 1));
+        memcpy(ext + elen, s->mid, s->mid_len);
+        elen += s->mid_len;
+    }
+    if (s->ast_id) {
+        uint32_t ast = (uint32_t)(ntp >> 14) & 0x00FFFFFF;
+        ext[elen++] = (uint8_t)(s->ast_id << 4 | 2);
+        ext[elen++] = (uint8_t)(ast >> 16);
+        ext[elen++] = (uint8_t)(ast >> 8);
+        ext[elen++] = (uint8_t)ast;
+    }
+    while (elen % 4) ext[elen++] = 0;
+    if (elen) { rtp[0] |= 0x10; ext_words = (int)elen / 4; }
+    rtp[1] = (uint8_t)(0x80 | s->pt);        /* marker: as aiortc marks every audio frame */
+    rtp[2] = (uint8_t)(s->seq >> 8); rtp[3] = (uint8_t)s->seq;
+    rtp[4] = (uint8_t)(s->timestamp >> 24); rtp[5] = (uint8_t)(s->timestamp >> 16);
+    rtp[6] = (uint8_t)(s->timestamp >> 8); rtp[7] = (uint8_t)s->timestamp;
+    rtp[8] = (uint8_t)(s->ssrc >> 24); rtp[9] = (uint8_t)(s->ssrc >> 16);
+    rtp[10] = (uint8_t)(s->ssrc >> 8); rtp[11] = (uint8_t)s->ssrc;
+    unsigned off = 12;
+    if (ext_words) {
+        rtp[12] = 0xBE; rtp[13] = 0xDE;
+        rtp[14] = (uint8_t)(ext_words >> 8); rtp[15] = (uint8_t)ext_words;
+        memcpy(rtp + 16, ext, elen);
+        off = 16 + elen;
+    }
+    if (off + plen > RTP_MAX) { p->counters[C_DROP_FRAME_TOO_BIG]++; return; }
+    memcpy(rtp + off, payload, plen);
+    int len = (int)(off + plen);
+    if (srtp_protect(s->tx, rtp, &len) != srtp_err_status_ok) {
+        p->counters[C_SEND_ERRORS]++;
+        return;
+    }
+    if (hlen) memcpy(out, s->hop, HOP_V4_LEN);
+    p->siov[i].iov_base = out;
+    p->siov[i].iov_len = (size_t)len + hlen;
+    p->smsgs[i].msg_hdr.msg_name = s->relayed ? &s->relay : &s->client;
+    p->smsgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
+    p->scount++;
+    s->last_ntp = ntp;
+    s->last_rtp_ts = s->timestamp;
+    s->packets_sent++;
+    s->octets_sent += plen;
+    s->seq++;
+    s->timestamp += PCM_SAMPLES;
+    p->counters[C_RTP_OUT]++;
+    p->counters[C_BYTES_OUT] += p->siov[i].iov_len;
+}
+
+/* ------------------------------------------------------------------ the type */
+
+static int codecs_on(Session *s) {
+    int err;
+    if (!s->dec) s->dec = opus_decoder_create(48000, 1, &err);
+    if (!s->enc) s->enc = opus_encoder_create(48000, 1, OPUS_APPLICATION_VOIP, &err);
+    return s->dec && s->enc ? 0 : -1;
+}
+
+
+static void session_free(Session *s) {
+    if (s->rx) srtp_dealloc(s->rx);
+    if (s->tx) srtp_dealloc(s->tx);
+    if (s->dec) opus_decoder_destroy(s->dec);
+    if (s->enc) opus_encoder_destroy(s->enc);
+    uint32_t channel = s->channel;
+    memset(s, 0, sizeof *s);
+    s->channel = channel;   /* keeps the generation for the slot's next session */
+}
+
+static void Plane_dealloc(Plane *p) {
+    if (p->sessions) {
+        for (unsigned i = 0; i < p->capacity; i++)
+            if (p->sessions[i].used) session_free(&p->sessions[i]);
+        PyMem_Free(p->sessions);
+    }
+    PyMem_Free(p->table);
+    PyMem_Free(p->rbuf);
+    PyMem_Free(p->sbuf);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static int Plane_init(Plane *p, PyObject *args, PyObject *kw) {
+    static char *names[] = {"fd", "capacity", NULL};
+    int fd;
+    unsigned capacity = 1024;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|I", names, &fd, &capacity)) return -1;
+    if (capacity < 1 || capacity > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "capacity must be 1..65535");
+        return -1;
+    }
+    if (!srtp_ready) {
+        if (srtp_init() != srtp_err_status_ok) {
+            PyErr_SetString(PyExc_RuntimeError, "srtp_init failed");
+            return -1;
+        }
+        srtp_ready = 1;
+    }
+    p->fd = fd;
+    p->capacity = capacity;
+    p->table_size = 1;
+    while (p->table_size < capacity * 2) p->table_size <<= 1;
+    p->sessions = PyMem_Calloc(capacity, sizeof(Session));
+    p->table = PyMem_Malloc(p->table_size * sizeof(int32_t));
+    p->rbuf = PyMem_Malloc((size_t)BATCH * SLOT_BYTES);
+    p->sbuf = PyMem_Malloc((size_t)BATCH * SLOT_BYTES);
+    if (!p->sessions || !p->table || !p->rbuf || !p->sbuf) { PyErr_NoMemory(); return -1; }
+    for (unsigned i = 0; i < p->table_size; i++) p->table[i] = -1;
+    for (unsigned i = 0; i < capacity; i++) p->sessions[i].channel = i;
+    for (int i = 0; i < BATCH; i++) {
+        p->riov[i].iov_base = p->rbuf + (size_t)i * SLOT_BYTES;
+        p->riov[i].iov_len = SLOT_BYTES;
+        p->rmsgs[i].msg_hdr.msg_iov = &p->riov[i];
+        p->rmsgs[i].msg_hdr.msg_iovlen = 1;
+        p->smsgs[i].msg_hdr.msg_iov = &p->siov[i];
+        p->smsgs[i].msg_hdr.msg_iovlen = 1;
+    }
+    return 0;
+}
+
+static int parse_v4(PyObject *addr, struct sockaddr_in *out) {
+    const char *host;
+    int port;
+    if (!PyArg_ParseTuple(addr, "si", &host, &port)) return -1;
+    memset(out, 0, sizeof *out);
+    out->sin_family = AF_INET;
+    if (port < 0 || port > 65535 || inet_pton(AF_INET, host, &out->sin_addr) != 1) {
+        PyErr_SetString(PyExc_ValueError, "an IPv4 (host, port) is needed");
+        return -1;
+    }
+    out->sin_port = htons((uint16_t)port);
+    return 0;
+}
+
+static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
+    static char *names[] = {"client", "relay", "profile", "rx_key", "tx_key", "ssrc", "seq",
+                            "timestamp", "payload_type", "mid", "mid_id", "abs_send_time_id",
+                            "silence", "pcm", NULL};
+    PyObject *client, *relay;
+    int profile, pt, mid_id, ast_id, pcm = 0;
+    unsigned int ssrc, seq, timestamp;
+    Py_buffer rx_key, tx_key, mid, silence;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOiy*y*IIIiy*iiy*|p", names, &client, &relay,
+                                     &profile, &rx_key, &tx_key, &ssrc, &seq, &timestamp, &pt,
+                                     &mid, &mid_id, &ast_id, &silence, &pcm))
+        return NULL;
+    PyObject *result = NULL;
+    struct sockaddr_in caddr, raddr;
+    memset(&raddr, 0, sizeof raddr);
+    if (parse_v4(client, &caddr) < 0) goto done;
+    if (relay != Py_None && parse_v4(relay, &raddr) < 0) goto done;
+    if (mid.len > 16 || silence.len > 64 || pt < 0 || pt > 127 || mid_id < 0 || mid_id > 14 ||
+        ast_id < 0 || ast_id > 14 || seq > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "bad RTP parameters");
+        goto done;
+    }
+    uint64_t key = key_of_sockaddr(&caddr);
+    if (find(p, key)) { PyErr_SetString(PyExc_ValueError, "that client address has a session"); goto done; }
+    if (p->live >= p->capacity) { PyErr_SetString(PyExc_OverflowError, "the plane is full"); goto done; }
+    unsigned slot = 0;
+    while (p->sessions[slot].used) slot++;
+    Session *s = &p->sessions[slot];
+    srtp_policy_t policy;
+    memset(&policy, 0, sizeof policy);
+    if (srtp_crypto_policy_set_from_profile_for_rtp(&policy.rtp, profile) ||
+        srtp_crypto_policy_set_from_profile_for_rtcp(&policy.rtcp, profile)) {
+        PyErr_SetString(PyExc_ValueError, "unsupported SRTP profile");
+        goto done;
+    }
+    int need = srtp_profile_get_master_key_length(profile) +
+               srtp_profile_get_master_salt_length(profile);
+    if (rx_key.len != need || tx_key.len != need) {
+        PyErr_Format(PyExc_ValueError, "SRTP keys must be %d bytes (key and salt)", need);
+        goto done;
+    }
+    policy.window_size = 1024;
+    policy.allow_repeat_tx = 1;
+    policy.ssrc.type = ssrc_any_inbound;
+    policy.key = rx_key.buf;
+    if (srtp_create(&s->rx, &policy) != srtp_err_status_ok) {
+        PyErr_SetString(PyExc_ValueError, "srtp_create (inbound) failed");
+        s->rx = NULL;
+        goto done;
+    }
+    policy.ssrc.type = ssrc_any_outbound;
+    policy.key = tx_key.buf;
+    if (srtp_create(&s->tx, &policy) != srtp_err_status_ok) {
+        PyErr_SetString(PyExc_ValueError, "srtp_create (outbound) failed");
+        s->tx = NULL;
+        session_free(s);
+        goto done;
+    }
+    if (pcm) {
+        if (codecs_on(s) < 0) {
+            session_free(s);
+            PyErr_SetString(PyExc_RuntimeError, "opus codec creation failed");
+            goto done;
+        }
+        s->pcm = 1;
+    }
+    s->used = 1;
+    s->channel = (s->channel & 0xFFFF0000u) + 0x10000u + slot;  /* a new generation */
+    s->key = key;
+    s->client = caddr;
+    s->relayed = relay != Py_None;
+    s->relay = raddr;
+    s->hop[0] = HOP_MAGIC;
+    s->hop[1] = 0x01;   /* towards the client, IPv4 */
+    memcpy(s->hop + 2, &caddr.sin_port, 2);
+    memcpy(s->hop + 4, &caddr.sin_addr, 4);
+    s->ssrc = ssrc;
+    s->seq = (uint16_t)seq;
+    s->timestamp = timestamp;
+    s->pt = (uint8_t)pt;
+    s->mid_id = (uint8_t)mid_id;
+    s->ast_id = (uint8_t)ast_id;
+    s->mid_len = (uint8_t)mid.len;
+    memcpy(s->mid, mid.buf, mid.len);
+    s->silence_len = (uint16_t)silence.len;
+    memcpy(s->silence, silence.buf, silence.len);
+    table_insert(p, slot);
+    p->live++;
+    result = PyLong_FromUnsignedLong(s->channel);
+done:
+    PyBuffer_Release(&rx_key);
+    PyBuffer_Release(&tx_key);
+    PyBuffer_Release(&mid);
+    PyBuffer_Release(&silence);
+    return result;
+}
+
+static PyObject *Plane_set_pcm(Plane *p, PyObject *args) {
+    unsigned long channel;
+    int pcm;
+    if (!PyArg_ParseTuple(args, "kp", &channel, &pcm)) return NULL;
+    Session *s = by_channel(p, (uint32_t)channel);
+    if (!s) Py_RETURN_FALSE;
+    if (pcm && codecs_on(s) < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "opus codec creation failed");
+        return NULL;
+    }
+    s->pcm = pcm;
+    s->in.count = s->out.count = 0;   /* what is queued is in the other codec */
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Plane_remove(Plane *p, PyObject *arg) {
+    unsigned long channel = PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    Session *s = by_channel(p, (uint32_t)channel);
+    if (!s) Py_RETURN_FALSE;
+    table_remove(p, s->key);
+    session_free(s);
+    p->live--;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Plane_read(Plane *p, PyObject *args) {
+    int max_batches = 4;
+    if (!PyArg_ParseTuple(args, "|i", &max_batches)) return NULL;
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    for (int b = 0; b < max_batches; b++) {
+        for (int i = 0; i < BATCH; i++) {
+            p->rmsgs[i].msg_hdr.msg_name = &p->rnames[i];
+            p->rmsgs[i].msg_hdr.msg_namelen = sizeof p->rnames[i];
+            p->rmsgs[i].msg_hdr.msg_flags = 0;
+        }
+        int n = recvmmsg(p->fd, p->rmsgs, BATCH, MSG_DONTWAIT, NULL);
+        if (n <= 0) break;      /* EAGAIN, or an error Python's own read will see */
+        for (int i = 0; i < n; i++) {
+            uint8_t *data = p->rbuf + (size_t)i * SLOT_BYTES;
+            int len = (int)p->rmsgs[i].msg_len;
+            p->counters[C_DATAGRAMS]++;
+            if (p->rnames[i].sin_family != AF_INET) continue;  /* the socket is IPv4 */
+            if (p->rmsgs[i].msg_hdr.msg_flags & MSG_TRUNC) {
+                p->counters[C_RECV_TRUNCATED]++;   /* nothing of ours is that big */
+                continue;
+            }
+            if (handle(p, data, len, &p->rnames[i])) continue;
+            p->counters[C_TO_PYTHON]++;
+            PyObject *item = to_python(data, len, &p->rnames[i]);
+            if (!item || PyList_Append(out, item) < 0) {
+                Py_XDECREF(item);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(item);
+        }
+        if (n < BATCH) break;
+    }
+    return out;
+}
+
+static PyObject *Plane_process(Plane *p, PyObject *args) {
+    /* One datagram as if received from addr (tests, fuzzing): None when the plane took it,
+     * else the bytes Python would get. */
+    Py_buffer data;
+    PyObject *addr;
+    if (!PyArg_ParseTuple(args, "y*O", &data, &addr)) return NULL;
+    struct sockaddr_in src;
+    if (parse_v4(addr, &src) < 0) { PyBuffer_Release(&data); return NULL; }
+    PyObject *result;
+    p->counters[C_DATAGRAMS]++;
+    if (data.len > SLOT_BYTES) {
+        p->counters[C_RECV_TRUNCATED]++;
+        PyBuffer_Release(&data);
+        Py_RETURN_NONE;
+    }
+    uint8_t buf[SLOT_BYTES];
+    memcpy(buf, data.buf, (size_t)data.len);
+    int len = (int)data.len;
+    PyBuffer_Release(&data);
+    if (handle(p, buf, len, &src)) Py_RETURN_NONE;
+    p->counters[C_TO_PYTHON]++;
+    result = PyBytes_FromStringAndSize((const char *)buf, len);
+    return result;
+}
+
+static PyObject *Plane_take_batch(Plane *p, PyObject *noargs) {
+    size_t total = 0;
+    for (unsigned i = 0; i < p->capacity; i++) {
+        Session *s = &p->sessions[i];
+        if (!s->used) continue;
+        for (unsigned k = 0; k < s->in.count; k++)
+            total += 6 + s->in.frames[(s->in.head + k) % RING].len;
+    }
+    if (!total) Py_RETURN_NONE;
+    PyObject *blob = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (!blob) return NULL;
+    uint8_t *w = (uint8_t *)PyBytes_AS_STRING(blob);
+    for (unsigned i = 0; i < p->capacity; i++) {
+        Session *s = &p->sessions[i];
+        if (!s->used) continue;
+        Frame *f;
+        while ((f = ring_pop(&s->in))) {
+            uint32_t ch = htonl(s->channel);
+            uint16_t len = htons(f->len);
+            memcpy(w, &ch, 4);
+            memcpy(w + 4, &len, 2);
+            memcpy(w + 6, f->data, f->len);
+            w += 6 + f->len;
+        }
+    }
+    return blob;
+}
+
+static PyObject *Plane_put_batch(Plane *p, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
+    const uint8_t *r = b.buf;
+    Py_ssize_t left = b.len;
+    long queued = 0;
+    while (left > 0) {
+        if (left < 6) { p->counters[C_BATCH_BAD_RECORD]++; break; }
+        uint32_t ch = (uint32_t)r[0] << 24 | r[1] << 16 | r[2] << 8 | r[3];
+        unsigned len = (unsigned)(r[4] << 8 | r[5]);
+        if ((Py_ssize_t)len > left - 6) { p->counters[C_BATCH_BAD_RECORD]++; break; }
+        const uint8_t *payload = r + 6;
+        r += 6 + len;
+        left -= 6 + (Py_ssize_t)len;
+        Session *s = by_channel(p, ch);
+        if (!s) { p->counters[C_BATCH_UNKNOWN_CHANNEL]++; continue; }
+        int dropped;
+        if (s->pcm) {
+            if (len != PCM_SAMPLES * 2) { p->counters[C_BATCH_BAD_RECORD]++; continue; }
+            opus_int16 pcm[PCM_SAMPLES];
+            memcpy(pcm, payload, sizeof pcm);
+            uint8_t coded[FRAME_MAX];
+            int n = opus_encode(s->enc, pcm, PCM_SAMPLES, coded, 1275);
+            if (n <= 0) { p->counters[C_DROP_ENCODE]++; continue; }
+            ring_push(&s->out, coded, (unsigned)n, OUT_KEEP, &dropped);
+        } else {
+            if (len == 0 || len > 1275) { p->counters[C_BATCH_BAD_RECORD]++; continue; }
+            ring_push(&s->out, payload, len, OUT_KEEP, &dropped);
+        }
+        if (dropped) p->counters[C_DROP_OUT_QUEUE_FULL]++;
+        queued++;
+    }
+    PyBuffer_Release(&b);
+    return PyLong_FromLong(queued);
+}
+
+static PyObject *Plane_tick(Plane *p, PyObject *args) {
+    int frames = 1;
+    if (!PyArg_ParseTuple(args, "|i", &frames)) return NULL;
+    if (frames < 1) frames = 1;
+    if (frames > OUT_KEEP) frames = OUT_KEEP;
+    long sent = 0;
+    for (int f = 0; f < frames; f++) {
+        for (unsigned i = 0; i < p->capacity; i++) {
+            Session *s = &p->sessions[i];
+            if (!s->used) continue;
+            Frame *fr = ring_pop(&s->out);
+            if (fr) send_frame(p, s, fr->data, fr->len);
+            else send_frame(p, s, s->silence, s->silence_len);
+            sent++;
+        }
+    }
+    flush(p);
+    return PyLong_FromLong(sent);
+}
+
+static PyObject *Plane_stats(Plane *p, PyObject *arg) {
+    unsigned long channel = PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    Session *s = by_channel(p, (uint32_t)channel);
+    if (!s) Py_RETURN_NONE;
+    PyObject *gaps = PyList_New(s->ngaps);
+    if (!gaps) return NULL;
+    for (unsigned i = 0; i < s->ngaps; i++)
+        PyList_SET_ITEM(gaps, i, Py_BuildValue("(dd)", s->gaps[i][0], s->gaps[i][1]));
+    s->ngaps = 0;
+    char relay[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &s->relay.sin_addr, relay, sizeof relay);
+    return Py_BuildValue(
+        "{s:O,s:k,s:I,s:I,s:I,s:I,s:L,s:I,s:N,s:I,s:K,s:I,s:I,s:I,s:I,s:I,s:(si),s:d,s:d}",
+        "have_ssrc", s->have_ssrc ? Py_True : Py_False, "rx_ssrc", (unsigned long)s->rx_ssrc,
+        "packets_received", s->packets_received, "cycles", s->cycles,
+        "base_seq", (unsigned)s->base_seq, "max_seq", (unsigned)s->max_seq,
+        "jitter_q4", (long long)s->jitter_q4, "last_timestamp", s->last_ts,
+        "gaps", gaps, "gaps_lost", s->gaps_lost,
+        "last_ntp", (unsigned long long)s->last_ntp, "last_rtp_timestamp", s->last_rtp_ts,
+        "packets_sent", s->packets_sent, "octets_sent", s->octets_sent,
+        "in_queued", s->in.count, "out_queued", s->out.count,
+        "relay", relay, (int)ntohs(s->relay.sin_port),
+        "first_rx_unix", s->first_wall, "last_rx_unix", s->last_wall);
+}
+
+static PyObject *Plane_counters(Plane *p, PyObject *noargs) {
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    for (int i = 0; i < C_COUNTERS; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(p->counters[i]);
+        if (!v || PyDict_SetItemString(d, COUNTER_NAMES[i], v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
+static PyObject *Plane_sessions(Plane *p, void *closure) {
+    return PyLong_FromUnsignedLong(p->live);
+}
+
+static PyMethodDef Plane_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))Plane_add, METH_VARARGS | METH_KEYWORDS,
+     "add(client, relay, profile, rx_key, tx_key, ssrc, seq, timestamp, payload_type, mid, "
+     "mid_id, abs_send_time_id, silence, pcm=False) -> channel"},
+    {"remove", (PyCFunction)Plane_remove, METH_O, "remove(channel) -> whether it was there"},
+    {"set_pcm", (PyCFunction)Plane_set_pcm, METH_VARARGS,
+     "set_pcm(channel, pcm) -> whether the session is there: pcm16 (True) or Opus frames"},
+    {"read", (PyCFunction)Plane_read, METH_VARARGS,
+     "read(max_batches=4) -> [(datagram, (host, port))] that are Python's"},
+    {"process", (PyCFunction)Plane_process, METH_VARARGS,
+     "process(datagram, (host, port)) -> None if the plane took it, else the datagram"},
+    {"take_batch", (PyCFunction)Plane_take_batch, METH_NOARGS,
+     "take_batch() -> the queued frames for the agent as records, or None"},
+    {"put_batch", (PyCFunction)Plane_put_batch, METH_O,
+     "put_batch(records) -> frames queued towards the clients"},
+    {"tick", (PyCFunction)Plane_tick, METH_VARARGS,
+     "tick(frames=1) -> RTP packets sent (frames 20 ms frames per session)"},
+    {"stats", (PyCFunction)Plane_stats, METH_O, "stats(channel) -> dict or None"},
+    {"counters", (PyCFunction)Plane_counters, METH_NOARGS, "counters() -> dict"},
+    {NULL}
+};
+
+static PyGetSetDef Plane_getset[] = {
+    {"sessions", (getter)Plane_sessions, NULL, "sessions on the plane", NULL},
+    {NULL}
+};
+
+static PyTypeObject PlaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "services.transceiver._mediaplane.Plane",
+    .tp_basicsize = sizeof(Plane),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The native media plane of one shared socket (see the module's source).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Plane_init,
+    .tp_dealloc = (destructor)Plane_dealloc,
+    .tp_methods = Plane_methods,
+    .tp_getset = Plane_getset,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_mediaplane", "The transceiver's native media plane.", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__mediaplane(void) {
+    if (PyType_Ready(&PlaneType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&PlaneType);
+    if (PyModule_AddObject(m, "Plane", (PyObject *)&PlaneType) < 0) {
+        Py_DECREF(&PlaneType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "BATCH", BATCH);
+    PyModule_AddIntConstant(m, "FRAME_MAX", FRAME_MAX);
+    return m;
+}

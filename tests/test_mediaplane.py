@@ -1,0 +1,206 @@
+"""The native media plane (services/transceiver/_mediaplane.c) against an independent SRTP
+peer: pylibsrtp (the libsrtp aiortc bundles) protects what the plane unprotects and the other
+way round, on real loopback UDP sockets. Bad input is dropped and counted, never delivered to
+another session."""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+
+import pylibsrtp
+import pytest
+
+from services.transceiver._mediaplane import Plane
+from services.wire import hop
+
+PROFILES = {"AES128_CM_SHA1_80": (pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_80, 30),
+            "AEAD_AES_256_GCM": (pylibsrtp.Policy.SRTP_PROFILE_AEAD_AES_256_GCM, 44)}
+SILENCE = b"\xf8\xff\xfe"
+MID_ID, AST_ID = 1, 3
+
+
+def rtp(seq: int, ts: int, ssrc: int, payload: bytes, pt: int = 111, ext: bytes = b"",
+        csrcs: int = 0, padding: int = 0) -> bytes:
+    first = 0x80 | csrcs | (0x10 if ext else 0) | (0x20 if padding else 0)
+    header = struct.pack("!BBHII", first, pt, seq, ts, ssrc) + b"\0\0\0\1" * csrcs
+    if ext:
+        header += b"\xbe\xde" + struct.pack("!H", len(ext) // 4) + ext
+    pad = (b"\0" * (padding - 1) + bytes([padding])) if padding else b""
+    return header + payload + pad
+
+
+class Peer:
+    """A client: its SRTP sessions (keys crossed with the plane's) and a UDP socket."""
+
+    def __init__(self, profile: int, key_len: int) -> None:
+        self.up_key, self.down_key = os.urandom(key_len), os.urandom(key_len)
+        self.tx = pylibsrtp.Session(pylibsrtp.Policy(
+            key=self.up_key, ssrc_type=pylibsrtp.Policy.SSRC_ANY_OUTBOUND, srtp_profile=profile))
+        self.rx = pylibsrtp.Session(pylibsrtp.Policy(
+            key=self.down_key, ssrc_type=pylibsrtp.Policy.SSRC_ANY_INBOUND, srtp_profile=profile))
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(2)
+        self.address = self.sock.getsockname()
+
+
+@pytest.fixture
+def server():
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    yield sock
+    sock.close()
+
+
+def add(plane: Plane, peer: Peer, profile: int, relay=None, seq: int = 1000, pcm=False,
+        ssrc: int = 0x11223344) -> int:
+    return plane.add(peer.address, relay, profile, peer.up_key, peer.down_key, ssrc, seq,
+                     90000, 111, b"0", MID_ID, AST_ID, SILENCE, pcm)
+
+
+def records(blob: bytes | None) -> list[tuple[int, bytes]]:
+    out, blob = [], blob or b""
+    while blob:
+        channel, length = struct.unpack_from("!IH", blob)
+        out.append((channel, blob[6:6 + length]))
+        blob = blob[6 + length:]
+    return out
+
+
+def batch(*items: tuple[int, bytes]) -> bytes:
+    return b"".join(struct.pack("!IH", c, len(p)) + p for c, p in items)
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_caller_rtp_reaches_the_agent_batch_and_replies_go_out_as_srtp(server, name):
+    profile, key_len = PROFILES[name]
+    plane, peer = Plane(server.fileno(), 16), Peer(profile, key_len)
+    channel = add(plane, peer, profile)
+    for i in range(3):
+        packet = peer.tx.protect(rtp(500 + i, 960 * i, 0xCAFE, b"opus-%d" % i))
+        assert plane.process(packet, peer.address) is None
+    assert records(plane.take_batch()) == [(channel, b"opus-0"), (channel, b"opus-1"),
+                                          (channel, b"opus-2")]
+    assert plane.take_batch() is None
+    assert plane.put_batch(batch((channel, b"reply"))) == 1
+    assert plane.tick() == 1 and plane.tick() == 1  # the reply, then the silence packet
+    sent = [peer.rx.unprotect(peer.sock.recv(2048)) for _ in range(2)]
+    for i, packet in enumerate(sent):
+        first, pt, seq, ts, ssrc = struct.unpack_from("!BBHII", packet)
+        assert (first & 0xC0, pt & 0x7F, pt & 0x80, seq, ts, ssrc) == (
+            0x80, 111, 0x80, 1000 + i, 90000 + 960 * i, 0x11223344)
+        assert packet[12:14] == b"\xbe\xde"   # one-byte header extensions: mid, abs-send-time
+        ext_len = struct.unpack_from("!H", packet, 14)[0] * 4
+        ext = packet[16:16 + ext_len]
+        assert ext[0] == (MID_ID << 4) and ext[1:2] == b"0" and ext[2] >> 4 == AST_ID
+        assert packet[16 + ext_len:] == (b"reply" if i == 0 else SILENCE)
+    stats = plane.stats(channel)
+    assert (stats["rx_ssrc"], stats["packets_received"], stats["base_seq"], stats["max_seq"],
+            stats["packets_sent"]) == (0xCAFE, 3, 500, 502, 2)
+    counters = plane.counters()
+    assert counters["rtp_in"] == 3 and counters["rtp_out"] == 2 and counters["to_python"] == 0
+
+
+def test_rollover_across_the_sequence_wrap_both_ways(server):
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    plane, peer = Plane(server.fileno(), 4), Peer(profile, key_len)
+    channel = add(plane, peer, profile, seq=65533)
+    got = []
+    for i in range(8):  # 65530 .. 65535, 0, 1: libsrtp's rollover counter on both sides
+        seq = (65530 + i) & 0xFFFF
+        assert plane.process(peer.tx.protect(rtp(seq, 960 * i, 7, bytes([i]))),
+                             peer.address) is None
+        got += records(plane.take_batch())
+    assert [p for _, p in got] == [bytes([i]) for i in range(8)]
+    stats = plane.stats(channel)
+    assert (stats["cycles"], stats["max_seq"], stats["packets_received"]) == (65536, 1, 8)
+    plane.tick(5)   # 65533 .. 65535, 0, 1: the peer decrypts across the wrap
+    seqs = [struct.unpack_from("!H", peer.rx.unprotect(peer.sock.recv(2048)), 2)[0]
+            for _ in range(5)]
+    assert seqs == [65533, 65534, 65535, 0, 1]
+    plane.tick(1)
+    assert struct.unpack_from("!H", peer.rx.unprotect(peer.sock.recv(2048)), 2)[0] == 2
+
+
+def test_replayed_forged_truncated_and_strangers_packets_are_dropped_and_counted(server):
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    plane, peer, other = Plane(server.fileno(), 4), Peer(profile, key_len), Peer(profile, key_len)
+    channel = add(plane, peer, profile)
+    good = peer.tx.protect(rtp(1, 0, 9, b"x"))
+    assert plane.process(good, peer.address) is None
+    assert plane.process(good, peer.address) is None                    # replayed
+    forged = bytearray(peer.tx.protect(rtp(2, 960, 9, b"y")))
+    forged[-1] ^= 1
+    assert plane.process(bytes(forged), peer.address) is None           # tag fails
+    assert plane.process(good[:11], peer.address) is None               # shorter than RTP
+    # another client's packet under the peer's keys reaches no session: Python's to judge
+    assert plane.process(other.tx.protect(rtp(1, 0, 9, b"z")), other.address) is not None
+    # STUN, DTLS and SRTCP from the session's own address are Python's too
+    for datagram in (b"\x00\x01\x00\x00" + bytes(16), b"\x16\xfe\xfd" + bytes(10),
+                     b"\x80\xc8\x00\x06" + bytes(24)):
+        assert plane.process(datagram, peer.address) == datagram
+    c = plane.counters()
+    assert (c["rtp_in"], c["drop_srtp_replay"], c["drop_srtp_auth"],
+            c["drop_rtp_malformed"], c["to_python"]) == (1, 1, 1, 1, 4)
+    assert records(plane.take_batch()) == [(channel, b"x")]
+
+
+def test_relayed_sessions_answer_through_the_relay_that_last_delivered(server):
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    plane, peer = Plane(server.fileno(), 4), Peer(profile, key_len)
+    relay = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    relay.bind(("127.0.0.1", 0))
+    relay.settimeout(2)
+    channel = add(plane, peer, profile, relay=relay.getsockname())
+    header = hop.encode(peer.address, hop.TO_SERVER)
+    packet = peer.tx.protect(rtp(10, 0, 5, b"via"))
+    assert plane.process(packet, peer.address) is not None        # not relayed: not this flow
+    assert plane.process(header + packet, relay.getsockname()) is None
+    assert records(plane.take_batch()) == [(channel, b"via")]
+    plane.tick()
+    data = relay.recv(2048)
+    decoded, payload = hop.decode(data)
+    assert decoded.client == peer.address and decoded.direction == hop.TO_CLIENT
+    assert peer.rx.unprotect(bytes(payload))[-len(SILENCE):] == SILENCE
+    relay.close()
+
+
+def test_a_removed_session_matches_nothing_and_its_channel_is_not_reused(server):
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    plane, peer = Plane(server.fileno(), 2), Peer(profile, key_len)
+    first = add(plane, peer, profile)
+    assert plane.remove(first) and not plane.remove(first) and plane.sessions == 0
+    packet = peer.tx.protect(rtp(1, 0, 5, b"late"))
+    assert plane.process(packet, peer.address) == packet   # to Python, which drops it
+    second = add(plane, peer, profile)
+    assert second != first
+    assert plane.put_batch(batch((first, b"old"), (second, b"new"))) == 1
+    assert plane.counters()["batch_unknown_channel"] == 1
+    # a full plane says so; a record cut short ends the batch, counted
+    add(plane, Peer(profile, key_len), profile)
+    with pytest.raises(OverflowError):
+        add(plane, Peer(profile, key_len), profile)
+    assert plane.put_batch(batch((second, b"ok")) + b"\0\0") == 1
+    assert plane.counters()["batch_bad_record"] == 1
+
+
+def test_pcm_sessions_decode_for_the_agent_and_encode_its_frames(server):
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    plane, peer = Plane(server.fileno(), 2), Peer(profile, key_len)
+    from services.transceiver import libopus
+    encoder, decoder = libopus.Encoder("voip", 32000, 5, 960), libopus.Decoder()
+    tone = struct.pack("<960h", *[int(8000 * ((i // 24) % 2 * 2 - 1)) for i in range(960)])
+    channel = add(plane, peer, profile, pcm=True)
+    for i in range(3):
+        plane.process(peer.tx.protect(rtp(i, 960 * i, 3, encoder.encode(tone))), peer.address)
+    got = records(plane.take_batch())
+    assert [(c, len(p)) for c, p in got] == [(channel, 1920)] * 3
+    assert max(abs(v) for v in struct.unpack("<960h", got[-1][1])) > 2000  # audio, not silence
+    plane.put_batch(batch((channel, tone)))
+    plane.tick()
+    payload = peer.rx.unprotect(peer.sock.recv(2048))
+    ext_len = struct.unpack_from("!H", payload, 14)[0] * 4
+    assert len(decoder.decode(payload[16 + ext_len:])) == 1920
+    assert plane.put_batch(batch((channel, b"short"))) == 0   # not a 20 ms PCM frame
