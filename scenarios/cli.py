@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from scenarios.spec import DEFAULT_SCENARIO
+from services.mediapaths import MEDIA_PATHS
 from voiceedge.errors import UserError
 
 EXIT_CODES = """\
@@ -58,6 +60,9 @@ def add_parser(sub) -> None:
                    help="after the last architecture, keep the world and its services up (for "
                         "voiceedge world exec) until Ctrl-C; the results and the report are "
                         "written first")
+    p.add_argument("--media-path", choices=MEDIA_PATHS,
+                   help="the transceivers' media path, instead of the file's media_path "
+                        "(python, the reference, or native: docs/transceiver.md)")
     p.add_argument("--json", action="store_true", help="print only the summary as JSON")
     p.add_argument("--state-dir", type=Path, help=argparse.SUPPRESS)  # --keep-world: tests
     p.set_defaults(func=run)
@@ -75,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     scenario = Scenario.load(args.file)  # ConfigError: one line, exit 2
+    if getattr(args, "media_path", None):
+        scenario = dataclasses.replace(scenario, media_path=args.media_path)
     if args.target is not None:
         return _run_target(args, scenario, console)
     if args.verify is not None:

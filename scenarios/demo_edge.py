@@ -32,6 +32,7 @@ from services.client.runner import run_sessions
 from services.lag import LoopLagMonitor
 from services.procfs import cpu_seconds, processes, stat_fields
 from services.logs import JsonFormatter
+from services.mediapaths import MEDIA_PATHS, PYTHON
 from services.transceiver.ice import MODES, SHARED
 from topology.netns import in_namespace, lab_namespace
 from voiceedge.errors import UserError
@@ -47,7 +48,7 @@ class DemoConfig:
     concurrency: int | None = None  # 1: sessions one at a time
     full_clients: int = 2           # sessions with the full client; the others are light
     workdir: Path | None = None
-    media_path: str = "python"      # the transceiver's (shared mode): python or native
+    media_path: str = PYTHON        # the transceiver's (shared mode): python or native
 
 
 @dataclass
@@ -132,7 +133,7 @@ def cpu_ms_per_session_second(start: CpuMark, end: CpuMark,
 
 
 def demo_plan(mode: str, netns: str, public: str, internal: str,
-              media_path: str = "python") -> EdgePlan:
+              media_path: str = PYTHON) -> EdgePlan:
     """The demo's edge: one cluster and its front in one namespace."""
     host = Host("lab", netns)
     cluster = ClusterPlan("demo", 1, host, public=public, internal=internal)
@@ -147,7 +148,7 @@ def run_demo(config: DemoConfig, say=lambda msg: None, progress=None) -> DemoRes
         raise ValueError(f"mode must be one of {', '.join(MODES)}")
     if config.sessions < 1:
         raise ValueError("sessions must be at least 1")
-    if config.media_path == "native" and config.mode != SHARED:
+    if config.media_path != PYTHON and config.mode != SHARED:
         raise ValueError("the native media path needs the shared mode (one socket)")
     workdir = config.workdir or temp_dir("voiceedge-demo-")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -306,7 +307,7 @@ def add_parser(sub) -> None:
     e.add_argument("--full-clients", type=int, default=d.full_clients, metavar="N",
                    help="sessions with the full client (decodes, checks the echo's level); "
                         f"the others are light (default {d.full_clients})")
-    e.add_argument("--media-path", choices=("python", "native"), default=d.media_path,
+    e.add_argument("--media-path", choices=MEDIA_PATHS, default=d.media_path,
                    help="the transceiver's media path (shared mode): python, the reference, "
                         "or native, the C media plane (default python)")
     e.add_argument("--workdir", type=Path, help="where logs and JSON lines go (default: a temp dir)")

@@ -13,6 +13,7 @@ from scenarios.clients import needs_browser, parse_mix
 from scenarios.faultspec import FaultSpec
 from scenarios.sweepspec import SweepSpec
 from services.clienttypes import AIORTC, CHROMIUM
+from services.mediapaths import MEDIA_PATHS, PYTHON
 from voiceedge.errors import ConfigError
 
 # The architectures a scenario runs when its file names none (scenarios/architectures/).
@@ -41,6 +42,7 @@ class Scenario:
     calibration_at_load: bool = True  # probe the calls' paths again while the calls run
     min_success_pct: float = 100.0  # below this for any architecture, the run exits 1
     transceivers_per_cluster: int = 1
+    media_path: str = PYTHON          # the transceivers' on shared sockets: python or native
     faults: tuple[FaultSpec, ...] = ()
     media_timeout_s: float = 1.5      # the clients' media watchdog (docs/client.md)
     reconnect_attempts: int = 3       # the clients' bounded retry after a failed connection
@@ -89,7 +91,8 @@ class Scenario:
         known = {"name", "description", "clusters", "sessions_per_region", "call_duration_s",
                  "start_rate", "architectures", "last_mile", "profiles", "calibration",
                  "min_success_pct", "full_clients_per_region", "transceivers_per_cluster",
-                 "faults", "client", "clients", "sweep", "external"}
+                 "faults", "client", "clients", "sweep", "external",
+                 "media_path"}
         unknown = set(doc) - known
         if unknown:
             raise ScenarioError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -137,6 +140,10 @@ class Scenario:
             raise ScenarioError(f"{path}: client: reconnect_attempts: 0..10 ({attempts!r})")
         per_cluster = (need("transceivers_per_cluster", int, lambda v: 1 <= v <= 10, "1..10")
                        if "transceivers_per_cluster" in doc else 1)
+        media_path = doc.get("media_path", PYTHON)
+        if media_path not in MEDIA_PATHS:
+            raise ScenarioError(f"{path}: media_path: {' or '.join(MEDIA_PATHS)} "
+                                f"({media_path!r})")
         raw_faults = doc.get("faults", []) or []
         if not isinstance(raw_faults, list):
             raise ScenarioError(f"{path}: faults: a list of faults (docs/faults.md)")
@@ -168,7 +175,7 @@ class Scenario:
             calibration_at_load=calibration.get("at_load", True),
             min_success_pct=float(need("min_success_pct", (int, float), lambda v: 0 <= v <= 100,
                                        "0..100")) if "min_success_pct" in doc else 100.0,
-            transceivers_per_cluster=per_cluster, faults=faults,
+            transceivers_per_cluster=per_cluster, media_path=media_path, faults=faults,
             media_timeout_s=float(media_timeout), reconnect_attempts=attempts, sweep=sweep,
             external=external,
             description=str(doc.get("description", "")).strip(), source=str(path))

@@ -302,3 +302,30 @@ def test_delete_of_an_unknown_session_is_404_and_of_a_live_one_204(caplog):
     [closed] = events_named(caplog, "session_closed")
     assert created.msg.fields["session"] == closed.msg.fields["session"] == session
     assert closed.msg.fields["reason"] == "deleted"
+
+
+def test_more_than_a_hundred_sessions_each_get_their_agent_websocket_at_once():
+    """aiohttp's default pool holds 100 connections: the transceiver's must not, or the 101st
+    call's agent link waits for another call to end (seen at 100 sessions on the native path,
+    whose frames link takes one connection too)."""
+    from services.agent.config import AgentConfig
+    from services.agent.server import AgentServer
+    from tests.conftest import until
+
+    calls = 105
+
+    async def scenario():
+        async with AgentServer(AgentConfig(port=0)) as agent:
+            cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host="127.0.0.1",
+                                    control=("127.0.0.1", 0), max_sessions=calls,
+                                    agent_url=f"ws://127.0.0.1:{agent.port}")
+            async with TransceiverServer(cfg) as server, aiohttp.ClientSession() as http:
+                base = f"http://127.0.0.1:{server.control_port}"
+                for _ in range(calls):
+                    async with http.post(f"{base}/sessions", data=STATIC_OFFER,
+                                         headers={"Content-Type": "application/sdp"}) as r:
+                        assert r.status == 201, await r.text()
+                await until(lambda: len(agent.sessions) >= calls, timeout=5.0)
+                return len(agent.sessions)
+
+    assert asyncio.run(scenario()) == calls

@@ -7,6 +7,7 @@ import os
 from services.config import parse_hostport
 from voiceedge.errors import ConfigError
 from services.transceiver import ice
+from services.mediapaths import MEDIA_PATHS, PYTHON
 from services.transceiver.opus import APPLICATIONS, OpusSettings
 from services.wire.ufrag import MAX_CLUSTER_ID, MAX_TRANSCEIVER_ID, secret_from_env
 from voiceedge.errors import UserError
@@ -38,7 +39,7 @@ def add_parser(sub) -> None:
                         f"{opus.application}: CELT only, the least CPU; docs/transceiver.md)")
     p.add_argument("--opus-complexity", type=int, default=opus.complexity, metavar="0-10",
                    help=f"libopus complexity of the outbound encoder (default {opus.complexity})")
-    p.add_argument("--media-path", choices=("python", "native"), default="python",
+    p.add_argument("--media-path", choices=MEDIA_PATHS, default=PYTHON,
                    help="who carries an established session's RTP: aiortc in Python (the "
                         "reference), or the native media plane in C (shared mode only; "
                         "docs/transceiver.md)")
@@ -61,9 +62,9 @@ def config_from_args(args: argparse.Namespace):
         if not 0 <= args.opus_complexity <= 10:
             raise ConfigError("--opus-complexity must be 0..10")
         media = parse_hostport(args.media, "--media", allow_zero=True)
-        if args.media_path == "native" and args.mode != ice.SHARED:
+        if args.media_path != PYTHON and args.mode != ice.SHARED:
             raise ConfigError("--media-path native needs --mode shared (one socket for all)")
-        if args.media_path == "native" and ":" in media[0]:
+        if args.media_path != PYTHON and ":" in media[0]:
             raise ConfigError("--media-path native takes an IPv4 --media address")
         return TransceiverConfig(
             cluster_id=args.cluster, transceiver_id=args.transceiver_id, mode=args.mode,

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from aiortc.rtcrtpreceiver import StreamStatistics
 
 from services.gaps import ArrivalGaps
+from services.mediapaths import MEDIA_PATHS, NATIVE, PYTHON  # noqa: F401 (re-exported)
 from services.transceiver._mediaplane import Plane
 from services.transceiver.media import silence_packet
 from services.transceiver.opus import OpusSettings
@@ -36,8 +37,6 @@ from services.transceiver.pacing import FrameClock
 
 log = logging.getLogger("voiceedge.transceiver")
 
-PYTHON, NATIVE = "python", "native"
-MEDIA_PATHS = (PYTHON, NATIVE)
 OPUS, PCM16 = "opus", "pcm16"
 AGENT_CODECS = (OPUS, PCM16)
 SYNC_S = 0.25

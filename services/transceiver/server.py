@@ -136,7 +136,9 @@ class TransceiverServer:
         self.certificates.fill()  # off every call's path from the first one on
         if cfg.mode == ice.SHARED:
             self.mux = await SharedSocket.open(cfg.media_host, cfg.media_port)
-        self._http = aiohttp.ClientSession()
+        # One agent WebSocket per session (and the frames link) on this session: aiohttp's
+        # default pool of 100 connections made the 101st call wait for another to end.
+        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         if cfg.media_path == NATIVE:
             if self.mux is None:
                 raise ValueError("the native media path needs the shared socket (mode shared)")
