@@ -1,4 +1,4 @@
-"""The native media plane (services/transceiver/_mediaplane.c) against an independent SRTP
+"""The native media plane (services/mediaplane/_mediaplane.c) against an independent SRTP
 peer: pylibsrtp (the libsrtp aiortc bundles) protects what the plane unprotects and the other
 way round, on real loopback UDP sockets. Bad input is dropped and counted, never delivered to
 another session."""
@@ -11,7 +11,7 @@ import struct
 import pylibsrtp
 import pytest
 
-from services.transceiver._mediaplane import Plane
+from services.mediaplane._mediaplane import Plane
 from services.wire import hop
 
 PROFILES = {"AES128_CM_SHA1_80": (pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_80, 30),
@@ -204,3 +204,42 @@ def test_pcm_sessions_decode_for_the_agent_and_encode_its_frames(server):
     ext_len = struct.unpack_from("!H", payload, 14)[0] * 4
     assert len(decoder.decode(payload[16 + ext_len:])) == 1920
     assert plane.put_batch(batch((channel, b"short"))) == 0   # not a 20 ms PCM frame
+
+
+def test_a_client_session_on_its_own_socket_plays_its_script_and_logs_arrivals(server):
+    """A light client's session: its own socket, its peer the only source it takes, its
+    script sent in a loop, every arrival logged (nothing queued for an agent)."""
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    peer = Peer(profile, key_len)          # here: the edge, which the client calls
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    client.bind(("127.0.0.1", 0))
+    client.setblocking(False)
+    plane = Plane(-1, 4)
+    script = batch((0, b"tone-a"), (0, b"tone-b"))
+    channel = plane.add(peer.address, None, profile, peer.up_key, peer.down_key, 77, 10, 0,
+                        111, b"0", MID_ID, AST_ID, SILENCE, False, client.fileno(), script)
+    plane.tick(3)
+    payloads = []
+    for _ in range(3):
+        packet = peer.rx.unprotect(peer.sock.recv(2048))
+        ext_len = struct.unpack_from("!H", packet, 14)[0] * 4
+        payloads.append(packet[16 + ext_len:])
+    assert payloads == [b"tone-a", b"tone-b", b"tone-a"]
+    for i in range(3):
+        peer.sock.sendto(peer.tx.protect(rtp(100 + i, 960 * i, 0xAB, b"e" * (20 + i))),
+                         client.getsockname())
+    stranger = Peer(profile, key_len)
+    stranger.sock.sendto(stranger.tx.protect(rtp(1, 0, 5, b"x")), client.getsockname())
+    peer.sock.sendto(b"\x00\x01\x00\x00" + bytes(16), client.getsockname())  # STUN
+    import time
+    time.sleep(0.05)
+    back = plane.read_session(channel)
+    assert [addr for _, addr in back] == [stranger.address, peer.address]
+    arrivals = list(struct.iter_unpack("=dIHH", plane.take_arrivals(channel)))
+    assert [(ssrc, seq, size) for _, ssrc, seq, size in arrivals] == [
+        (0xAB, 100, 20), (0xAB, 101, 21), (0xAB, 102, 22)]
+    assert all(0 < at <= time.monotonic() for at, *_ in arrivals)
+    assert plane.take_arrivals(channel) == b"" and plane.take_batch() is None
+    assert plane.counters()["wrong_peer"] == 1
+    assert plane.remove(channel)
+    client.close()

@@ -37,7 +37,8 @@ from services.transceiver import ice
 from services.transceiver.opus import OpusSettings
 from services.transceiver.agentframes import AgentFrames
 from services.transceiver.mux import SharedSocket
-from services.transceiver.nativeplane import NATIVE, NativeMedia
+from services.mediapaths import NATIVE
+from services.transceiver.nativeplane import NativeMedia
 from services.transceiver.pacing import FrameClock
 from services.transceiver.session import Session
 from services.wire.sdp import OfferError, check_offer

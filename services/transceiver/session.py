@@ -23,7 +23,8 @@ from services.transceiver.eager import run_now
 from services.gaps import ArrivalGaps
 from services.transceiver.inbound import shortcut_srtp
 from services.transceiver.media import AgentAudioTrack, decode_inline
-from services.transceiver.nativeplane import AGENT_CODECS, IdleSender, NativeMedia
+from services.mediaplane.hooks import IdleSender
+from services.transceiver.nativeplane import AGENT_CODECS, NativeMedia
 from services.transceiver.opus import OpusSettings
 from services.transceiver.outbound import play_on_tick
 from services.transceiver.pacing import FrameClock

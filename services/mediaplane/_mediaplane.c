@@ -20,6 +20,12 @@
  *        sendmmsg batches, with the hop header towards the client when it came through a
  *        relay.
  *
+ * A session may also own a socket of its own (``fd``): a light load client's, after its own
+ * DTLS handshake in aiortc. Its datagrams are read with read_session(channel) and must come
+ * from the session's peer; it sends its ``script`` (pre-encoded Opus payloads, in a loop)
+ * when nothing is queued, and logs every packet's arrival (take_arrivals) for the client's
+ * own statistics.
+ *
  * Bad input is dropped and counted by reason (counters()), never a crash: a packet reaches
  * only the session its address was learned for, and a session removed while packets of it
  * are in a batch just stops matching. Everything is preallocated when the plane is made.
@@ -48,6 +54,13 @@
 #define GAPS 16                 /* arrival gaps kept until Python reads them */
 #define GAP_NS 60000000ll       /* 60 ms: services/gaps.py's threshold */
 #define RTP_MAX (SLOT_BYTES - HOP_V4_LEN - SRTP_MAX_TRAILER_LEN)
+#define ARRIVALS 2048           /* arrivals logged until Python takes them */
+
+typedef struct {
+    double at;                  /* CLOCK_MONOTONIC seconds (Python's time.monotonic()) */
+    uint32_t ssrc;
+    uint16_t seq, size;
+} Arrival;
 
 /* Drop and pass reasons. */
 enum {
@@ -55,14 +68,14 @@ enum {
     C_DROP_SRTP_AUTH, C_DROP_SRTP_REPLAY, C_DROP_SRTP_OTHER, C_DROP_RTP_MALFORMED,
     C_DROP_FRAME_TOO_BIG, C_DROP_DECODE, C_DROP_IN_QUEUE_FULL, C_DROP_OUT_QUEUE_FULL,
     C_BATCH_BAD_RECORD, C_BATCH_UNKNOWN_CHANNEL, C_DROP_ENCODE, C_SEND_ERRORS, C_SSRC_CHANGES,
-    C_RECV_TRUNCATED, C_COUNTERS
+    C_RECV_TRUNCATED, C_WRONG_PEER, C_ARRIVALS_LOST, C_COUNTERS
 };
 static const char *COUNTER_NAMES[C_COUNTERS] = {
     "datagrams", "to_python", "rtp_in", "rtp_out", "bytes_in", "bytes_out",
     "drop_srtp_auth", "drop_srtp_replay", "drop_srtp_other", "drop_rtp_malformed",
     "drop_frame_too_big", "drop_decode", "drop_in_queue_full", "drop_out_queue_full",
     "batch_bad_record", "batch_unknown_channel", "drop_encode", "send_errors", "ssrc_changes",
-    "recv_truncated",
+    "recv_truncated", "wrong_peer", "arrivals_lost",
 };
 
 typedef struct {
@@ -109,6 +122,14 @@ typedef struct {
     uint16_t silence_len;
     uint8_t silence[64];
     Ring in, out;
+    /* a session with a socket of its own (a client's) */
+    int fd;                             /* -1: the plane's shared socket */
+    uint8_t *script;                    /* payloads sent in a loop when nothing is queued */
+    uint16_t *script_len;
+    uint32_t *script_off;
+    unsigned script_n, script_pos;
+    Arrival *arrivals;                  /* logged arrivals (client sessions) */
+    unsigned narrivals;
 } Session;
 
 typedef struct {
@@ -277,7 +298,8 @@ static void note_arrival(Session *s) {
 
 /* One datagram (data may be modified in place, it is ours). Returns 1 when the plane took it
  * (delivered or dropped), 0 when it goes to Python. */
-static int handle(Plane *p, uint8_t *data, int len, const struct sockaddr_in *src) {
+static int handle(Plane *p, uint8_t *data, int len, const struct sockaddr_in *src,
+                  Session *own) {
     uint8_t *pkt = data;
     int plen = len;
     uint64_t key;
@@ -292,7 +314,8 @@ static int handle(Plane *p, uint8_t *data, int len, const struct sockaddr_in *sr
         key = key_of_sockaddr(src);
     }
     if (plen < 2 || pkt[0] < 128 || pkt[0] > 191 || (pkt[1] >= 192 && pkt[1] <= 223)) return 0;
-    Session *s = find(p, key);
+    Session *s = own ? own : find(p, key);
+    if (own && (relayed || own->key != key)) { p->counters[C_WRONG_PEER]++; return 0; }
     if (!s || s->relayed != relayed) return 0;
     if (plen < 12) { p->counters[C_DROP_RTP_MALFORMED]++; return 1; }
     int clear = plen;
@@ -323,12 +346,23 @@ static int handle(Plane *p, uint8_t *data, int len, const struct sockaddr_in *sr
     if (s->have_ssrc && ssrc != s->rx_ssrc) p->counters[C_SSRC_CHANGES]++;
     stats_add(s, seq, ts, ssrc);
     note_arrival(s);
+    if (s->arrivals) {
+        if (s->narrivals < ARRIVALS) {
+            Arrival *a = &s->arrivals[s->narrivals++];
+            a->at = mono_ns() / 1e9;
+            a->ssrc = ssrc;
+            a->seq = seq;
+            a->size = (uint16_t)(end - off);
+        } else {
+            p->counters[C_ARRIVALS_LOST]++;
+        }
+    }
     if (relayed) s->relay = *src;   /* answers follow the relay that last delivered the client */
     p->counters[C_RTP_IN]++;
     p->counters[C_BYTES_IN] += (uint64_t)len;
     int payload = end - off;
     int dropped;
-    if (payload == 0) return 1;
+    if (payload == 0 || s->script) return 1;   /* a client keeps nothing of what it hears */
     if (s->pcm) {
         opus_int16 pcm[PCM_SAMPLES];
         int n = opus_decode(s->dec, pkt + off, payload, pcm, PCM_SAMPLES, 0);
@@ -419,11 +453,19 @@ static void send_frame(Plane *p, Session *s, const uint8_t *payload, unsigned pl
         return;
     }
     if (hlen) memcpy(out, s->hop, HOP_V4_LEN);
+    if (s->fd >= 0) {   /* its own socket: sent at once, as any client sends */
+        if (sendto(s->fd, out, (size_t)len + hlen, MSG_DONTWAIT,
+                   (struct sockaddr *)&s->client, sizeof s->client) < 0) {
+            p->counters[C_SEND_ERRORS]++;
+            return;
+        }
+    } else {
+        p->scount++;
+    }
     p->siov[i].iov_base = out;
     p->siov[i].iov_len = (size_t)len + hlen;
     p->smsgs[i].msg_hdr.msg_name = s->relayed ? &s->relay : &s->client;
     p->smsgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
-    p->scount++;
     s->last_ntp = ntp;
     s->last_rtp_ts = s->timestamp;
     s->packets_sent++;
@@ -449,6 +491,10 @@ static void session_free(Session *s) {
     if (s->tx) srtp_dealloc(s->tx);
     if (s->dec) opus_decoder_destroy(s->dec);
     if (s->enc) opus_encoder_destroy(s->enc);
+    PyMem_Free(s->script);
+    PyMem_Free(s->script_len);
+    PyMem_Free(s->script_off);
+    PyMem_Free(s->arrivals);
     uint32_t channel = s->channel;
     memset(s, 0, sizeof *s);
     s->channel = channel;   /* keeps the generation for the slot's next session */
@@ -521,14 +567,15 @@ static int parse_v4(PyObject *addr, struct sockaddr_in *out) {
 static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
     static char *names[] = {"client", "relay", "profile", "rx_key", "tx_key", "ssrc", "seq",
                             "timestamp", "payload_type", "mid", "mid_id", "abs_send_time_id",
-                            "silence", "pcm", NULL};
+                            "silence", "pcm", "fd", "script", NULL};
     PyObject *client, *relay;
-    int profile, pt, mid_id, ast_id, pcm = 0;
+    int profile, pt, mid_id, ast_id, pcm = 0, fd = -1;
+    Py_buffer script = {0};
     unsigned int ssrc, seq, timestamp;
     Py_buffer rx_key, tx_key, mid, silence;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOiy*y*IIIiy*iiy*|p", names, &client, &relay,
-                                     &profile, &rx_key, &tx_key, &ssrc, &seq, &timestamp, &pt,
-                                     &mid, &mid_id, &ast_id, &silence, &pcm))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOiy*y*IIIiy*iiy*|piy*", names, &client,
+                                     &relay, &profile, &rx_key, &tx_key, &ssrc, &seq, &timestamp,
+                                     &pt, &mid, &mid_id, &ast_id, &silence, &pcm, &fd, &script))
         return NULL;
     PyObject *result = NULL;
     struct sockaddr_in caddr, raddr;
@@ -541,7 +588,11 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
         goto done;
     }
     uint64_t key = key_of_sockaddr(&caddr);
-    if (find(p, key)) { PyErr_SetString(PyExc_ValueError, "that client address has a session"); goto done; }
+    if (fd >= 0 && relay != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "a session with its own socket is not relayed");
+        goto done;
+    }
+    if (fd < 0 && find(p, key)) { PyErr_SetString(PyExc_ValueError, "that client address has a session"); goto done; }
     if (p->live >= p->capacity) { PyErr_SetString(PyExc_OverflowError, "the plane is full"); goto done; }
     unsigned slot = 0;
     while (p->sessions[slot].used) slot++;
@@ -584,6 +635,38 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
         }
         s->pcm = 1;
     }
+    s->fd = fd;
+    if (fd >= 0) {
+        /* the script: records [u32 ignored][u16 length][payload], as take_batch packs them */
+        const uint8_t *r = script.buf;
+        Py_ssize_t left = script.buf ? script.len : 0;
+        unsigned n = 0;
+        for (Py_ssize_t off = 0; off + 6 <= left;) {
+            unsigned len = (unsigned)(r[off + 4] << 8 | r[off + 5]);
+            if (off + 6 + (Py_ssize_t)len > left || len == 0 || len > 1275) break;
+            off += 6 + len;
+            n++;
+        }
+        s->arrivals = PyMem_Malloc(ARRIVALS * sizeof(Arrival));
+        s->script = PyMem_Malloc(left ? (size_t)left : 1);
+        s->script_len = PyMem_Malloc((n ? n : 1) * sizeof(uint16_t));
+        s->script_off = PyMem_Malloc((n ? n : 1) * sizeof(uint32_t));
+        if (!s->arrivals || !s->script || !s->script_len || !s->script_off) {
+            session_free(s);
+            PyErr_NoMemory();
+            goto done;
+        }
+        Py_ssize_t off = 0, w = 0;
+        for (unsigned k = 0; k < n; k++) {
+            unsigned len = (unsigned)(r[off + 4] << 8 | r[off + 5]);
+            memcpy(s->script + w, r + off + 6, len);
+            s->script_off[k] = (uint32_t)w;
+            s->script_len[k] = (uint16_t)len;
+            w += len;
+            off += 6 + len;
+        }
+        s->script_n = n;
+    }
     s->used = 1;
     s->channel = (s->channel & 0xFFFF0000u) + 0x10000u + slot;  /* a new generation */
     s->key = key;
@@ -604,7 +687,7 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
     memcpy(s->mid, mid.buf, mid.len);
     s->silence_len = (uint16_t)silence.len;
     memcpy(s->silence, silence.buf, silence.len);
-    table_insert(p, slot);
+    if (fd < 0) table_insert(p, slot);   /* own sockets are read by channel, not looked up */
     p->live++;
     result = PyLong_FromUnsignedLong(s->channel);
 done:
@@ -612,6 +695,7 @@ done:
     PyBuffer_Release(&tx_key);
     PyBuffer_Release(&mid);
     PyBuffer_Release(&silence);
+    if (script.buf) PyBuffer_Release(&script);
     return result;
 }
 
@@ -635,15 +719,13 @@ static PyObject *Plane_remove(Plane *p, PyObject *arg) {
     if (PyErr_Occurred()) return NULL;
     Session *s = by_channel(p, (uint32_t)channel);
     if (!s) Py_RETURN_FALSE;
-    table_remove(p, s->key);
+    if (s->fd < 0) table_remove(p, s->key);
     session_free(s);
     p->live--;
     Py_RETURN_TRUE;
 }
 
-static PyObject *Plane_read(Plane *p, PyObject *args) {
-    int max_batches = 4;
-    if (!PyArg_ParseTuple(args, "|i", &max_batches)) return NULL;
+static PyObject *read_socket(Plane *p, int fd, Session *own, int max_batches) {
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
     for (int b = 0; b < max_batches; b++) {
@@ -652,7 +734,7 @@ static PyObject *Plane_read(Plane *p, PyObject *args) {
             p->rmsgs[i].msg_hdr.msg_namelen = sizeof p->rnames[i];
             p->rmsgs[i].msg_hdr.msg_flags = 0;
         }
-        int n = recvmmsg(p->fd, p->rmsgs, BATCH, MSG_DONTWAIT, NULL);
+        int n = recvmmsg(fd, p->rmsgs, BATCH, MSG_DONTWAIT, NULL);
         if (n <= 0) break;      /* EAGAIN, or an error Python's own read will see */
         for (int i = 0; i < n; i++) {
             uint8_t *data = p->rbuf + (size_t)i * SLOT_BYTES;
@@ -663,7 +745,7 @@ static PyObject *Plane_read(Plane *p, PyObject *args) {
                 p->counters[C_RECV_TRUNCATED]++;   /* nothing of ours is that big */
                 continue;
             }
-            if (handle(p, data, len, &p->rnames[i])) continue;
+            if (handle(p, data, len, &p->rnames[i], own)) continue;
             p->counters[C_TO_PYTHON]++;
             PyObject *item = to_python(data, len, &p->rnames[i]);
             if (!item || PyList_Append(out, item) < 0) {
@@ -676,6 +758,36 @@ static PyObject *Plane_read(Plane *p, PyObject *args) {
         if (n < BATCH) break;
     }
     return out;
+}
+
+static PyObject *Plane_read(Plane *p, PyObject *args) {
+    int max_batches = 4;
+    if (!PyArg_ParseTuple(args, "|i", &max_batches)) return NULL;
+    if (p->fd < 0) return PyList_New(0);
+    return read_socket(p, p->fd, NULL, max_batches);
+}
+
+static PyObject *Plane_read_session(Plane *p, PyObject *args) {
+    unsigned long channel;
+    int max_batches = 2;
+    if (!PyArg_ParseTuple(args, "k|i", &channel, &max_batches)) return NULL;
+    Session *s = by_channel(p, (uint32_t)channel);
+    if (!s || s->fd < 0) {
+        PyErr_SetString(PyExc_KeyError, "no session with a socket of its own on that channel");
+        return NULL;
+    }
+    return read_socket(p, s->fd, s, max_batches);
+}
+
+static PyObject *Plane_take_arrivals(Plane *p, PyObject *arg) {
+    unsigned long channel = PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    Session *s = by_channel(p, (uint32_t)channel);
+    if (!s || !s->arrivals) Py_RETURN_NONE;
+    PyObject *blob = PyBytes_FromStringAndSize((const char *)s->arrivals,
+                                               (Py_ssize_t)(s->narrivals * sizeof(Arrival)));
+    s->narrivals = 0;
+    return blob;
 }
 
 static PyObject *Plane_process(Plane *p, PyObject *args) {
@@ -697,7 +809,7 @@ static PyObject *Plane_process(Plane *p, PyObject *args) {
     memcpy(buf, data.buf, (size_t)data.len);
     int len = (int)data.len;
     PyBuffer_Release(&data);
-    if (handle(p, buf, len, &src)) Py_RETURN_NONE;
+    if (handle(p, buf, len, &src, NULL)) Py_RETURN_NONE;
     p->counters[C_TO_PYTHON]++;
     result = PyBytes_FromStringAndSize((const char *)buf, len);
     return result;
@@ -779,7 +891,10 @@ static PyObject *Plane_tick(Plane *p, PyObject *args) {
             if (!s->used) continue;
             Frame *fr = ring_pop(&s->out);
             if (fr) send_frame(p, s, fr->data, fr->len);
-            else send_frame(p, s, s->silence, s->silence_len);
+            else if (s->script_n) {
+                unsigned k = s->script_pos++ % s->script_n;
+                send_frame(p, s, s->script + s->script_off[k], s->script_len[k]);
+            } else send_frame(p, s, s->silence, s->silence_len);
             sent++;
         }
     }
@@ -835,12 +950,16 @@ static PyObject *Plane_sessions(Plane *p, void *closure) {
 static PyMethodDef Plane_methods[] = {
     {"add", (PyCFunction)(void (*)(void))Plane_add, METH_VARARGS | METH_KEYWORDS,
      "add(client, relay, profile, rx_key, tx_key, ssrc, seq, timestamp, payload_type, mid, "
-     "mid_id, abs_send_time_id, silence, pcm=False) -> channel"},
+     "mid_id, abs_send_time_id, silence, pcm=False, fd=-1, script=b'') -> channel"},
     {"remove", (PyCFunction)Plane_remove, METH_O, "remove(channel) -> whether it was there"},
     {"set_pcm", (PyCFunction)Plane_set_pcm, METH_VARARGS,
      "set_pcm(channel, pcm) -> whether the session is there: pcm16 (True) or Opus frames"},
     {"read", (PyCFunction)Plane_read, METH_VARARGS,
      "read(max_batches=4) -> [(datagram, (host, port))] that are Python's"},
+    {"read_session", (PyCFunction)Plane_read_session, METH_VARARGS,
+     "read_session(channel, max_batches=2) -> what of its own socket's datagrams is Python's"},
+    {"take_arrivals", (PyCFunction)Plane_take_arrivals, METH_O,
+     "take_arrivals(channel) -> the logged arrivals, packed '=dIHH' (at, ssrc, seq, size)"},
     {"process", (PyCFunction)Plane_process, METH_VARARGS,
      "process(datagram, (host, port)) -> None if the plane took it, else the datagram"},
     {"take_batch", (PyCFunction)Plane_take_batch, METH_NOARGS,
@@ -861,7 +980,7 @@ static PyGetSetDef Plane_getset[] = {
 
 static PyTypeObject PlaneType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "services.transceiver._mediaplane.Plane",
+    .tp_name = "services.mediaplane._mediaplane.Plane",
     .tp_basicsize = sizeof(Plane),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "The native media plane of one shared socket (see the module's source).",
