@@ -49,12 +49,14 @@ class DemoConfig:
     full_clients: int = 2           # sessions with the full client; the others are light
     workdir: Path | None = None
     media_path: str = PYTHON        # the transceiver's (shared mode): python or native
+    light_path: str = PYTHON        # the light clients': aiortc or the native pump
 
 
 @dataclass
 class DemoResult:
     mode: str
     media_path: str
+    light_path: str
     sessions: int
     ok: int
     failed: int
@@ -177,7 +179,7 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
             f"{cfg.duration_s:g} s calls")
         client = ClientConfig(url=edge.signaling_url(front), duration_s=cfg.duration_s,
                               start_rate=cfg.start_rate, concurrency=cfg.concurrency,
-                              full_sessions=cfg.full_clients)
+                              full_sessions=cfg.full_clients, light_path=cfg.light_path)
         pids = {name.rsplit("-", 1)[0]: s.process.pid for name, s in edge.services.items()}
         first = CpuMark.take(pids)
         watch = asyncio.create_task(_watch_transceiver(
@@ -224,12 +226,14 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
         cpu = cpu_ms_per_session_second(first, last, seconds)
     clients_cpu = cpu.pop("clients", None)
     clients = {kind: {"sessions": sum(1 for r in results if r.client == kind),
+                      "native": sum(1 for r in results if r.client == kind
+                                    and r.media_path == "native"),
                       "ok": sum(1 for r in ok if r.client == kind),
                       "echo_verified": sum(1 for r in ok if r.client == kind and r.echo_verified)}
                for kind in KINDS}
 
     return DemoResult(
-        mode=cfg.mode, media_path=cfg.media_path, sessions=cfg.sessions, ok=len(ok), failed=len(results) - len(ok),
+        mode=cfg.mode, media_path=cfg.media_path, light_path=cfg.light_path, sessions=cfg.sessions, ok=len(ok), failed=len(results) - len(ok),
         failures=failures,
         setup_ms_p50=pct("setup_ms", 50), setup_ms_p95=pct("setup_ms", 95),
         first_ice_rtt_ms_p50=pct("first_ice_rtt_ms", 50),
@@ -310,6 +314,9 @@ def add_parser(sub) -> None:
     e.add_argument("--media-path", choices=MEDIA_PATHS, default=d.media_path,
                    help="the transceiver's media path (shared mode): python, the reference, "
                         "or native, the C media plane (default python)")
+    e.add_argument("--light-path", choices=MEDIA_PATHS, default=d.light_path,
+                   help="the light clients' media path: python (aiortc) or native (one pump "
+                        "for all of them; default python)")
     e.add_argument("--workdir", type=Path, help="where logs and JSON lines go (default: a temp dir)")
     e.add_argument("--json", action="store_true", help="print only JSON")
     e.set_defaults(func=_main)
@@ -330,7 +337,7 @@ def _main(args) -> int:
     cfg = DemoConfig(sessions=args.sessions, mode=args.mode, duration_s=args.duration,
                      start_rate=args.rate, concurrency=args.concurrency,
                      full_clients=args.full_clients, workdir=args.workdir,
-                     media_path=args.media_path)
+                     media_path=args.media_path, light_path=args.light_path)
     bars = ProgressBars(Console(stderr=True), enabled=not args.json)
     with bars:
         try:

@@ -89,6 +89,9 @@ def verifies_from_args(args: argparse.Namespace) -> tuple[str, ...]:
 
 def add_output_args(p) -> None:
     """--results, --samples, -q and --json: what every client command writes and prints."""
+    p.add_argument("--light-path", choices=("python", "native"), default="python",
+                   help="who carries a light session's RTP once connected: aiortc (python, "
+                        "the reference) or one native pump for the process (native; docs/client.md)")
     p.add_argument("--results", metavar="FILE", help="append one JSON line per session")
     p.add_argument("--samples", metavar="FILE", help="append per-second media samples (JSON lines)")
     p.add_argument("-q", "--quiet", action="store_true",
@@ -129,7 +132,8 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
                             media_timeout_s=args.media_timeout,
                             reconnect_attempts=args.reconnect_attempts,
                             retry_setup=args.retry_setup,
-                            record_arrivals=bool(args.rx_log), verifies=verifies)
+                            record_arrivals=bool(args.rx_log), verifies=verifies,
+                            light_path=args.light_path)
     except ValueError as exc:
         raise UserError(str(exc)) from None
 

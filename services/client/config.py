@@ -57,11 +57,16 @@ class ClientConfig:
     # Keep every received RTP packet's SSRC, sequence number and arrival time (the client's
     # user-space receive time: the only view of its last mile down, docs/captures.md).
     record_arrivals: bool = False
+    # Who carries a light session's RTP once it is connected: aiortc ("python"), or the
+    # process's native pump ("native", services/client/pump.py; direct pairs only).
+    light_path: str = "python"
     # What the session checks came back (services/client/verify.py): the edge's to declare;
     # by default the project's edge, whose agent echoes audio and wraps events in agent.echo.
     verifies: tuple[str, ...] = DEFAULT_VERIFIES
 
     def __post_init__(self) -> None:
+        if self.light_path not in ("python", "native"):
+            raise ValueError("light_path is python or native")
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url {self.url!r} is not an http(s) URL")
         for name in ("duration_s", "start_rate", "setup_timeout_s", "signaling_timeout_s",

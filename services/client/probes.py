@@ -47,21 +47,26 @@ class RtpProbe:
 
     def attach(self, receiver: Any) -> None:
         original = receiver._handle_rtp_packet
-        gaps, arrivals = self.gaps, self.arrivals
+        arrived = self.arrived
 
         async def handle_rtp_packet(packet: Any, arrival_time_ms: int) -> None:
-            now = time.monotonic()  # the one clock read per packet (the CPU per session-second)
-            if self.first_packet_at is None:
-                self.first_packet_at = now
-            gaps.arrived(now)
-            if arrivals is not None:
-                arrivals.append((packet.ssrc, packet.sequence_number, now))
-            self.seq.add(packet.sequence_number)
-            self.voiced.add(len(packet.payload), now)
+            # the one clock read per packet (the CPU per session-second)
+            arrived(packet.ssrc, packet.sequence_number, len(packet.payload), time.monotonic())
             await original(packet, arrival_time_ms=arrival_time_ms)
 
         receiver._handle_rtp_packet = handle_rtp_packet
         self._receiver = receiver
+
+    def arrived(self, ssrc: int, seq: int, size: int, at: float) -> None:
+        """A packet received at ``at`` (monotonic): by aiortc (``attach``'s hook) or by the
+        native pump (services/client/pump.py)."""
+        if self.first_packet_at is None:
+            self.first_packet_at = at
+        self.gaps.arrived(at)
+        if self.arrivals is not None:
+            self.arrivals.append((ssrc, seq, at))
+        self.seq.add(seq)
+        self.voiced.add(size, at)
 
     def detach(self) -> None:
         """Drop the instance attribute, restoring the class method (and breaking the cycle)."""

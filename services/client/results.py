@@ -47,6 +47,7 @@ class SessionResult:
     stage: str = "setup"                  # where it ended: setup, signaling, connect, call, done
     client: str = "full"                  # full (decodes, RMS echo) or light (RTP headers only)
     client_type: str = AIORTC             # which WebRTC stack: services/clienttypes.py
+    media_path: str = "python"            # who carried its RTP: aiortc, or the native pump
     offer_style: str = "gathered"         # offer sent after ICE gathering, or "immediate"
 
     # timeline

@@ -36,6 +36,13 @@ async def run_sessions(config: ClientConfig, n: int, *,
     the running sessions are cancelled and torn down (DELETE, close) before it returns.
     """
     out = JsonLines(results_path, samples_path, arrivals_path)
+    pump = None
+    if config.light_path == "native" and (config.full_sessions or 0) < n:
+        from services.client.pump import LightPump
+        from services.client.tone import opus_tone
+
+        pump = LightPump(opus_tone(config.tone_hz), capacity=max(n, 1))
+        await pump.start()
     slots = asyncio.Semaphore(config.concurrency) if config.concurrency else None
     results: list[SessionResult] = []
     tasks: list[asyncio.Task] = []
@@ -43,7 +50,8 @@ async def run_sessions(config: ClientConfig, n: int, *,
 
     async def one(i: int) -> None:
         try:
-            result = await CallSession(config, index_base + i, kind=kind_of[i]).run()
+            result = await CallSession(config, index_base + i, kind=kind_of[i],
+                                       pump=pump).run()
         finally:
             if slots is not None:
                 slots.release()
@@ -66,5 +74,7 @@ async def run_sessions(config: ClientConfig, n: int, *,
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if pump is not None:
+            await pump.stop()
         out.close()
     return sorted(results, key=lambda r: r.index)

@@ -27,6 +27,7 @@ import asyncio
 import json
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import aiohttp
 import numpy as np
@@ -48,6 +49,10 @@ from services.client.turnlog import TurnLog, recording
 from services.client.verify import ENVELOPE, datachannel_counts, echo_form, verified
 from services.client.voiced import VoicedCount
 from services.gaps import ArrivalGaps
+from services.mediaplane.hooks import IdleSender
+
+if TYPE_CHECKING:
+    from services.client.pump import LightPump
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +97,8 @@ class _Connection:
         self.failed = asyncio.Event()
         self.sent_event: dict | None = None
         self.consumer: asyncio.Task | None = None
+        self.idle: IdleSender | None = None      # the native pump's stand-in sender
+        self.pump_channel: int | None = None     # on the pump's plane, once connected
         self.stats: tuple[float | None, float | None] | None = None  # (jitter, rtt) at its end
         self.delete_status: int | None = None
         self.teardown_error: str | None = None
@@ -111,7 +118,8 @@ class CallSession:
     """One client session. Create, ``await run()`` once, read the returned ``SessionResult``."""
 
     def __init__(self, config: ClientConfig, index: int = 0,
-                 http: aiohttp.ClientSession | None = None, kind: str = FULL) -> None:
+                 http: aiohttp.ClientSession | None = None, kind: str = FULL,
+                 pump: "LightPump | None" = None) -> None:
         if kind not in KINDS:
             raise ValueError(f"client kind must be one of {', '.join(KINDS)}")
         self.config = config
@@ -120,6 +128,7 @@ class CallSession:
         self.result = SessionResult(index=index, started_unix=0.0, client=kind,
                                     verifies=list(config.verifies))
         self._http = http
+        self._pump = pump if kind == LIGHT else None
         self._t0 = 0.0
         self._voiced = VoicedCount(config.echo_skip_ms / 1000.0)
         self._gaps = ArrivalGaps.monotonic()  # the call's, across its attempts
@@ -261,6 +270,8 @@ class CallSession:
         conn.rtp.attach(transceiver.receiver)
         if self.kind == LIGHT:
             receive_without_decoding(transceiver.receiver)
+        if self._pump is not None:
+            conn.idle = self._pump.prepare(transceiver.sender)
 
         channel = pc.createDataChannel(DATA_CHANNEL)
         channel.on("open", lambda: self._on_channel_open(conn, channel))
@@ -310,9 +321,22 @@ class CallSession:
             conn.record["connected_unix"] = round(time.time(), 6)
             if conn.number == 0:
                 self.result.setup_ms = self._ms(conn.connected_at)
+            if conn.idle is not None:
+                self._to_pump(conn)
             conn.setup_done.set()
         elif state in ("failed", "closed"):
             conn.fail(f"connection {state}")
+
+    def _to_pump(self, conn: _Connection) -> None:
+        """Hand the connected attempt's RTP to the native pump (aiortc keeps it when the pair
+        goes through TURN)."""
+        pair = conn.stun.selected_pair()
+        channel = self._pump.attach(conn.pc, conn.idle, pair, conn.rtp) if pair else None
+        if channel is None:
+            conn.idle.release()
+            return
+        conn.pump_channel = channel
+        self.result.media_path = "native"
 
     def _on_track(self, conn: _Connection, track: MediaStreamTrack) -> None:
         if track.kind == "audio" and self.kind == FULL and conn.consumer is None:
@@ -513,6 +537,9 @@ class CallSession:
         """The end of one attempt: its final getStats (if it connected), DELETE of its session,
         its peer connection closed, its consumer and probes gone. Outcomes go on ``conn``."""
         cfg = self.config
+        if conn.pump_channel is not None:  # its last arrivals counted, its socket aioice's
+            self._pump.detach(conn.pump_channel)
+            conn.pump_channel = None
         if conn.connected_at is not None:
             try:
                 conn.stats = await asyncio.wait_for(self._media_stats(conn.pc), 1.0)

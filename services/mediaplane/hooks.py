@@ -52,22 +52,36 @@ def srtp_keys(dtls) -> SrtpKeys:
 
 class IdleSender:
     """Stands in for ``RTCRtpSender._run_rtp`` (set before negotiation): aiortc sends no RTP
-    (the plane does); it keeps the negotiated payload type and lets aiortc's RTCP run."""
+    (the plane does); it keeps the negotiated payload type and lets aiortc's RTCP run.
+    ``release()`` hands the sending back to aiortc's own loop (a session the plane cannot
+    carry)."""
 
     def __init__(self, sender) -> None:
         self.sender = sender
         self.payload_type: int | None = None
+        self._original = sender._run_rtp
+        self._released = False
+        self._wake: asyncio.Future | None = None
         sender._run_rtp = self.run
+
+    def release(self) -> None:
+        self._released = True
+        self.sender._run_rtp = self._original
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
 
     async def run(self, codec) -> None:
         self.payload_type = codec.payloadType
+        if self._released:
+            return await self._original(codec)
         getattr(self.sender, _SENDER + "rtp_started").set()
+        self._wake = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.get_running_loop().create_future()  # until aiortc cancels it
+            await self._wake  # until aiortc cancels it, or release()
         except asyncio.CancelledError:
-            pass
-        finally:
             getattr(self.sender, _SENDER + "rtp_exited").set()
+            return
+        await self._original(codec)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,150 @@
+"""The light clients' native pump (``--light-path native``): one media plane for every light
+session of a client process (services/mediaplane/).
+
+A light session sets up as ever in aiortc (ICE, DTLS, the data channel); once connected, on a
+host candidate pair, ``LightPump.attach`` moves its RTP to the plane: the plane reads the
+session's own socket (its readiness callback is the plane's ``read_session``; STUN, DTLS and
+RTCP go back to aioice as before), sends the pre-encoded tone on the process's one 20 ms
+clock, and logs every arrival, which ``DRAIN_S`` later feeds the session's ``RtpProbe``
+exactly as aiortc's receive path would have (sequence numbers, voiced payloads, arrival gaps,
+the arrival log). aiortc's RTCP is kept fed (hooks.sync_rtcp), so the jitter and RTT the
+client samples from getStats stay measured. A pair through TURN stays on the Python path.
+
+Hooks into aioice 0.13 internals (pinned): the selected pair's ``protocol.transport`` (an
+asyncio datagram transport: its socket and its ``_read_ready``), and the selector loop's
+``_add_reader``/``_remove_reader``, which transports themselves use.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import struct
+from dataclasses import dataclass
+
+from services.mediaplane._mediaplane import Plane
+from services.mediaplane.hooks import (SYNC_S, IdleSender, rtp_parameters, srtp_keys,
+                                       sync_rtcp)
+from services.transceiver.pacing import FrameClock
+
+log = logging.getLogger("voiceedge.client")
+DRAIN_S = 0.1
+_ARRIVAL = struct.Struct("=dIHH")
+_MAX_CATCH_UP = 5
+_SILENCE = b"\xf8\xff\xfe"   # a 20 ms silent Opus frame: sent only if the script were empty
+
+
+@dataclass
+class _Pumped:
+    channel: int
+    probe: object          # services.client.probes.RtpProbe
+    receiver: object
+    sender: object
+    fd: int
+    transport: object      # the aioice protocol's datagram transport
+
+
+class LightPump:
+    """``await start()``; per session ``prepare(sender)`` before negotiation, ``attach`` once
+    connected (None: it stays on the Python path), ``detach`` before closing; ``await
+    stop()``."""
+
+    def __init__(self, script: tuple[bytes, ...], capacity: int = 1024) -> None:
+        self.plane = Plane(-1, capacity)
+        self._script = b"".join(struct.pack("!IH", 0, len(p)) + p for p in script)
+        self._clock = FrameClock()
+        self._tick: int | None = None
+        self._sessions: dict[int, _Pumped] = {}
+        self._drainer: asyncio.Task | None = None
+        self.attached_total = 0
+
+    async def start(self) -> None:
+        self._clock.subscribe(self, self._on_tick)
+        self._drainer = asyncio.create_task(self._drain_forever())
+
+    async def stop(self) -> None:
+        for channel in list(self._sessions):
+            self.detach(channel)
+        self._clock.close()
+        if self._drainer is not None:
+            self._drainer.cancel()
+            await asyncio.gather(self._drainer, return_exceptions=True)
+
+    @staticmethod
+    def prepare(sender) -> IdleSender:
+        """Keep aiortc's sender from sending RTP (call before negotiation)."""
+        return IdleSender(sender)
+
+    def attach(self, pc, idle: IdleSender, pair, probe) -> int | None:
+        """Move a connected session's RTP to the plane, if its pair is direct (host or
+        server-reflexive: no TURN); returns its channel."""
+        protocol = pair.protocol
+        transport = getattr(protocol, "transport", None)
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is None:  # a TURN allocation's transport has no socket of its own
+            return None
+        transceiver = pc.getTransceivers()[0]
+        keys, rtp = srtp_keys(transceiver.sender.transport), rtp_parameters(transceiver, idle)
+        fd = sock.fileno()
+        channel = self.plane.add(
+            tuple(pair.remote_addr), None, keys.profile, keys.rx, keys.tx, rtp.ssrc, rtp.seq,
+            rtp.timestamp, rtp.payload_type, rtp.mid, rtp.mid_id, rtp.abs_send_time_id,
+            _SILENCE, False, fd, self._script)
+        loop = asyncio.get_running_loop()
+        loop._remove_reader(fd)
+        loop._add_reader(fd, self._readable, channel, protocol)
+        self._sessions[channel] = _Pumped(channel, probe, transceiver.receiver,
+                                          transceiver.sender, fd, transport)
+        self.attached_total += 1
+        return channel
+
+    def detach(self, channel: int) -> None:
+        """Give the session's socket back to aioice, after its last arrivals are counted."""
+        pumped = self._sessions.pop(channel, None)
+        if pumped is None:
+            return
+        self._drain(pumped)
+        loop = asyncio.get_running_loop()
+        loop._remove_reader(pumped.fd)
+        if not pumped.transport.is_closing():
+            loop._add_reader(pumped.fd, pumped.transport._read_ready)
+        self.plane.remove(channel)
+
+    @property
+    def sessions(self) -> int:
+        return len(self._sessions)
+
+    def counters(self) -> dict[str, int]:
+        return self.plane.counters()
+
+    def _readable(self, channel: int, protocol) -> None:
+        try:
+            datagrams = self.plane.read_session(channel)
+        except KeyError:  # detached while the event was pending
+            return
+        for data, addr in datagrams:
+            protocol.datagram_received(data, addr)
+
+    def _on_tick(self, tick: int) -> None:
+        frames = 1 if self._tick is None else min(max(tick - self._tick, 1), _MAX_CATCH_UP)
+        self._tick = tick
+        if self._sessions:
+            self.plane.tick(frames)
+
+    def _drain(self, pumped: _Pumped, sync: bool = True) -> None:
+        """The logged arrivals into the session's probe; with ``sync``, aiortc's RTCP state."""
+        blob = self.plane.take_arrivals(pumped.channel)
+        if blob:
+            arrived = pumped.probe.arrived
+            for at, ssrc, seq, size in _ARRIVAL.iter_unpack(blob):
+                arrived(ssrc, seq, size, at)
+        stats = self.plane.stats(pumped.channel) if sync else None
+        if stats is not None:
+            sync_rtcp(pumped.receiver, pumped.sender, stats)
+
+    async def _drain_forever(self) -> None:
+        every = max(1, round(SYNC_S / DRAIN_S))
+        for n in itertools.count(1):
+            await asyncio.sleep(DRAIN_S)
+            for pumped in list(self._sessions.values()):
+                self._drain(pumped, sync=n % every == 0)
