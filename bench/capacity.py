@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.mediapaths import MEDIA_PATHS, PYTHON
 from voiceedge.errors import UserError
 from voiceedge.stopsignals import run_child
 
@@ -35,6 +36,7 @@ class SizeResult:
     def row(self) -> dict:
         d = self.demo
         return {"sessions": self.sessions, "ok": d.get("ok"),
+                "media_path": d.get("media_path"), "light_path": d.get("light_path"),
                 "setup_ms_p50": d.get("setup_ms_p50"), "setup_ms_p95": d.get("setup_ms_p95"),
                 "first_ice_rtt_ms_p50": d.get("first_ice_rtt_ms_p50"),
                 "first_ice_rtt_ms_p95": d.get("first_ice_rtt_ms_p95"),
@@ -67,10 +69,11 @@ def lag_of(logs: Path) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def run_size(sessions: int, duration: float, rate: float, full_clients: int | None,
-             workdir: Path) -> SizeResult:
+             workdir: Path, media_path: str = PYTHON, light_path: str = PYTHON) -> SizeResult:
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "voiceedge", "demo", "edge", "--sessions", str(sessions),
-           "--duration", str(duration), "--rate", str(rate), "--workdir", str(workdir), "--json"]
+           "--duration", str(duration), "--rate", str(rate), "--workdir", str(workdir), "--json",
+           "--media-path", media_path, "--light-path", light_path]
     if full_clients is not None:
         cmd += ["--full-clients", str(full_clients)]
     proc = run_child(cmd, capture_output=True, text=True)  # stopped with SIGTERM if we are
@@ -93,6 +96,10 @@ def add_parser(sub) -> None:
                    help="sessions started per second (default 10)")
     p.add_argument("--full-clients", type=int, default=None, metavar="N",
                    help="sessions with the full client (default: the demo's)")
+    p.add_argument("--media-path", choices=MEDIA_PATHS, default=PYTHON,
+                   help="the transceiver's media path (default python)")
+    p.add_argument("--light-path", choices=MEDIA_PATHS, default=PYTHON,
+                   help="the light clients' media path (default python)")
     p.add_argument("--workdir", type=Path, default=Path("results/bench-capacity"),
                    help="logs of each size go to WORKDIR/N (default results/bench-capacity)")
     p.add_argument("--json", action="store_true", help="print only JSON")
@@ -112,10 +119,11 @@ def _main(args) -> int:
             print(f"… {n} sessions ({n / args.rate + args.duration:.0f} s or more)", flush=True,
                   file=sys.stderr)
         rows.append(run_size(n, args.duration, args.rate, args.full_clients,
-                             args.workdir / str(n)).row())
+                             args.workdir / str(n), args.media_path, args.light_path).row())
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    print(f"media path: transceiver {args.media_path}, light clients {args.light_path}")
     print("| sessions | ok | setup p50 / p95 (ms) | first ICE RTT p50 / p95 (ms) | transceiver "
           "CPU ms per session-s | clients CPU ms per session-s | other services (ms per "
           "session-s) | seconds lagged |")
