@@ -10,11 +10,15 @@ a relay worker's periodic sweep, the impairment engine's release times) and logs
      "samples": 50, "late": 9, ...}
 
 Windows are whole wall-clock seconds, so the runner can match them with the sessions that were
-live then (scenarios/saturation.py). ``loop_lag_summary`` at the end gives the totals.
+live then (scenarios/saturation.py). ``loop_lag_summary`` at the end gives the totals. The
+event-loop monitor also times Python's garbage collections: a lagged second says how much of
+it was collection (``gc_ms``, ``gc_max_ms``), the summary the longest one: a stall that is
+the collector's is the process's own, not the host's.
 """
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from dataclasses import dataclass
@@ -52,6 +56,9 @@ class LagWatch:
     _second_max: float = 0.0
     _samples: int = 0
     _late: int = 0
+    _gc_s: float = 0.0
+    _gc_max_s: float = 0.0
+    gc_max_s: float = 0.0
 
     def note(self, late_s: float, now_unix: float | None = None) -> None:
         """One sample: ``late_s`` seconds later than scheduled, observed at ``now_unix``."""
@@ -60,11 +67,18 @@ class LagWatch:
         if second != self._second:
             self._close()
             self._second, self._second_max, self._samples, self._late = second, 0.0, 0, 0
+            self._gc_s = self._gc_max_s = 0.0
         late_ms = max(0.0, late_s * 1000.0)
         self._second_max = max(self._second_max, late_ms)
         self._samples += 1
         self._late += late_ms >= LATE_MS
         self.max_ms = max(self.max_ms, late_ms)
+
+    def collected(self, seconds: float) -> None:
+        """A garbage collection that took ``seconds`` ended now (counted in this second)."""
+        self._gc_s += seconds
+        self._gc_max_s = max(self._gc_max_s, seconds)
+        self.gc_max_s = max(self.gc_max_s, seconds)
 
     def _close(self) -> None:
         if self._second is None:
@@ -75,7 +89,8 @@ class LagWatch:
             log_event(self.logger, "loop_lag", level=logging.WARNING,
                       window_start=float(self._second), window_s=1.0,
                       max_ms=round(self._second_max, 2), samples=self._samples,
-                      late=self._late)
+                      late=self._late, gc_ms=round(self._gc_s * 1000.0, 2),
+                      gc_max_ms=round(self._gc_max_s * 1000.0, 2))
 
     def close(self) -> None:
         """Flush the current second and log the summary."""
@@ -83,7 +98,8 @@ class LagWatch:
         self._second = None
         log_event(self.logger, "loop_lag_summary", seconds_observed=self.seconds_observed,
                   seconds_lagged=self.seconds_lagged, max_ms=round(self.max_ms, 2),
-                  late_ms=LATE_MS, sustained=SUSTAINED, stall_ms=STALL_MS)
+                  late_ms=LATE_MS, sustained=SUSTAINED, stall_ms=STALL_MS,
+                  gc_max_ms=round(self.gc_max_s * 1000.0, 2))
 
 
 class LoopLagMonitor:
@@ -94,12 +110,23 @@ class LoopLagMonitor:
         self.watch = LagWatch(logger, expected=1 / tick)
         self._tick = tick
         self._task: asyncio.Task | None = None
+        self._gc_started: float | None = None
 
     async def __aenter__(self) -> "LoopLagMonitor":
         self._task = asyncio.create_task(self._run(), name="loop-lag-monitor")
+        gc.callbacks.append(self._on_gc)
         return self
 
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self._gc_started is not None:
+            self.watch.collected(time.perf_counter() - self._gc_started)
+            self._gc_started = None
+
     async def __aexit__(self, *exc) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
         if self._task is not None:
             self._task.cancel()
             try:

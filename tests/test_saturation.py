@@ -78,6 +78,31 @@ def test_the_loop_monitor_sees_a_blocked_event_loop(captured):
     assert lags and max(e["max_ms"] for e in lags) >= 140, events
 
 
+def test_a_stall_that_is_a_garbage_collection_says_so(captured):
+    """A full collection of a big object graph stalls the loop: the lagged second carries how
+    long the collections in it took, and the summary the longest."""
+    import gc
+    logger, events = captured
+
+    async def main() -> None:
+        async with LoopLagMonitor(logger, tick=0.01):
+            await asyncio.sleep(0.05)
+            garbage = [[{} for _ in range(20)] for _ in range(100_000)]  # 2 M objects to walk
+            collected_at = time.perf_counter()
+            gc.collect()
+            took = time.perf_counter() - collected_at
+            del garbage
+            await asyncio.sleep(0.05)
+            return took
+
+    took = asyncio.run(main())
+    summary = next(e for e in events if e["event"] == "loop_lag_summary")
+    assert summary["gc_max_ms"] >= 0.9 * took * 1000.0, (summary, took)
+    lagged = [e for e in events if e["event"] == "loop_lag"]
+    if took >= 0.1:   # long enough to lag the second it fell in
+        assert max(e["gc_ms"] for e in lagged) >= 0.9 * took * 1000.0, lagged
+
+
 def test_the_loop_monitor_sees_a_loop_that_is_always_a_little_late(captured):
     """Busy callbacks of 8 ms each, back to back: no single long stall, but late throughout."""
     logger, events = captured
