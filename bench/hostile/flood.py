@@ -88,6 +88,10 @@ class FloodConfig:
     min_rate_share: float = 0.95    # of ``rate`` the sender must reach for a valid run
     seed: int = 1
     workdir: Path | None = None
+    # the calls' media on the testbed's side (docs/mediaplane.md): the transceiver's and the
+    # light clients'; native leaves the relay the core it would otherwise share with them
+    media_path: str = "native"
+    light_path: str = "native"
 
     @classmethod
     def quick(cls) -> "FloodConfig":
@@ -384,7 +388,7 @@ def run(config: FloodConfig, say=lambda m: None, progress=None) -> dict:
     workdir = config.workdir or temp_dir("voiceedge-flood-")
     workdir.mkdir(parents=True, exist_ok=True)
     with lab_namespace("veflood") as ns:
-        plan = dataclasses.replace(demo_plan(SHARED, ns.name, *ns.addresses),
+        plan = dataclasses.replace(demo_plan(SHARED, ns.name, *ns.addresses, config.media_path),
                                    relay_args=config.relay_options())
         return in_namespace(ns.name, asyncio.run,
                             _flood(config, plan, ns.name, workdir, say, progress))
@@ -424,9 +428,11 @@ async def _flood(cfg: FloodConfig, plan, netns: str, workdir: Path, say, progres
         setup_s = cfg.calls / cfg.call_start_rate + 3.0
         call_s = setup_s + cfg.quiet_s + cfg.flood_s + cfg.tail_s + 1.0
         calls_cfg = ClientConfig(url=url, duration_s=call_s, start_rate=cfg.call_start_rate,
-                                 full_sessions=cfg.full_clients, sample_interval_s=0.5)
+                                 full_sessions=cfg.full_clients, sample_interval_s=0.5,
+                                 light_path=cfg.light_path)
         probe_cfg = ClientConfig(url=url, duration_s=cfg.new_call_s, start_rate=20.0,
-                                 full_sessions=0, setup_timeout_s=cfg.new_call_setup_s)
+                                 full_sessions=0, setup_timeout_s=cfg.new_call_setup_s,
+                                 light_path=cfg.light_path)
         say(f"{cfg.calls} calls of {call_s:.0f} s; quiet {cfg.quiet_s:g} s, flood "
             f"{cfg.flood_s:g} s at {cfg.rate:,}/s, quiet {cfg.tail_s:g} s")
         t0 = time.time()

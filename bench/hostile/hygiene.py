@@ -105,6 +105,9 @@ class HygieneConfig:
     rss_round_kib: int = 256        # and for RSS (trimmed, where the service can)
     blocks_total: int | None = None  # Python's blocks from before to the end, if set
     workdir: Path | None = None
+    media_path: str = "native"      # the transceiver's (docs/mediaplane.md): its state too
+    light_path: str = "native"      # the light clients'
+
 
     @classmethod
     def quick(cls, **changes) -> "HygieneConfig":
@@ -425,9 +428,10 @@ def run(config: HygieneConfig = HygieneConfig(), say=lambda msg: None, progress=
     workdir = config.workdir or temp_dir("voiceedge-hygiene-")
     workdir.mkdir(parents=True, exist_ok=True)
     with lab_namespace("vehyg") as ns:
-        plan = replace(demo_plan(SHARED, ns.name, *ns.addresses),
+        plan = replace(demo_plan(SHARED, ns.name, *ns.addresses, config.media_path),
                        relay_args=_option("--idle-timeout", config.relay_idle_timeout_s),
-                       transceiver_args=(*_option("--setup-timeout", config.setup_timeout_s),
+                       transceiver_args=("--media-path", config.media_path,
+                                         *_option("--setup-timeout", config.setup_timeout_s),
                                          *_option("--test-consent-interval",
                                                   config.consent_interval_s)))
         result = in_namespace(ns.name, asyncio.run, _run(config, plan, workdir, say, progress))
@@ -449,7 +453,8 @@ async def _sessions(cfg: HygieneConfig, url: str, complete: int, halfway: int,
     """``complete`` client sessions and ``halfway`` half-way ones at the same time."""
     client = ClientConfig(url=url, duration_s=cfg.call_s, start_rate=50.0,
                           concurrency=cfg.concurrency,
-                          full_sessions=min(cfg.full_clients, complete))
+                          full_sessions=min(cfg.full_clients, complete),
+                          light_path=cfg.light_path)
     jobs = [run_sessions(client, complete, results_path=workdir / "sessions.jsonl",
                          on_result=lambda _r: ended()) if complete else asyncio.sleep(0, [])]
     jobs.append(run_halfway(url, halfway, cfg, ended) if halfway else asyncio.sleep(0, {}))

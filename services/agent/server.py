@@ -111,20 +111,29 @@ class AgentServer:
     async def __aexit__(self, *exc) -> None:
         await self.stop()
 
-    async def _session(self, request: web.Request) -> web.StreamResponse:
-        session_id = request.match_info["session_id"]
-        if not protocol.valid_session_id(session_id):
-            return _refuse(400, f"session id must match {protocol.SESSION_ID.pattern}")
+    def _websocket(self, request: web.Request, name: str, what: str,
+                   taken: bool) -> web.StreamResponse:
+        """A WebSocket to prepare for ``name`` (a session id or a link name), or the refusal:
+        400 bad name, 503 stopping, 409 taken, 426 not an upgrade."""
+        if not protocol.valid_session_id(name):
+            return _refuse(400, f"{what} id must match {protocol.SESSION_ID.pattern}")
         if self._stopping:
             return _refuse(503, "agent is stopping")
-        if session_id in self._open:
-            return _refuse(409, f"session {session_id} is already open")
+        if taken:
+            return _refuse(409, f"{what} {name} is already open")
         # Uncompressed frames are written whole, so the reply task and the reader can both send
         # without a lock.
         ws = _WebSocket(compress=False, heartbeat=self.config.heartbeat_s,
                         max_msg_size=self.config.max_event_bytes, timeout=CLOSE_TIMEOUT)
         if not ws.can_prepare(request).ok:
             return _refuse(426, "this is a WebSocket endpoint", headers={"Upgrade": "websocket"})
+        return ws
+
+    async def _session(self, request: web.Request) -> web.StreamResponse:
+        session_id = request.match_info["session_id"]
+        ws = self._websocket(request, session_id, "session", session_id in self._open)
+        if not isinstance(ws, _WebSocket):
+            return ws
         # Registered before the first await, so a concurrent duplicate gets 409.
         o = self._open[session_id] = _Open(Session(session_id, self.config, ws, self._reply,
                                                         self.links.get), ws)
@@ -155,16 +164,9 @@ class AgentServer:
 
     async def _frames_link(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["link"]
-        if not protocol.valid_session_id(name):
-            return _refuse(400, f"link name must match {protocol.SESSION_ID.pattern}")
-        if self._stopping:
-            return _refuse(503, "agent is stopping")
-        if name in self.links:
-            return _refuse(409, f"frames link {name} is already open")
-        ws = _WebSocket(compress=False, heartbeat=self.config.heartbeat_s,
-                        max_msg_size=self.config.max_event_bytes, timeout=CLOSE_TIMEOUT)
-        if not ws.can_prepare(request).ok:
-            return _refuse(426, "this is a WebSocket endpoint", headers={"Upgrade": "websocket"})
+        ws = self._websocket(request, name, "frames link", name in self.links)
+        if not isinstance(ws, _WebSocket):
+            return ws
         link = self.links[name] = FramesLink(name, ws)
         try:
             await ws.prepare(request)

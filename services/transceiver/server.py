@@ -303,8 +303,14 @@ class TransceiverServer:
 
     def mux_state(self) -> dict[str, int] | None:
         """What the shared socket holds now (learned addresses, ufrags, parked datagrams, hop
-        cache entries); None in port-per-session mode."""
-        return self.mux.state_sizes() if self.mux is not None else None
+        cache entries, and the native plane's sessions); None in port-per-session mode."""
+        if self.mux is None:
+            return None
+        sizes = self.mux.state_sizes()
+        if self.native is not None:
+            sizes["native_sessions"] = self.native.sessions
+            sizes["native_plane_sessions"] = self.native.plane.sessions
+        return sizes
 
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response(self.status(*introspect.query_flags(request.query)))
