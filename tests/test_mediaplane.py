@@ -243,3 +243,29 @@ def test_a_client_session_on_its_own_socket_plays_its_script_and_logs_arrivals(s
     assert plane.counters()["wrong_peer"] == 1
     assert plane.remove(channel)
     client.close()
+
+
+def test_aiortcs_statistics_continue_where_the_plane_left_them(server):
+    """After the plane lets a session go, aiortc's own receive path takes its packets: the
+    StreamStatistics the plane's were written into must take them (a pumped client's packets
+    after its socket went back to aioice crashed aiortc's receive task)."""
+    import types
+
+    from aiortc.rtp import RtpPacket
+
+    from services.mediaplane.hooks import sync_rtcp
+
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    plane, peer = Plane(server.fileno(), 2), Peer(profile, key_len)
+    channel = add(plane, peer, profile)
+    for i in range(5):
+        plane.process(peer.tx.protect(rtp(40 + i, 960 * i, 0xBEEF, b"p")), peer.address)
+    receiver = types.SimpleNamespace(_RTCRtpReceiver__remote_streams={})
+    sender = types.SimpleNamespace()
+    sync_rtcp(receiver, sender, plane.stats(channel))
+    stream = receiver._RTCRtpReceiver__remote_streams[0xBEEF]
+    assert (stream.packets_received, stream.max_seq, stream.base_seq) == (5, 44, 40)
+    later = RtpPacket(payload_type=111, sequence_number=45, timestamp=960 * 5, ssrc=0xBEEF)
+    stream.add(later)   # aiortc's own path, after the plane
+    assert (stream.packets_received, stream.max_seq, stream.packets_lost) == (6, 45, 0)
+    assert stream.jitter < 48000   # a jitter in clock-rate units, not a clock's worth

@@ -1,118 +1,106 @@
-"""The native media path end to end, beside the Python one: real aiortc clients, the real echo
-agent, a transceiver with ``media_path`` python or native, in a lab namespace (root). Both
-paths must give the caller the same call: its tone back, RTCP receiver reports that make an
-RTT, the same packet counts; the native one with the caller's RTP never reaching Python."""
+"""The native media paths end to end, beside the Python ones: the project's own clients (one
+full, two light) against a real transceiver and echo agent in a lab namespace (root), once
+with aiortc carrying every packet (transceiver and light clients on the python path) and once
+with the native plane carrying the established sessions' RTP on both sides
+(docs/mediaplane.md). Both must give the same calls: the echo heard (its level, for the full
+client), RTCP receiver reports that make an RTT, the same packets, jitter measured; the native
+one with the RTP never reaching Python."""
 from __future__ import annotations
 
 import asyncio
-import math
 
-import aiohttp
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection
 
 from services.agent.config import AgentConfig
 from services.agent.server import AgentServer
+from services.client.config import ClientConfig
+from services.client.runner import run_sessions
 from services.transceiver.server import TransceiverConfig, TransceiverServer
 from tests.conftest import lab_fixture
-from tests.offers import offer_answer
-from tests.test_transceiver_media import ToneTrack, rms
 from topology.netns import in_namespace
 
+pytestmark = pytest.mark.netns
+
 EDGE = "10.77.0.1"
-CLIENTS = 2
-FRAMES = 150   # 3 s heard
+SESSIONS, FULL = 3, 1
+DURATION_S = 4.0
 
 lab = lab_fixture("venative")
 
 
-async def _client(server, http, url) -> dict:
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    pc.addTrack(ToneTrack())
-    channel = pc.createDataChannel("oai-events")
-    heard: list[float] = []
-    done = asyncio.Event()
-    events: list[str] = []
-    channel.on("message", events.append)
-
-    @pc.on("track")
-    def on_track(track):
-        async def read():
-            while len(heard) < FRAMES:
-                heard.append(rms((await track.recv()).to_ndarray().tobytes()))
-            done.set()
-        asyncio.ensure_future(read())
-
-    location, _ = await offer_answer(http, url, pc)
-    await asyncio.wait_for(done.wait(), 20)
-    await asyncio.sleep(1.6)   # one more RTCP interval (0.5-1.5 s) for the receiver reports
-    stats = await pc.getStats()
-    remote = [s for s in stats.values() if s.type == "remote-inbound-rtp"]
-    inbound = [s for s in stats.values() if s.type == "inbound-rtp"]
-    session = server.sessions[location.rsplit("/", 1)[1]]
-    result = {"heard": heard, "rtt_ms": [s.roundTripTime * 1000 for s in remote],
-              "received": inbound[0].packetsReceived, "lost": inbound[0].packetsLost,
-              "agent_codec": session.agent_codec, "channel": session.channel,
-              "created": [e for e in events if "session.created" in e]}
-    async with http.delete(url.rsplit("/", 1)[0] + location) as response:
-        result["deleted"] = response.status
-    await pc.close()
-    return result
-
-
-def _run(lab, media_path: str, codecs: tuple[str, ...], mode: str = "echo") -> tuple[list, dict]:
+def _calls(lab, media_path: str, light_path: str, codecs=("opus", "pcm16")):
     async def scenario():
-        async with AgentServer(AgentConfig(port=0, mode=mode)) as agent:
+        async with AgentServer(AgentConfig(port=0)) as agent:
             cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host=EDGE,
                                     control=("127.0.0.1", 0), media_path=media_path,
                                     agent_codecs=codecs,
                                     agent_url=f"ws://127.0.0.1:{agent.port}")
-            async with TransceiverServer(cfg) as server, aiohttp.ClientSession() as http:
-                url = f"http://127.0.0.1:{server.control_port}/sessions"
-                results = await asyncio.gather(*(_client(server, http, url)
-                                                 for _ in range(CLIENTS)))
-                return results, {"mux": dict(vars(server.mux.counters)),
-                                 "native": server.native.counters() if server.native else None,
-                                 "left": server.native.sessions if server.native else 0,
-                                 "links": {n: (l.records_in, l.unknown_channel)
-                                           for n, l in agent.links.items()}}
+            async with TransceiverServer(cfg) as server:
+                client = ClientConfig(url=f"http://127.0.0.1:{server.control_port}/sessions",
+                                      duration_s=DURATION_S, start_rate=20, full_sessions=FULL,
+                                      light_path=light_path, record_arrivals=True)
+                calls = asyncio.create_task(run_sessions(client, SESSIONS))
+                taken: set[str] = set()   # the codecs the agent chose, while the calls run
+                while not calls.done():
+                    taken |= {s.agent_codec for s in server.sessions.values() if s.agent_codec}
+                    await asyncio.sleep(0.2)
+                links = {n: (link.records_in, link.unknown_channel)
+                         for n, link in agent.links.items()}
+                return await calls, server.status(), links, taken
 
     return in_namespace(lab.name, asyncio.run, scenario())
 
 
-def _heard_the_tone(heard: list[float]) -> bool:
-    return max(heard) > 8000 / math.sqrt(2) * 0.5
+@pytest.fixture(scope="module")
+def both(lab):
+    return _calls(lab, "python", "python"), _calls(lab, "native", "native")
 
 
-@pytest.mark.netns
-def test_both_media_paths_echo_the_tone_with_the_same_rtcp_and_counts(lab):
-    python, _ = _run(lab, "python", ("opus", "pcm16"))
-    native, server = _run(lab, "native", ("opus", "pcm16"))
+def test_both_paths_carry_the_same_calls(both):
+    (python, _, _, _), (native, _, _, _) = both
     for r in python + native:
-        assert _heard_the_tone(r["heard"]) and min(r["heard"]) == 0.0, r["heard"]
-        assert r["rtt_ms"] and 0 < r["rtt_ms"][-1] < 20, r["rtt_ms"]  # RR from the transceiver
-        assert r["lost"] == 0 and r["deleted"] == 204
-    assert {r["agent_codec"] for r in native} == {"opus"}   # the echo agent takes Opus
-    assert all(r["channel"] is None for r in python)
-    # the same call on both paths: packets received within a couple of frames of each other
-    # (150 frames heard, then one RTCP interval), RTTs within 1 ms on this quiet host
+        assert r.ok and r.echo_verified and r.datachannel_verified, (r.media_path, r.error)
+        assert r.loss_pct == 0 and r.packets_expected == r.packets_received
+        assert r.jitter_ms is not None and r.jitter_ms < 5, r.jitter_ms
+        assert r.rtt_ms is not None and 0 < r.rtt_ms < 20, r.rtt_ms   # RTCP both ways
+        assert len(r.rx_arrivals) == r.packets_received    # the arrival log, packet by packet
+        times = [at for _, _, at in r.rx_arrivals]
+        assert times == sorted(times) and r.first_rx_unix <= times[0] <= r.last_rx_unix
+    assert [r.media_path for r in python] == ["python"] * SESSIONS
+    # light sessions on the pump; the full client decodes in aiortc on either path
+    assert [(r.client, r.media_path) for r in native] == [
+        (r.client, "native" if r.client == "light" else "python") for r in native]
+    expected = DURATION_S * 50
     for p, n in zip(python, native):
-        assert abs(p["received"] - n["received"]) <= 0.15 * p["received"], (p, n)
-        assert abs(p["rtt_ms"][-1] - n["rtt_ms"][-1]) < 1.0, (p["rtt_ms"], n["rtt_ms"])
-    c = server["native"]
-    assert c["rtp_in"] >= CLIENTS * FRAMES and c["rtp_out"] >= CLIENTS * FRAMES
-    drops = {k: v for k, v in c.items() if k.startswith(("drop_", "batch_")) and v}
+        assert p.client == n.client
+        assert abs(p.packets_received - n.packets_received) <= 0.1 * expected, (p, n)
+        assert abs(p.rtt_ms - n.rtt_ms) < 1.0, (p.rtt_ms, n.rtt_ms)
+        if p.client == "full":   # the echo's level, decoded: the same audio came back
+            assert abs(p.echo_rms - n.echo_rms) <= 0.2 * p.echo_rms, (p.echo_rms, n.echo_rms)
+
+
+def test_on_the_native_path_the_rtp_never_reaches_python(both):
+    (_, python_status, _, _), (_, status, links, codecs) = both
+    assert python_status["native"] is None and python_status["media_path"] == "python"
+    native = status["native"]
+    assert native["sessions"] == 0   # every session left the plane
+    assert native["rtp_in"] >= SESSIONS * DURATION_S * 50 * 0.9
+    assert native["rtp_out"] >= SESSIONS * DURATION_S * 50 * 0.9
+    drops = {k: v for k, v in native.items() if k.startswith(("drop_", "batch_")) and v}
     assert not drops, drops
-    # Python saw only STUN, DTLS and RTCP of these sessions: a small share of the datagrams
-    assert server["mux"]["delivered"] == c["to_python"] < c["rtp_in"] / 10, server
-    assert server["left"] == 0   # every session left the plane
+    # what Python's mux saw: STUN, DTLS and RTCP, a small share of the datagrams
+    assert status["mux"]["delivered"] == native["to_python"] < native["rtp_in"] / 10, status
+    assert status["mux_state"]["native_sessions"] == status["mux_state"]["native_plane_sessions"] == 0
+    (records, unknown), = links.values()   # one frames link; the echo agent took Opus
+    assert records >= native["rtp_in"] * 0.9 and unknown <= SESSIONS
+    assert codecs == {"opus"}
 
 
-@pytest.mark.netns
-def test_the_native_path_decodes_for_an_agent_that_takes_pcm(lab):
-    """An agent offered pcm16 only gets 20 ms PCM frames (decoded by the plane) and its echo
-    is encoded by the plane: the caller hears its tone."""
-    native, server = _run(lab, "native", ("pcm16",))
-    for r in native:
-        assert r["agent_codec"] == "pcm16" and _heard_the_tone(r["heard"]), r["heard"]
-    assert server["native"]["drop_decode"] == server["native"]["drop_encode"] == 0
+def test_the_plane_decodes_for_an_agent_that_takes_pcm(lab):
+    """An agent offered pcm16 only gets 20 ms PCM frames, decoded by the plane, and its echo
+    is encoded by the plane: the full client hears its tone (light clients on aiortc)."""
+    results, status, _, codecs = _calls(lab, "native", "python", codecs=("pcm16",))
+    assert codecs == {"pcm16"}
+    for r in results:
+        assert r.ok and r.echo_verified, (r.client, r.echo_rms, r.echo_voiced_pct)
+    assert status["native"]["drop_decode"] == status["native"]["drop_encode"] == 0

@@ -915,11 +915,12 @@ static PyObject *Plane_stats(Plane *p, PyObject *arg) {
     char relay[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &s->relay.sin_addr, relay, sizeof relay);
     return Py_BuildValue(
-        "{s:O,s:k,s:I,s:I,s:I,s:I,s:L,s:I,s:N,s:I,s:K,s:I,s:I,s:I,s:I,s:I,s:(si),s:d,s:d}",
+        "{s:O,s:k,s:I,s:I,s:I,s:I,s:L,s:I,s:L,s:N,s:I,s:K,s:I,s:I,s:I,s:I,s:I,s:(si),s:d,s:d}",
         "have_ssrc", s->have_ssrc ? Py_True : Py_False, "rx_ssrc", (unsigned long)s->rx_ssrc,
         "packets_received", s->packets_received, "cycles", s->cycles,
         "base_seq", (unsigned)s->base_seq, "max_seq", (unsigned)s->max_seq,
         "jitter_q4", (long long)s->jitter_q4, "last_timestamp", s->last_ts,
+        "last_arrival", (long long)s->last_arrival,
         "gaps", gaps, "gaps_lost", s->gaps_lost,
         "last_ntp", (unsigned long long)s->last_ntp, "last_rtp_timestamp", s->last_rtp_ts,
         "packets_sent", s->packets_sent, "octets_sent", s->octets_sent,

@@ -127,3 +127,8 @@ def sync_rtcp(receiver, sender, stats: dict) -> None:
     stream.cycles = stats["cycles"]
     stream.packets_received = stats["packets_received"]
     stream._jitter_q4 = stats["jitter_q4"]
+    # where the jitter estimate left off (RTP timestamp; arrival in clock-rate units of the
+    # wall clock, as aiortc counts it): a packet that aiortc itself receives later (after
+    # the plane let the session go) continues the same statistics
+    stream._last_timestamp = stats["last_timestamp"]
+    stream._last_arrival = stats["last_arrival"]
