@@ -269,3 +269,20 @@ def test_aiortcs_statistics_continue_where_the_plane_left_them(server):
     stream.add(later)   # aiortc's own path, after the plane
     assert (stream.packets_received, stream.max_seq, stream.packets_lost) == (6, 45, 0)
     assert stream.jitter < 48000   # a jitter in clock-rate units, not a clock's worth
+
+
+def test_a_client_session_never_answers_for_the_shared_socket_after_the_table_is_rebuilt(server):
+    """The address table is rebuilt once removals leave enough tombstones; a session with a
+    socket of its own must not come back into it (found by the fuzzer: its peer's packets on
+    the shared socket were then taken for it)."""
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    plane, edge = Plane(server.fileno(), 4), Peer(profile, key_len)
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    client.bind(("127.0.0.1", 0))
+    plane.add(edge.address, None, profile, edge.up_key, edge.down_key, 1, 0, 0, 111, b"0",
+              MID_ID, AST_ID, SILENCE, False, client.fileno(), b"")
+    for _ in range(4):   # enough tombstones for a rebuild (a table of 8 for 4 sessions)
+        plane.remove(add(plane, Peer(profile, key_len), profile))
+    packet = edge.tx.protect(rtp(1, 0, 5, b"x"))
+    assert plane.process(packet, edge.address) == packet   # the shared socket's: Python's
+    client.close()

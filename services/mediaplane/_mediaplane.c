@@ -220,7 +220,9 @@ static void table_remove(Plane *p, uint64_t key) {
         for (unsigned j = 0; j < p->table_size; j++) p->table[j] = -1;
         p->tombstones = 0;
         for (unsigned slot = 0; slot < p->capacity; slot++)
-            if (p->sessions[slot].used && p->sessions[slot].key != key) table_insert(p, slot);
+            if (p->sessions[slot].used && p->sessions[slot].fd < 0 &&
+                p->sessions[slot].key != key)
+                table_insert(p, slot);   /* sessions with their own socket are never in it */
     }
 }
 
