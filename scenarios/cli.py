@@ -63,6 +63,9 @@ def add_parser(sub) -> None:
     p.add_argument("--media-path", choices=MEDIA_PATHS,
                    help="the transceivers' media path, instead of the file's media_path "
                         "(python, the reference, or native: docs/transceiver.md)")
+    p.add_argument("--light-path", choices=MEDIA_PATHS,
+                   help="the light aiortc clients' media path, instead of the file's light_path "
+                        "(python, or native: one pump per client process)")
     p.add_argument("--json", action="store_true", help="print only the summary as JSON")
     p.add_argument("--state-dir", type=Path, help=argparse.SUPPRESS)  # --keep-world: tests
     p.set_defaults(func=run)
@@ -80,8 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     scenario = Scenario.load(args.file)  # ConfigError: one line, exit 2
-    if getattr(args, "media_path", None):
-        scenario = dataclasses.replace(scenario, media_path=args.media_path)
+    for key in ("media_path", "light_path"):
+        if getattr(args, key, None):
+            scenario = dataclasses.replace(scenario, **{key: getattr(args, key)})
     if args.target is not None:
         return _run_target(args, scenario, console)
     if args.verify is not None:

@@ -43,6 +43,7 @@ class Scenario:
     min_success_pct: float = 100.0  # below this for any architecture, the run exits 1
     transceivers_per_cluster: int = 1
     media_path: str = PYTHON          # the transceivers' on shared sockets: python or native
+    light_path: str = PYTHON          # the light aiortc clients': python or native (the pump)
     faults: tuple[FaultSpec, ...] = ()
     media_timeout_s: float = 1.5      # the clients' media watchdog (docs/client.md)
     reconnect_attempts: int = 3       # the clients' bounded retry after a failed connection
@@ -92,7 +93,7 @@ class Scenario:
                  "start_rate", "architectures", "last_mile", "profiles", "calibration",
                  "min_success_pct", "full_clients_per_region", "transceivers_per_cluster",
                  "faults", "client", "clients", "sweep", "external",
-                 "media_path"}
+                 "media_path", "light_path"}
         unknown = set(doc) - known
         if unknown:
             raise ScenarioError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -140,10 +141,10 @@ class Scenario:
             raise ScenarioError(f"{path}: client: reconnect_attempts: 0..10 ({attempts!r})")
         per_cluster = (need("transceivers_per_cluster", int, lambda v: 1 <= v <= 10, "1..10")
                        if "transceivers_per_cluster" in doc else 1)
-        media_path = doc.get("media_path", PYTHON)
-        if media_path not in MEDIA_PATHS:
-            raise ScenarioError(f"{path}: media_path: {' or '.join(MEDIA_PATHS)} "
-                                f"({media_path!r})")
+        media_path, light_path = (doc.get(k, PYTHON) for k in ("media_path", "light_path"))
+        for key, value in (("media_path", media_path), ("light_path", light_path)):
+            if value not in MEDIA_PATHS:
+                raise ScenarioError(f"{path}: {key}: {' or '.join(MEDIA_PATHS)} ({value!r})")
         raw_faults = doc.get("faults", []) or []
         if not isinstance(raw_faults, list):
             raise ScenarioError(f"{path}: faults: a list of faults (docs/faults.md)")
@@ -175,7 +176,8 @@ class Scenario:
             calibration_at_load=calibration.get("at_load", True),
             min_success_pct=float(need("min_success_pct", (int, float), lambda v: 0 <= v <= 100,
                                        "0..100")) if "min_success_pct" in doc else 100.0,
-            transceivers_per_cluster=per_cluster, media_path=media_path, faults=faults,
+            transceivers_per_cluster=per_cluster, media_path=media_path, light_path=light_path,
+            faults=faults,
             media_timeout_s=float(media_timeout), reconnect_attempts=attempts, sweep=sweep,
             external=external,
             description=str(doc.get("description", "")).strip(), source=str(path))

@@ -86,10 +86,11 @@ def test_one_command_per_client_type_browsers_first_sessions_numbered_across_typ
 
 
 def test_the_commands_are_what_the_clients_own_parsers_take(tmp_path):
-    sc = load(tmp_path, "clients: {aiortc: 3, chromium: 1}\n")
+    sc = load(tmp_path, "clients: {aiortc: 3, chromium: 1}\nlight_path: native\n")
     where = RegionClients("http://127.0.0.1:8080/v1/calls", "eu-west", LOGS)
     by_type = {c.client_type: c for c in commands(sc, where, ("audio", "datachannel"))}
     aiortc = build_parser().parse_args(list(by_type["aiortc"].argv))
+    assert aiortc.light_path == "native"   # the scenario's light_path reaches the pump
     config = config_from_args(aiortc)
     assert (aiortc.sessions, config.full_sessions, config.duration_s) == (3, 2, 4.0)
     assert config.verifies == ("audio", "datachannel") and not config.retry_setup

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from scenarios.clients.base import ClientType, RegionClients
 from services.clienttypes import AIORTC
+from services.mediapaths import PYTHON
 
 if TYPE_CHECKING:
     from scenarios.spec import Scenario
@@ -26,6 +27,7 @@ class AiortcClient(ClientType):
                 "--duration", str(sc.call_duration_s),
                 "--media-timeout", str(sc.media_timeout_s),
                 "--reconnect-attempts", str(sc.reconnect_attempts),
+                *(["--light-path", sc.light_path] if sc.light_path != PYTHON else []),
                 *(["--index-base", str(index_base)] if index_base else []),
                 *(["--retry-setup"] if where.retry_setup else []),
                 *(["--rx-log", str(where.rx_log)] if where.rx_log is not None else []),
