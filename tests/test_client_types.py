@@ -144,3 +144,11 @@ def test_verify_of_the_scenario_command_is_for_a_target_only():
                           capture_output=True, text=True, cwd=REPO, timeout=60)
     assert proc.returncode == 2 and "--verify is for --target" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("key", ["media_path", "light_path"])
+def test_a_media_path_other_than_python_or_native_is_one_line(tmp_path, key):
+    with pytest.raises(ScenarioError, match=f"{key}: python or native \\('rust'\\)"):
+        load(tmp_path, f"clients: {{aiortc: 2}}\n{key}: rust\n")
+    assert getattr(load(tmp_path, f"clients: {{aiortc: 2}}\n{key}: native\n"), key) == "native"
+    assert getattr(load(tmp_path, "clients: {aiortc: 2}\n"), key) == "python"
