@@ -57,8 +57,9 @@ sweep: venv
 
 # The tiers (docs/contributing.md). `make check`: the unit and component tests (loopback, real
 # redis-server), on both cores; no root needed. `make test`: everything, as CI runs it; the
-# same tier first, on both cores, then the tests that need a world, a namespace, Chromium or
-# dockerd one at a time (they measure latency and CPU: side by side they would skew each
+# same tier first, on both cores, then the native extensions' tests under AddressSanitizer
+# (scripts/asan-test), then the tests that need a world, a namespace, Chromium or dockerd one
+# at a time (they measure latency and CPU: side by side they would skew each
 # other). With PYTEST_ARGS, one pytest run of what they select, e.g. PYTEST_ARGS=tests/test_x.py.
 CHECK_MARKERS := not world and not netns and not browser and not docker
 
@@ -73,6 +74,7 @@ test: test-deps venv
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@status=0; \
 	$(BIN)/python -m pytest -q -n 2 -m "$(CHECK_MARKERS)" || status=$$?; \
+	scripts/asan-test || status=$$?; \
 	$(BIN)/python -m pytest --durations=15 -m "not ($(CHECK_MARKERS))" || status=$$?; \
 	exit $$status
 else
@@ -96,3 +98,9 @@ clean:
 .PHONY: compose-test
 compose-test: venv browsers
 	@scripts/compose-test
+
+# The native extensions' tests under AddressSanitizer and UBSan (scripts/asan-test): built with
+# the sanitizers in a temporary folder, tests/test_mediaplane.py (or PYTEST_ARGS) against them.
+.PHONY: asan-test
+asan-test: venv
+	@scripts/asan-test $(PYTEST_ARGS)

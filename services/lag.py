@@ -62,23 +62,28 @@ class LagWatch:
 
     def note(self, late_s: float, now_unix: float | None = None) -> None:
         """One sample: ``late_s`` seconds later than scheduled, observed at ``now_unix``."""
-        now_unix = time.time() if now_unix is None else now_unix
-        second = int(now_unix)
-        if second != self._second:
-            self._close()
-            self._second, self._second_max, self._samples, self._late = second, 0.0, 0, 0
-            self._gc_s = self._gc_max_s = 0.0
+        self._at(now_unix)
         late_ms = max(0.0, late_s * 1000.0)
         self._second_max = max(self._second_max, late_ms)
         self._samples += 1
         self._late += late_ms >= LATE_MS
         self.max_ms = max(self.max_ms, late_ms)
 
-    def collected(self, seconds: float) -> None:
-        """A garbage collection that took ``seconds`` ended now (counted in this second)."""
+    def collected(self, seconds: float, now_unix: float | None = None) -> None:
+        """A garbage collection that took ``seconds`` ended at ``now_unix``: counted in that
+        second, where the lateness it caused is noted too (the monitor wakes right after)."""
+        self._at(now_unix)
         self._gc_s += seconds
         self._gc_max_s = max(self._gc_max_s, seconds)
         self.gc_max_s = max(self.gc_max_s, seconds)
+
+    def _at(self, now_unix: float | None) -> None:
+        """Start the window of ``now_unix``'s second (closing the last one) if it is new."""
+        second = int(time.time() if now_unix is None else now_unix)
+        if second != self._second:
+            self._close()
+            self._second, self._second_max, self._samples, self._late = second, 0.0, 0, 0
+            self._gc_s = self._gc_max_s = 0.0
 
     def _close(self) -> None:
         if self._second is None:
