@@ -329,3 +329,17 @@ def test_more_than_a_hundred_sessions_each_get_their_agent_websocket_at_once():
                 return len(agent.sessions)
 
     assert asyncio.run(scenario()) == calls
+
+
+def test_the_media_path_and_agent_codec_options():
+    base = ("--cluster", "1", "--id", "1")
+    assert cli_config(*base).media_path == "python"
+    native = cli_config(*base, "--media-path", "native", "--agent-codec", "opus")
+    assert (native.media_path, native.agent_codecs) == ("native", ("opus",))
+    assert cli_config(*base, "--media-path", "native").agent_codecs == ("opus", "pcm16")
+    from voiceedge.errors import UserError
+    for argv, message in ((("--media-path", "native", "--mode", "port-per-session"),
+                           "needs --mode shared"),
+                          (("--media-path", "native", "--media", "[::1]:3480"), "IPv4")):
+        with pytest.raises(UserError, match=message):
+            cli_config(*base, *argv)
