@@ -11,6 +11,7 @@ import struct
 import pylibsrtp
 import pytest
 
+from bench.fuzz_mediaplane import rtp
 from services.mediaplane._mediaplane import Plane
 from services.wire import hop
 
@@ -18,16 +19,6 @@ PROFILES = {"AES128_CM_SHA1_80": (pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_8
             "AEAD_AES_256_GCM": (pylibsrtp.Policy.SRTP_PROFILE_AEAD_AES_256_GCM, 44)}
 SILENCE = b"\xf8\xff\xfe"
 MID_ID, AST_ID = 1, 3
-
-
-def rtp(seq: int, ts: int, ssrc: int, payload: bytes, pt: int = 111, ext: bytes = b"",
-        csrcs: int = 0, padding: int = 0) -> bytes:
-    first = 0x80 | csrcs | (0x10 if ext else 0) | (0x20 if padding else 0)
-    header = struct.pack("!BBHII", first, pt, seq, ts, ssrc) + b"\0\0\0\1" * csrcs
-    if ext:
-        header += b"\xbe\xde" + struct.pack("!H", len(ext) // 4) + ext
-    pad = (b"\0" * (padding - 1) + bytes([padding])) if padding else b""
-    return header + payload + pad
 
 
 class Peer:
