@@ -1,0 +1,1177 @@
+"""Coverage-guided fuzzing of the native media plane (services/mediaplane/_mediaplane.c).
+
+    python -m bench.fuzz_mediaplane --runs 1000000     fuzz: atheris (libFuzzer) drives the C
+    python -m bench.fuzz_mediaplane --replay PATH...   run inputs once (a crash file, a corpus)
+    python -m bench.fuzz_mediaplane --regressions      the inputs that once broke an invariant
+    python -m bench.fuzz_mediaplane --coverage [DIR]   line/branch coverage of the C over a corpus
+
+The extension is built a second time, with clang's ``-fsanitize=address,undefined,
+fuzzer-no-link`` (edge counters and comparison tracing for libFuzzer, ASan and UBSan fatal),
+under build/fuzz-mediaplane/ (never over the in-tree .so), and the fuzzing runs in a child
+process with atheris's ASan+libFuzzer runtime preloaded and ``PYTHONMALLOC=malloc`` (so ASan
+sees every Python buffer the plane reads; ``--pymalloc`` trades that for ~1.8x the speed).
+Needs Debian's clang (``apt-get install clang``) and atheris (``pip install atheris``); neither
+is a dependency of the project yet.
+
+An input is a small program against one fresh Plane (so every input replays alone): a config
+byte (capacity, a shared socket or none, the first sessions: AES128_CM_SHA1_80 and
+AEAD_AES_256_GCM, direct and relayed, Opus and pcm16, one with a socket of its own), then up
+to 64 operations: datagrams (the harness's bytes as RTP protected by the peer with the
+session's keys, with another session's keys, protected then tampered, or raw; with or without
+the relay's hop header; from the session's address, a stranger's, the other path's; through
+``process`` or through the real loopback socket and ``read``/``read_session``, in bursts of up
+to 80 copies or series of up to 16 packets), ``put_batch`` records (well-formed or raw),
+``tick``, ``take_batch``, ``add`` (good and bad parameters, sessions with a socket of their own
+and a script), ``remove``, ``set_pcm``, ``stats``, ``take_arrivals``. The harness's sockets are
+on 127.90.0.0/24 (loopback only; every address the plane can send to is one of them).
+
+Beside "no crash" (ASan, UBSan, a signal), a model of the plane checks after every operation:
+each datagram lands in exactly one counter, and ``datagrams == to_python + rtp_in + the SRTP
+and RTP drops + recv_truncated``; what goes to Python is the datagram unchanged, exactly when
+the routing rules say no session owns it; no packet reaches a session unless protected with
+its keys (forged, replayed or misrouted ones never do); ``take_batch`` names only live
+channels and gives each exactly the payloads the model queued (RFC 3550 parsing, 8 frames kept);
+``put_batch`` queues and counts records as specified; every packet ``tick`` counts as sent
+arrives where the session says, decrypts with the peer's keys and carries the expected
+sequence, timestamp, SSRC, header extensions and payload; channels are generation-numbered and
+never reused; ``stats`` agrees. A broken invariant raises ``Violation``: libFuzzer saves the
+input (``crash-*``) and stops.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import importlib
+import importlib.util
+import json
+import operator
+import os
+import re
+import select
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import tomllib
+from collections import deque
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+WORK = REPO / "build" / "fuzz-mediaplane"
+ENV_SO = "VOICEEDGE_FUZZ_MEDIAPLANE_SO"        # the child: the build to load
+ENV_STATS = "VOICEEDGE_FUZZ_MEDIAPLANE_STATS"  # the child: where its tallies go
+ENV_SOURCE = "VOICEEDGE_FUZZ_MEDIAPLANE_SOURCE"  # another copy of the C to build
+TRACE = bool(os.environ.get("VOICEEDGE_FUZZ_TRACE"))  # --replay --trace: every operation
+
+FUZZ_FLAGS = ["-fsanitize=address,undefined,fuzzer-no-link", "-fno-sanitize-recover=all",
+              "-fno-omit-frame-pointer", "-g", "-O1"]
+COVERAGE_FLAGS = ["--coverage", "-O0", "-g"]
+
+# _mediaplane.c's sizes
+SLOT_BYTES, FRAME_MAX, RING, OUT_KEEP, PCM_BYTES, OPUS_MAX, ARRIVALS = 2048, 1920, 8, 5, 1920, 1275, 2048
+TAKEN = ("rtp_in", "drop_srtp_auth", "drop_srtp_replay", "drop_srtp_other", "drop_rtp_malformed",
+         "recv_truncated")
+# libsrtp's profiles and their key+salt lengths: 1 AES128_CM_SHA1_80, 2 AES128_CM_SHA1_32,
+# 5 NULL_SHA1_80, 7 AEAD_AES_128_GCM, 8 AEAD_AES_256_GCM
+KEY_LENGTHS = {1: 30, 2: 30, 5: 30, 7: 28, 8: 44}
+SILENCE = b"\xf8\xff\xfe"
+PCM = object()        # a pcm16 frame: its bytes are the codec's, only its length is known
+
+# the operations, by the low 4 bits of their byte
+OPS = ("datagram",) * 6 + ("put", "put", "tick", "tick", "take", "add", "add", "remove",
+                           "set_pcm", "stats")
+MAX_OPS = 64
+# the first sessions, by the config byte: profile, relayed, pcm
+INITIAL = ((1, False, False), (8, True, False), (1, False, True), (8, False, False))
+
+
+class Violation(AssertionError):
+    """The plane broke one of the invariants the harness checks."""
+
+
+def check(ok: bool, what: str, *detail) -> None:
+    if not ok:
+        raise Violation(what + (": " + ", ".join(repr(d) for d in detail) if detail else ""))
+
+
+# ------------------------------------------------------------------ the extension and its builds
+
+def extension() -> dict:
+    """The media plane's [[tool.setuptools.ext-modules]] entry of pyproject.toml (its source:
+    $VOICEEDGE_FUZZ_MEDIAPLANE_SOURCE instead, when set: --source)."""
+    with open(REPO / "pyproject.toml", "rb") as f:
+        for ext in tomllib.load(f)["tool"]["setuptools"]["ext-modules"]:
+            if ext["name"].endswith("._mediaplane"):
+                if os.environ.get(ENV_SOURCE):
+                    ext = dict(ext, sources=[os.environ[ENV_SOURCE]])
+                return ext
+    raise SystemExit("fuzz_mediaplane: no _mediaplane extension in pyproject.toml")
+
+
+def build(kind: str) -> Path:
+    """The extension built for ``kind`` ("fuzz": clang with libFuzzer's instrumentation and
+    ASan+UBSan, cached by source and flags; "coverage": gcc --coverage, always fresh)."""
+    ext = extension()
+    (source,) = ext["sources"]
+    source = REPO / source
+    libs = ["-l" + lib for lib in ext.get("libraries", [])]
+    include = "-I" + sysconfig.get_paths()["include"]
+    name = ext["name"].rpartition(".")[2] + sysconfig.get_config_var("EXT_SUFFIX")
+    if kind == "fuzz":
+        if not shutil.which("clang"):
+            raise SystemExit("fuzz_mediaplane: needs clang (Debian: apt-get install clang)")
+        tag = hashlib.sha256(source.read_bytes() + " ".join(FUZZ_FLAGS + libs).encode() +
+                             subprocess.run(["clang", "--version"], capture_output=True).stdout
+                             ).hexdigest()[:16]
+        out = WORK / f"so-{tag}" / name
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(f".{name}.{os.getpid()}")
+            subprocess.run(["clang", "-shared", "-fPIC", *FUZZ_FLAGS, include, str(source), *libs,
+                            "-o", str(tmp)], check=True)
+            os.replace(tmp, out)
+        return out
+    out_dir = Path(tempfile.mkdtemp(prefix="voiceedge-mediaplane-coverage-"))
+    obj = out_dir / (source.stem + ".o")
+    subprocess.run(["gcc", "-c", "-fPIC", *COVERAGE_FLAGS, include, str(source), "-o", str(obj)],
+                   check=True)
+    subprocess.run(["gcc", "-shared", "--coverage", str(obj), *libs, "-o", str(out_dir / name)],
+                   check=True)
+    return out_dir / name
+
+
+def load(path: str):
+    """Import the build at ``path`` as the media plane's module (in place of the in-tree one)
+    and make sure it is the one mapped."""
+    name = extension()["name"]
+    if name in sys.modules:
+        raise SystemExit(f"fuzz_mediaplane: {name} was imported before the build to fuzz")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    parent, _, leaf = name.rpartition(".")
+    setattr(importlib.import_module(parent), leaf, module)
+    in_tree = os.path.realpath(REPO.joinpath(*name.split(".")).as_posix() +
+                               sysconfig.get_config_var("EXT_SUFFIX"))
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    if module.__file__ != path or path not in maps or in_tree in maps:
+        raise SystemExit(f"fuzz_mediaplane: {name} is not the build at {path}")
+    return module
+
+
+# ------------------------------------------------------------------ the harness
+
+# The harness's sockets are at fixed loopback addresses, so the keys and with them the plane's
+# hash-table layout are the same in every run and an input replays exactly (an address already
+# taken falls back to an ephemeral port: the run goes on, table-layout-dependent inputs may not
+# replay). Indices: 1-20 clients, 21-22 relays, 23 the stranger, 24-27 own sockets, 250 the plane.
+HOST, PORT = "127.90.0.%d", 47111
+
+
+def udp(index: int) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.bind((HOST % index, PORT))
+    except OSError:
+        s.bind(("127.0.0.1", 0))
+    s.setblocking(False)
+    return s
+
+
+def key_of(addr: tuple[str, int]) -> bytes:
+    """A client's 48-bit key as the plane has it: port, then IPv4, network order (hop.py)."""
+    return struct.pack("!H", addr[1]) + socket.inet_aton(addr[0])
+
+
+def rtp_payload(clear: bytes):
+    """What the plane should hand the agent from an unprotected RTP packet: the payload after
+    the CSRCs and the header extension, less the padding (RFC 3550 5.1, 5.3.1); None when the
+    header does not fit. A padding count of 0 is taken as no padding, as the plane does."""
+    if len(clear) < 12 or clear[0] >> 6 != 2:
+        return None
+    off = 12 + 4 * (clear[0] & 0x0F)
+    if clear[0] & 0x10:
+        if off + 4 > len(clear):
+            return None
+        off += 4 + 4 * int.from_bytes(clear[off + 2:off + 4], "big")
+    end = len(clear)
+    if clear[0] & 0x20:
+        if end <= off:
+            return None
+        end -= clear[end - 1]
+    return None if off > end else clear[off:end]
+
+
+def records(blob: bytes) -> list[tuple[int, bytes]]:
+    out, pos = [], 0
+    while pos < len(blob):
+        check(len(blob) - pos >= 6, "take_batch: a record header cut short", blob[pos:])
+        channel, length = struct.unpack_from("!IH", blob, pos)
+        check(pos + 6 + length <= len(blob), "take_batch: a record cut short", channel, length)
+        out.append((channel, blob[pos + 6:pos + 6 + length]))
+        pos += 6 + length
+    return out
+
+
+class Reader:
+    """The input, consumed front to back; zeros once it is spent."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def left(self) -> int:
+        return len(self.data) - self.pos
+
+    def byte(self) -> int:
+        if self.pos >= len(self.data):
+            return 0
+        self.pos += 1
+        return self.data[self.pos - 1]
+
+    def u16(self) -> int:
+        return self.byte() << 8 | self.byte()
+
+    def u32(self) -> int:
+        return self.u16() << 16 | self.u16()
+
+    def take(self, n: int) -> bytes:
+        out = self.data[self.pos:self.pos + n]
+        self.pos += len(out)
+        return out
+
+
+class Tally(dict):
+    """What the inputs did, summed over the run (written to ENV_STATS now and then)."""
+
+    def add(self, key: str, n: int = 1) -> None:
+        self[key] = self.get(key, 0) + n
+
+
+class World:
+    """What lives across inputs: the sockets (the plane's, the clients', two relays', a
+    stranger's, the own sockets of client sessions) and a keeper plane whose one session keeps
+    libsrtp's crypto backend initialised (Debian's libsrtp2 is built on NSS, and an srtp_create
+    with no other context alive costs ~1 ms of NSS start-up)."""
+
+    def __init__(self, module) -> None:
+        import pylibsrtp
+        from services.wire import hop
+        self.module, self.srtp, self.hop = module, pylibsrtp, hop
+        self.sock = udp(250)
+        for opt in (getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF):
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
+                break
+            except OSError:
+                continue
+        self.addr = self.sock.getsockname()
+        self.clients = [udp(1 + i) for i in range(20)]
+        self.relays = [udp(21 + i) for i in range(2)]
+        self.stranger = udp(23)
+        self.own = [udp(24 + i) for i in range(4)]
+        self.sinks = self.clients + self.relays + [self.stranger]
+        self.everyone = self.sinks + self.own + [self.sock]
+        self.by_addr = {s.getsockname(): s for s in self.everyone}
+        self.name = {s.fileno(): s.getsockname() for s in self.everyone}
+        self.by_fd = {s.fileno(): s for s in self.everyone}
+        self.poll = select.poll()
+        for s in self.everyone:
+            self.poll.register(s, select.POLLIN)
+        self.client_addrs = [s.getsockname() for s in self.clients]
+        self.relay_addrs = [s.getsockname() for s in self.relays]
+        self.stranger_addr = self.stranger.getsockname()
+        self.keeper = module.Plane(self.sock.fileno(), 1)
+        self.keeper.add(("127.0.0.1", 9), None, 1, bytes(30), bytes(30), 0, 0, 0, 111, b"", 0, 0, b"")
+        self.has_own = hasattr(module.Plane, "read_session")
+        self.has_set_pcm = hasattr(module.Plane, "set_pcm")
+        self.tally = Tally()
+        self.inputs = 0
+        self.last_dump = 0.0
+
+    def ready(self) -> list[socket.socket]:
+        """The sockets with something to read (one poll for all of them)."""
+        return [self.by_fd[fd] for fd, _ in self.poll.poll(0)]
+
+    def drain(self, sock: socket.socket) -> list[tuple[bytes, tuple]]:
+        out = []
+        while True:
+            try:
+                out.append(sock.recvfrom(65536))
+            except BlockingIOError:
+                return out
+
+    def key(self, profile: int, n: int) -> bytes:
+        return hashlib.blake2b(b"%d:%d" % (profile, n), digest_size=64).digest()[:KEY_LENGTHS[profile]]
+
+    def peer(self, profile: int, key: bytes, outbound: bool):
+        P = self.srtp.Policy
+        policy = P(key=key, ssrc_type=P.SSRC_ANY_OUTBOUND if outbound else P.SSRC_ANY_INBOUND,
+                   srtp_profile=profile)
+        if outbound:
+            policy.allow_repeat_tx = True
+        return self.srtp.Session(policy)
+
+    def dump(self, force: bool = False) -> None:
+        path = os.environ.get(ENV_STATS)
+        now = time.monotonic()
+        if path and (force or now - self.last_dump > 5):
+            self.last_dump = now
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(dict(self.tally, inputs=self.inputs), f)
+            os.replace(tmp, path)
+
+
+class Session:
+    """The model of one session on the plane."""
+
+    def __init__(self, case: "Case", slot: int, channel: int, profile: int, client, relay,
+                 pcm: bool, ssrc: int, seq: int, ts: int, pt: int, mid: bytes, mid_id: int,
+                 ast_id: int, silence: bytes, up: bytes, down: bytes, own=None, script=()):
+        self.slot, self.channel, self.profile, self.client = slot, channel, profile, client
+        self.key = key_of(client)
+        self.relayed = relay is not None
+        self.relay = relay if relay is not None else ("0.0.0.0", 0)
+        self.home_relay = self.relay
+        self.pcm, self.ssrc, self.seq, self.ts, self.pt = pcm, ssrc, seq, ts, pt
+        self.mid, self.mid_id, self.ast_id, self.silence = mid, mid_id, ast_id, silence
+        self.own, self.script, self.script_pos = own, list(script), 0
+        self.tx = case.world.peer(profile, up, True)        # the peer's protect, towards the plane
+        self.down, self._rx = down, None
+        self.world = case.world
+        self.inq: deque = deque(maxlen=RING)                   # what take_batch should give
+        self.outq: deque = deque(maxlen=OUT_KEEP)              # what tick should send
+        self.expect: deque = deque()                           # sent, not yet seen arriving
+        self.arrivals: list = []
+        self.packets_sent, self.live = 0, True
+
+    @property
+    def rx(self):   # the peer's unprotect of what the plane sends
+        if self._rx is None:
+            self._rx = self.world.peer(self.profile, self.down, False)
+        return self._rx
+
+    def ext(self) -> bytes:
+        e = b""
+        if self.mid_id and self.mid:
+            e += bytes([self.mid_id << 4 | (len(self.mid) - 1)]) + self.mid
+        if self.ast_id:
+            e += bytes([self.ast_id << 4 | 2]) + b"\0\0\0"
+        return e + b"\0" * (-len(e) % 4)
+
+
+class Case:
+    """One input against a fresh plane, with the model beside it."""
+
+    def __init__(self, world: World, data: bytes) -> None:
+        self.world, self.r, self.tally = world, Reader(data), world.tally
+        cfg = self.r.byte()
+        self.capacity = (1, 2, 4, 16)[cfg & 3]
+        self.shared = not cfg & 0x40
+        self.plane = world.module.Plane(world.sock.fileno() if self.shared else -1, self.capacity)
+        self.refs: list[Session] = []
+        self.live: dict[int, Session] = {}
+        self.gen = [0] * self.capacity
+        self.slots: list = [None] * self.capacity
+        self.keys = 0
+        self.prev = self.plane.counters()
+        for i in range(min(self.capacity, 1 + (cfg >> 2 & 3))):
+            profile, relayed, pcm = INITIAL[i]
+            if i == 0:
+                relayed, pcm = relayed ^ bool(cfg & 0x10), pcm ^ bool(cfg & 0x20)
+            own = world.own[0] if i == 1 and cfg & 0x80 and world.has_own else None
+            self.add(profile, world.client_addrs[i], None if own or not relayed else
+                     world.relay_addrs[i % 2], pcm, 0x11223344 + i, 1000 * i, 90000, 111, b"0", 1,
+                     3, SILENCE, own=own, script=struct.pack("!IH", 0, 3) + SILENCE if own else b"")
+
+    # -------------------------------------------------------------- bookkeeping
+
+    def delta(self) -> dict:
+        now = self.plane.counters()   # the same keys in the same order every time
+        d = dict(zip(now, map(operator.sub, now.values(), self.prev.values())))
+        self.prev = now
+        check(min(d.values()) >= 0, "a counter went down", d)
+        check(d["datagrams"] == d["to_python"] + sum(d[k] for k in TAKEN),
+              "datagrams != to_python + taken", d)
+        return d
+
+    def shared_by_key(self, key: bytes):
+        for s in self.live.values():
+            if s.own is None and s.key == key:
+                return s
+        return None
+
+    def pick_channel(self) -> int:
+        c = self.r.byte()
+        if c & 0x80 or not self.refs:
+            return self.r.u32()
+        return self.refs[c % len(self.refs)].channel
+
+    def other_keys(self, ref: Session):
+        """Another session's protect (and that session), or a stranger's (and None)."""
+        for s in self.refs:
+            if s is not ref and s.profile == ref.profile:
+                return s, s.tx
+        self.keys += 1
+        return None, self.world.peer(ref.profile, self.world.key(ref.profile, 10_000 + self.keys), True)
+
+    def route(self, wire: bytes, src, own: Session | None):
+        """The session the plane's rules give ``wire`` from ``src`` (read on the shared socket,
+        or on ``own``'s socket): (session or None, whether it is a wrong peer)."""
+        pkt, key, relayed = wire, key_of(src), False
+        if wire[:1] == b"\x0e":
+            if len(wire) < 8 or wire[1] != 0:
+                return None, False
+            key, pkt, relayed = wire[2:8], wire[8:], True
+        if len(pkt) < 2 or not 128 <= pkt[0] <= 191 or 192 <= pkt[1] <= 223:
+            return None, False
+        if own is not None:
+            return (None, True) if relayed or own.key != key else (own, False)
+        s = self.shared_by_key(key)
+        return (s, False) if s is not None and s.relayed == relayed else (None, False)
+
+    # -------------------------------------------------------------- operations
+
+    def run(self) -> None:
+        for _ in range(MAX_OPS):
+            if not self.r.left():
+                break
+            op = OPS[self.r.byte() & 15]
+            self.tally.add("op_" + op)
+            if TRACE:
+                print(f"@{self.r.pos - 1} {op} live={sorted(self.live)}", file=sys.stderr)
+            getattr(self, "op_" + op)()
+        self.op_take()
+        for sock in self.world.ready():
+            stray = self.world.drain(sock)
+            check(not stray, "datagrams outside a tick (or unread)", sock.getsockname(), stray[:2])
+        check(self.plane.sessions == len(self.live), "sessions", self.plane.sessions, len(self.live))
+
+    def add(self, profile, client, relay, pcm, ssrc, seq, ts, pt, mid, mid_id, ast_id, silence,
+            bad: int = 0, bad_arg: int = 0, own=None, script: bytes = b"") -> None:
+        """plane.add with what the model expects of it: the channel, or the error."""
+        w = self.world
+        self.keys += 1
+        up, down = w.key(profile, 2 * self.keys), w.key(profile, 2 * self.keys + 1)
+        args = dict(client=client, relay=relay, profile=profile, rx_key=up, tx_key=down,
+                    ssrc=ssrc, seq=seq, timestamp=ts, payload_type=pt, mid=mid, mid_id=mid_id,
+                    abs_send_time_id=ast_id, silence=silence, pcm=pcm)
+        if own is not None:
+            args.update(fd=own.fileno(), script=script)
+        # a bad parameter, and the error the plane must answer with (in the order it checks)
+        if bad == 1:
+            args["profile"] = profile = bad_arg - 8
+        elif bad == 2:
+            args["rx_key" if bad_arg & 1 else "tx_key"] = (up + b"!")[:len(up) + (1 if bad_arg & 2 else -1)]
+        elif bad == 3:
+            args["mid"] = bytes(17 + bad_arg % 4)
+        elif bad == 4:
+            args["silence"] = bytes(65 + bad_arg % 4)
+        elif bad == 5:
+            args["payload_type"] = 128 + bad_arg if bad_arg & 1 else -1 - bad_arg
+        elif bad == 6:
+            args["mid_id"] = 15 + bad_arg if bad_arg & 1 else -1
+        elif bad == 7:
+            args["abs_send_time_id"] = 15 + bad_arg if bad_arg & 1 else -1
+        elif bad == 8:
+            args["seq"] = 65536 + bad_arg
+        elif bad == 9:
+            args["client"] = ("::1", 5000) if bad_arg & 1 else ("127.0.0.1", 65536 + bad_arg)
+        if own is not None:
+            w.drain(own)
+        expected = None
+        if bad in (3, 4, 5, 6, 7, 8, 9):
+            expected = ValueError
+        elif own is not None and relay is not None:
+            expected = ValueError
+        elif own is None and self.shared_by_key(key_of(client)) is not None:
+            expected = ValueError
+        elif len(self.live) >= self.capacity:
+            expected = OverflowError
+        elif profile not in KEY_LENGTHS or not (len(args["rx_key"]) == len(args["tx_key"]) ==
+                                                 KEY_LENGTHS[profile]):
+            expected = ValueError
+        try:
+            channel = self.plane.add(**args)
+        except (ValueError, OverflowError) as e:
+            check(type(e) is expected, "add: an error the model does not expect", args, e)
+            self.tally.add("add_refused")
+            self.delta()
+            return
+        check(expected is None, "add: accepted what the model refuses", args, expected)
+        slot = self.slots.index(None)
+        self.gen[slot] = (self.gen[slot] + 1) & 0xFFFF
+        check(channel == (self.gen[slot] << 16 | slot), "add: the channel", channel, slot, self.gen[slot])
+        check(all(s.channel != channel for s in self.refs), "add: a channel used again", channel)
+        parsed, pos = [], 0
+        while pos + 6 <= len(script):   # the script's records, as the plane parses them
+            n = int.from_bytes(script[pos + 4:pos + 6], "big")
+            if pos + 6 + n > len(script) or n == 0 or n > OPUS_MAX:
+                break
+            parsed.append(script[pos + 6:pos + 6 + n])
+            pos += 6 + n
+        s = Session(self, slot, channel, profile, client, relay, pcm, ssrc, seq, ts, pt, mid,
+                    mid_id, ast_id, silence, up, down, own, parsed)
+        self.slots[slot] = s
+        self.live[channel] = s
+        self.refs.append(s)
+        self.tally.add("add_own" if own is not None else "add")
+        self.delta()
+
+    def op_add(self) -> None:
+        r, w = self.r, self.world
+        sel = r.byte()
+        profile, relayed, pcm = (1, 8)[sel & 1], bool(sel & 2), bool(sel & 4)
+        client = w.client_addrs[r.byte() % len(w.client_addrs)]
+        relay = w.relay_addrs[sel >> 3 & 1] if relayed else None
+        own = None
+        if sel & 0x10 and w.has_own:   # a client session: a socket of its own, and a script
+            used = {id(s.own) for s in self.live.values() if s.own is not None}
+            free = [o for o in w.own if id(o) not in used]
+            own = free[sel >> 5 & 3] if len(free) > (sel >> 5 & 3) else (free[0] if free else None)
+        bad, bad_arg = (1 + r.byte() % 9, r.byte()) if sel & 0x80 else (0, 0)
+        params = (r.u32(), r.u16(), r.u32(), r.byte() & 0x7F, r.take(r.byte() % 17),
+                  r.byte() % 15, r.byte() % 15, r.take(r.byte() % 65))
+        script = r.take(r.u16() % 512) if own is not None else b""
+        self.add(profile, client, relay, pcm, *params, bad=bad, bad_arg=bad_arg, own=own,
+                 script=script)
+
+    def unregister(self, s: Session) -> None:
+        s.live = False
+        del self.live[s.channel]
+        self.slots[s.slot] = None
+        if s.own is not None:
+            self.world.drain(s.own)
+
+    def op_remove(self) -> None:
+        channel = self.pick_channel()
+        s = self.live.get(channel)
+        check(self.plane.remove(channel) is (s is not None), "remove", channel, s is not None)
+        if s is not None:
+            self.unregister(s)
+        self.delta()
+        check(self.plane.sessions == len(self.live), "sessions after remove")
+
+    def op_set_pcm(self) -> None:
+        channel, pcm = self.pick_channel(), bool(self.r.byte() & 1)
+        if not self.world.has_set_pcm:
+            return
+        s = self.live.get(channel)
+        check(self.plane.set_pcm(channel, pcm) is (s is not None), "set_pcm", channel)
+        if s is not None:
+            s.pcm = pcm
+            s.inq.clear()
+            s.outq.clear()
+        self.delta()
+
+    def op_stats(self) -> None:
+        channel = self.pick_channel()
+        s = self.live.get(channel)
+        st = self.plane.stats(channel)
+        check((st is None) == (s is None), "stats of a channel", channel, st)
+        if s is not None:
+            for key, want in (("packets_sent", s.packets_sent), ("out_queued", len(s.outq)),
+                              ("in_queued", len(s.inq)), ("relay", s.relay)):
+                check(st.get(key, want) == want, "stats: " + key, st.get(key), want)
+        if self.world.has_own:
+            blob = self.plane.take_arrivals(channel)
+            if s is None or s.own is None:
+                check(blob is None, "take_arrivals of a session without a log", channel)
+            else:
+                got = [struct.unpack_from("=dIHH", blob, i)[1:] for i in range(0, len(blob), 16)]
+                check(len(blob) % 16 == 0 and got == s.arrivals, "take_arrivals", got, s.arrivals)
+                s.arrivals = []
+        self.delta()
+
+    def op_datagram(self) -> None:
+        r = self.r
+        sel, aux, n = r.byte(), r.byte(), r.u16() % 2201
+        body = bytearray(r.take(n))
+        ref = self.refs[aux % len(self.refs)] if self.refs else None
+        mode, route = sel & 3, sel >> 2 & 3
+        via_socket = bool(sel & 0x10)
+        burst = 1 + r.byte() % 80 if via_socket and sel & 0x20 else 1
+        series = 2 + r.byte() % 15 if sel & 0x40 and not via_socket else 1
+        tamper = (r.u16(), r.byte() | 1) if mode == 3 else None
+        hop_bytes = bytes((0x0E, r.byte())) + r.take(6).ljust(6, b"\0") if route == 2 else b""
+        for i in range(series):   # a series: the next packets of the stream, one by one
+            if i and len(body) >= 12:
+                struct.pack_into("!HI", body, 2, (struct.unpack_from("!H", body, 2)[0] + 1) & 0xFFFF,
+                                 (struct.unpack_from("!I", body, 4)[0] + 960) & 0xFFFFFFFF)
+            self.datagram(bytearray(body), ref, mode, route, via_socket, burst, aux, tamper, hop_bytes)
+
+    def datagram(self, body: bytearray, ref, mode: int, route: int, via_socket: bool, burst: int,
+                 aux: int, tamper, hop_bytes: bytes) -> None:
+        """One datagram (``burst`` copies through the socket) and what the model says of it."""
+        w = self.world
+        wire, keyed = bytes(body), None   # keyed: the session whose keys protected it
+        if mode and ref is not None and len(body) >= 12:
+            body[0] = 0x80 | (body[0] & 0x3F)
+            keyed, tx = (ref, ref.tx) if mode != 2 else self.other_keys(ref)
+            try:
+                wire = tx.protect(bytes(body))
+            except (w.srtp.Error, ValueError):   # a header libsrtp refuses, too long
+                keyed = None
+                wire, mode = bytes(body), 0
+            if mode == 3:   # tampered: one byte anywhere (header, payload or tag) flipped
+                wire = bytearray(wire)
+                wire[tamper[0] % len(wire)] ^= tamper[1]
+                wire, keyed = bytes(wire), None
+        self.tally.add(f"datagram_mode{mode}")
+        header, src = b"", w.stranger_addr
+        if ref is not None:
+            if route == 0:     # its own path
+                header = w.hop.encode(ref.client) if ref.relayed else b""
+                src = ref.home_relay if ref.relayed else ref.client
+            elif route == 1:   # the other path: bare from the client / through a relay
+                header = b"" if ref.relayed else w.hop.encode(ref.client)
+                src = ref.client if ref.relayed else w.relay_addrs[aux >> 7]
+            elif route == 2:   # a hop header of the harness's bytes
+                header = hop_bytes
+                src = w.relay_addrs[aux >> 7]
+            else:              # its own path, from a stranger's address
+                header = w.hop.encode(ref.client) if ref.relayed else b""
+        wire = header + wire
+        own = ref.own if ref is not None and ref.own is not None and via_socket else None
+        if own is not None and not ref.live:
+            own = None
+            via_socket = False
+        if not self.shared and own is None:
+            via_socket = False
+        if not via_socket:
+            burst = 1
+        expect, wrong_peer = self.route(wire, src, ref if own is not None else None)
+        if TRACE:
+            print(f"   mode={mode} route={route} socket={via_socket}x{burst} ref={ref and ref.channel}"
+                  f" keyed={keyed and keyed.channel} expect={expect and expect.channel} src={src}"
+                  f" wire={wire[:20].hex()}", file=sys.stderr)
+        truncated = len(wire) > SLOT_BYTES
+        if via_socket:
+            self.tally.add("datagram_socket", burst)
+            sock = w.by_addr[src]
+            for _ in range(burst):
+                sock.sendto(wire, w.name[own.fileno()] if own is not None else w.addr)
+            out = []
+            for i in range(4):
+                batches = (aux & 7) - 1 if i == 0 else 4
+                out += (self.plane.read_session(ref.channel, batches) if own is not None
+                        else self.plane.read(batches))
+                if self.plane.counters()["datagrams"] - self.prev["datagrams"] >= burst:
+                    break
+            out = [(bytes(d), tuple(a)) for d, a in out]
+        else:
+            result = self.plane.process(wire, src)
+            out = [] if result is None else [(bytes(result), tuple(src))]
+        d = self.delta()
+        check(d["datagrams"] == burst, "datagrams counted", d["datagrams"], burst)
+        if truncated:
+            self.tally.add("datagram_truncated")
+            check(d["recv_truncated"] == burst and not out, "a datagram over 2048 bytes", d)
+            return
+        if expect is None:
+            self.tally.add("datagram_to_python")
+            check(d["to_python"] == burst and out == [(wire, tuple(src))] * burst,
+                  "what no session owns goes to Python unchanged", d, out[:1], wire[:16])
+            check(d.get("wrong_peer", 0) == (burst if wrong_peer else 0), "wrong_peer", d)
+            return
+        check(d["to_python"] == 0 and not out, "a session's datagram went to Python", d, out[:1])
+        if keyed is not expect:
+            self.tally.add("datagram_refused")
+            check(d["rtp_in"] == 0, "a packet reached a session without being protected with "
+                  "its keys (forged, misrouted or raw)", d, wire[:24])
+            return
+        payload = rtp_payload(bytes(body))
+        check(d["rtp_in"] <= 1, "a burst of one packet delivered more than once", d)
+        if payload is None:
+            check(d["rtp_in"] == 0, "the plane took an RTP header that does not fit", bytes(body[:24]))
+        if not d["rtp_in"]:
+            self.tally.add("datagram_srtp_or_malformed_drop")
+            return
+        self.tally.add(f"delivered_profile{expect.profile}")
+        check(d["drop_srtp_replay"] == burst - 1, "a burst's copies are replays", d)
+        check(d["bytes_in"] == len(wire), "bytes_in", d["bytes_in"], len(wire))
+        if expect.relayed:
+            expect.relay = src
+        if expect.own is not None:
+            seq, ts_ssrc = struct.unpack_from("!H", body, 2)[0], struct.unpack_from("!I", body, 8)[0]
+            if len(expect.arrivals) < ARRIVALS:
+                expect.arrivals.append((ts_ssrc, seq, len(payload)))
+                check(d.get("arrivals_lost", 0) == 0, "arrivals_lost", d)
+            else:
+                check(d.get("arrivals_lost", 0) == 1, "arrivals_lost", d)
+            return    # a client keeps nothing of what it hears
+        full = len(expect.inq) == RING
+        if not payload:
+            check(d["drop_in_queue_full"] == 0, "an empty payload queued", d)
+        elif expect.pcm:
+            self.tally.add("delivered_pcm")
+            if not d["drop_decode"]:
+                expect.inq.append(PCM)
+                check(d["drop_in_queue_full"] == int(full), "drop_in_queue_full", d)
+        elif len(payload) > FRAME_MAX:
+            check(d["drop_frame_too_big"] == 1, "a payload over FRAME_MAX", d)
+        else:
+            check(d["drop_decode"] == 0, "an Opus session decoded", d)
+            expect.inq.append(payload)
+            check(d["drop_in_queue_full"] == int(full), "drop_in_queue_full", d)
+
+    def op_take(self) -> None:
+        blob = self.plane.take_batch()
+        self.delta()
+        got: dict[int, list] = {}
+        for channel, payload in records(blob or b""):
+            check(channel in self.live, "take_batch named a channel that is not live", channel)
+            got.setdefault(channel, []).append(payload)
+        check((blob is None) == (not got), "take_batch: None only when nothing is queued")
+        for s in self.live.values():
+            have, want = got.get(s.channel, []), list(s.inq)
+            if s.pcm:
+                check(len(have) == len(want) and all(len(p) == PCM_BYTES for p in have) and
+                      all(p is PCM for p in want), "take_batch: a pcm16 session's frames",
+                      len(have), len(want))
+            else:
+                check(have == want, "take_batch: a session's frames", s.channel, have[:3], want[:3])
+            s.inq.clear()
+        self.tally.add("take_records", sum(map(len, got.values())))
+
+    def op_put(self) -> None:
+        r = self.r
+        sel = r.byte()
+        if sel & 1:
+            blob = r.take(r.u16() % 4096)
+        else:
+            parts = []
+            for _ in range(1 + (sel >> 1 & 7)):
+                c = r.byte()
+                channel = (r.u32() if c & 0x80 or not self.refs
+                           else self.refs[(c & 0x1F) % len(self.refs)].channel)
+                length = PCM_BYTES if c & 0x40 else r.u16() % 1400
+                payload = r.take(length)
+                declared = r.u16() if c & 0x20 else len(payload)
+                parts.append(struct.pack("!IH", channel, declared) + payload)
+            blob = b"".join(parts) + (r.take(r.byte() % 8) if sel & 0x10 else b"")
+        # the model of put_batch
+        queued = bad = unknown = dropped = 0
+        pos = 0
+        while pos < len(blob):
+            if len(blob) - pos < 6:
+                bad += 1
+                break
+            channel, length = struct.unpack_from("!IH", blob, pos)
+            if length > len(blob) - pos - 6:
+                bad += 1
+                break
+            payload = blob[pos + 6:pos + 6 + length]
+            pos += 6 + length
+            s = self.live.get(channel)
+            if s is None:
+                unknown += 1
+                continue
+            if (length != PCM_BYTES) if s.pcm else (length == 0 or length > OPUS_MAX):
+                bad += 1
+                continue
+            dropped += len(s.outq) == OUT_KEEP
+            s.outq.append(PCM if s.pcm else payload)
+            queued += 1
+        got = self.plane.put_batch(blob)
+        d = self.delta()
+        check(got == queued and d["batch_bad_record"] == bad and d["batch_unknown_channel"] == unknown
+              and d["drop_out_queue_full"] == dropped and d["drop_encode"] == 0,
+              "put_batch", got, queued, bad, unknown, dropped, d)
+        self.tally.add("put_records", queued)
+
+    def op_tick(self) -> None:
+        w = self.world
+        for sock in w.ready():
+            stray = w.drain(sock)
+            check(not stray, "datagrams outside a tick", sock.getsockname(), stray[:2])
+        arg = self.r.byte() - 120
+        frames = min(max(arg, 1), OUT_KEEP)
+        order = sorted(self.live.values(), key=lambda s: s.slot)
+        unsent = 0
+        for _ in range(frames):
+            for s in order:
+                if s.outq:
+                    payload = s.outq.popleft()
+                elif s.own is not None and s.script:
+                    payload = s.script[s.script_pos % len(s.script)]
+                    s.script_pos += 1
+                else:
+                    payload = s.silence
+                if s.own is not None or self.shared:
+                    s.expect.append((s.seq, s.ts, payload))
+                else:
+                    unsent += 1    # no shared socket: sendmmsg fails, counted
+                s.seq, s.ts = (s.seq + 1) & 0xFFFF, (s.ts + 960) & 0xFFFFFFFF
+                s.packets_sent += 1
+        sent = self.plane.tick(arg)
+        d = self.delta()
+        check(sent == frames * len(order) == d["rtp_out"], "tick: packets", sent, frames, len(order), d)
+        check(d["send_errors"] == unsent and d["drop_frame_too_big"] == 0, "tick: sends", d, unsent)
+        by_own = {w.name[s.own.fileno()]: s for s in order if s.own is not None}
+        for sock in w.ready():
+            dest = w.name[sock.fileno()]
+            for data, sender in w.drain(sock):
+                self.arrived(dest, tuple(sender), data, by_own)
+        for s in order:
+            check(not s.expect, "tick: a packet counted as sent did not arrive", s.channel, len(s.expect))
+        self.tally.add("tick_packets", sent)
+
+    def arrived(self, dest, sender, data: bytes, by_own: dict) -> None:
+        """A packet the plane sent: whose it is, that it decrypts, that it is the next one."""
+        if sender in by_own:
+            s = by_own[sender]
+            check(s.client == dest, "a client session's packet to another address", dest, s.client)
+            pkt = data
+        else:
+            check(sender == self.world.addr, "a packet from neither socket", sender)
+            if data[:1] == b"\x0e":
+                check(len(data) >= 8 and data[1] == 1, "a bad hop header towards the client", data[:8])
+                s = self.shared_by_key(data[2:8])
+                check(s is not None and s.relayed and s.relay == dest,
+                      "a relayed packet to the wrong relay or client", dest, data[:8])
+                pkt = data[8:]
+            else:
+                s = self.shared_by_key(key_of(dest))
+                check(s is not None and not s.relayed, "a packet to an address of no session", dest)
+                pkt = data
+        try:
+            clear = s.rx.unprotect(pkt)
+        except self.world.srtp.Error as e:
+            raise Violation(f"the peer cannot unprotect a packet of channel {s.channel}: {e}")
+        check(bool(s.expect), "more packets than sent", s.channel)
+        seq, ts, payload = s.expect.popleft()
+        first, mpt, got_seq, got_ts, ssrc = struct.unpack_from("!BBHII", clear)
+        check((first & 0xEF, mpt, got_seq, got_ts, ssrc) == (0x80, 0x80 | s.pt, seq, ts, s.ssrc),
+              "an RTP header", s.channel, clear[:12].hex(), (seq, ts, s.ssrc, s.pt))
+        ext = s.ext()
+        off = 12
+        if ext:
+            check(first & 0x10 and clear[12:14] == b"\xbe\xde" and
+                  int.from_bytes(clear[14:16], "big") * 4 == len(ext), "the header extension", clear[:24])
+            got_ext = clear[16:16 + len(ext)]
+            mid_part = len(s.mid) + 1 if s.mid_id and s.mid else 0
+            check(got_ext[:mid_part] == ext[:mid_part] and
+                  (not s.ast_id or got_ext[mid_part] == ext[mid_part]), "the mid / abs-send-time", got_ext, ext)
+            off = 16 + len(ext)
+        else:
+            check(not first & 0x10, "an extension nobody asked for", clear[:16])
+        body = clear[off:]
+        if payload is PCM:
+            check(0 < len(body) <= OPUS_MAX, "an encoded pcm16 frame", len(body))
+        else:
+            check(body == payload, "a payload sent", s.channel, body[:16], payload[:16])
+
+
+def test_one_input(data: bytes) -> None:
+    world = WORLD
+    world.inputs += 1
+    case = Case(world, data)
+    try:
+        case.run()
+    finally:
+        case.plane = None   # the plane goes (Plane_dealloc) with every input
+    world.dump()
+
+
+WORLD: World | None = None
+
+
+# ------------------------------------------------------------------ seeds
+
+class Seed:
+    """Builds inputs in the harness's format (the initial corpus)."""
+
+    def __init__(self, cfg: int) -> None:
+        self.b = bytearray([cfg])
+
+    def op(self, name: str, *fields: bytes | int) -> "Seed":
+        self.b.append(OPS.index(name))
+        for f in fields:
+            self.b += bytes([f]) if isinstance(f, int) else f
+        return self
+
+    def datagram(self, sel: int, ref: int, body: bytes, *extra: bytes | int) -> "Seed":
+        return self.op("datagram", sel, ref, struct.pack("!H", len(body)), body, *extra)
+
+    def add(self, sel: int, client: int, ssrc: int = 0, seq: int = 0, ts: int = 0, pt: int = 111,
+            mid: bytes = b"", mid_id: int = 0, ast_id: int = 0, silence: bytes = b"",
+            script: bytes | None = None, bad: tuple[int, int] | None = None) -> "Seed":
+        params = struct.pack("!IHIB", ssrc, seq, ts, pt) + bytes([len(mid)]) + mid + \
+            bytes([mid_id, ast_id, len(silence)]) + silence
+        tail = b"" if script is None else struct.pack("!H", len(script)) + script
+        return self.op("add", sel | (0x80 if bad else 0), client, bytes(bad or ()), params, tail)
+
+    def put(self, *items: tuple[int, bytes]) -> "Seed":   # structured records to refs
+        out = bytearray()
+        for ref, payload in items:
+            out += bytes([ref | (0x40 if len(payload) == PCM_BYTES else 0)])
+            if len(payload) != PCM_BYTES:
+                out += struct.pack("!H", len(payload))
+            out += payload
+        return self.op("put", (len(items) - 1) << 1, bytes(out))
+
+
+def rtp(seq: int, ts: int, ssrc: int, payload: bytes, pt: int = 111, ext: bytes = b"",
+        csrcs: int = 0, padding: int = 0) -> bytes:
+    first = 0x80 | csrcs | (0x10 if ext else 0) | (0x20 if padding else 0)
+    header = struct.pack("!BBHII", first, pt, seq, ts, ssrc) + b"\0\0\0\1" * csrcs
+    if ext:
+        header += b"\xbe\xde" + struct.pack("!H", len(ext) // 4) + ext
+    return header + payload + ((b"\0" * (padding - 1) + bytes([padding])) if padding else b"")
+
+
+def seeds() -> list[bytes]:
+    opus = b"\x78" + bytes(range(40))
+    out = [
+        # Opus sessions: direct (AES-CM) and relayed (GCM); the packet, the agent's reply, a tick
+        Seed(0b0110).datagram(1, 0, rtp(1, 0, 0xCAFE, b"hello", ext=b"\x10\x30\0\0", padding=4))
+        .datagram(1, 1, rtp(5, 960, 0xBEEF, b"via relay", csrcs=2)).op("take")
+        .put((0, b"reply"), (1, b"down")).op("tick", 122).op("stats", 0).op("stats", 1),
+        # a session removed mid-stream, its address taken again, its old channel in a batch
+        Seed(0b0110).datagram(1, 0, rtp(1, 0, 7, b"a")).op("remove", 0)
+        .datagram(1, 0, rtp(2, 960, 7, b"late")).add(0, 0, 5, 7, 0, 111, b"1", 1, 3, SILENCE)
+        .put((0, b"old"), (2, b"new")).op("tick", 121).op("take"),
+        # pcm16: a 20 ms Opus frame decoded, a PCM frame encoded
+        Seed(0b1010).datagram(1, 2, rtp(1, 0, 3, SILENCE)).datagram(1, 2, rtp(2, 960, 3, opus))
+        .put((2, bytes(PCM_BYTES))).op("tick", 121).op("take").op("set_pcm", 2, 0),
+        # a series of 14 packets (more than the 8 kept for the agent), 7 replies (more than 5)
+        Seed(0b0110).datagram(0x41, 0, rtp(1, 0, 5, b"series"), 12).op("take")
+        .put(*[(0, b"r%d" % i) for i in range(7)]).op("tick", 125).op("tick", 125),
+        # a burst through the socket (over one recvmmsg batch): one delivery, the rest replays
+        Seed(0b0110).datagram(0x31, 0, rtp(9, 0, 1, b"burst"), 69).op("take"),
+        # what is not the plane's: STUN, DTLS, SRTCP, hop headers of other kinds, a jumbo
+        Seed(0b0110).datagram(0, 0, b"\x00\x01\x00\x00" + bytes(16)).datagram(0, 0, b"\x16\xfe\xfd" + bytes(10))
+        .datagram(0, 0, b"\x80\xc8\x00\x06" + bytes(24)).datagram(0x08, 1, b"\x80\x00" + bytes(30), 1, bytes(6))
+        .datagram(0, 0, bytes(2100)),
+        # a relayed session's packet from a stranger's address: the answers follow it
+        Seed(0b0110).datagram(0x0D, 1, rtp(3, 0, 5, b"moved")).op("tick", 121),
+        # forged and other-keyed packets
+        Seed(0b1110).datagram(3, 0, rtp(1, 0, 5, b"forged"), b"\0\x05", 1)
+        .datagram(2, 3, rtp(1, 0, 5, b"other key")).datagram(1, 3, rtp(1, 0, 5, b"gcm", csrcs=15)),
+        # bad parameters to add, a full plane
+        Seed(0b0001).add(0, 5, bad=(0, 4)).add(0, 6).add(0, 6, bad=(2, 1)).add(1, 7, bad=(7, 0))
+        .add(1, 7),
+        # a client session: a socket of its own, a script; what it hears, logged
+        Seed(0b0010).add(0x10, 7, 9, 0, 0, 111, b"a", 1, 3, SILENCE, script=struct.pack(
+            "!IH", 0, 3) + SILENCE + struct.pack("!IH", 0, 2) + b"\x78\x00")
+        .datagram(0x11, 1, rtp(1, 0, 9, b"to client")).datagram(0x01, 1, rtp(2, 960, 9, b"shared"))
+        .op("tick", 123).op("stats", 1),
+    ]
+    return [bytes(s.b) for s in out]
+
+
+def c_hash(addr: tuple[str, int], size: int) -> int:
+    """_mediaplane.c's hash_key of a client's key."""
+    k = int.from_bytes(key_of(addr), "little")
+    k ^= k >> 29
+    k = k * 0xBF58476D1CE4E5B9 & (1 << 64) - 1
+    k ^= k >> 32
+    return k & (size - 1)
+
+
+def regressions() -> dict[str, bytes]:
+    """Inputs that broke an invariant once (run with --regressions; each must pass)."""
+    client = lambda i: (HOST % (1 + i), PORT)   # noqa: E731 - World's client i
+    # capacity 2 (a table of 4): session 0 shared, session 1 with a socket of its own. Removing
+    # session 0 leaves a tombstone; a shared session whose key hashes elsewhere takes slot 0
+    # and is removed: two tombstones, the table is rebuilt, and table_remove's rebuild put
+    # every used slot in it, session 1 too: its peer's packets on the shared socket reached it.
+    other = next(i for i in range(2, 20) if c_hash(client(i), 4) != c_hash(client(0), 4))
+    return {
+        "own-socket-session-in-shared-table": bytes(
+            Seed(0x85).op("remove", 0).add(0, other).op("remove", 2)
+            .datagram(0x01, 1, rtp(1, 0, 9, b"shared socket")).b),
+    }
+
+
+# ------------------------------------------------------------------ the child processes
+
+def child_fuzz(libfuzzer_args: list[str]) -> None:
+    global WORLD
+    module = load(os.environ[ENV_SO])
+    import atheris
+    WORLD = World(module)
+    print(f"fuzz_mediaplane: fuzzing {module.__name__} from {module.__file__}", file=sys.stderr,
+          flush=True)
+    # libFuzzer ends with exit(), so Python's atexit never runs: the last tallies from libc's
+    final = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: WORLD.dump(force=True))
+    ctypes.CDLL(None).__cxa_atexit(final, None, None)
+    child_fuzz.keep = final
+    atheris.Setup([sys.argv[0], *libfuzzer_args], test_one_input)
+    atheris.Fuzz()
+
+
+def child_replay(paths: list[str]) -> None:
+    global WORLD
+    WORLD = World(load(os.environ[ENV_SO]))
+    failed = 0
+    for path in paths:
+        try:
+            test_one_input(Path(path).read_bytes())
+        except Exception as e:   # noqa: BLE001 - every input is run and reported
+            failed += 1
+            print(f"{path}: {type(e).__name__}: {e}", file=sys.stderr)
+    WORLD.dump(force=True)
+    print(f"fuzz_mediaplane: replayed {len(paths)} inputs, {failed} failed", file=sys.stderr)
+    sys.exit(1 if failed else 0)
+
+
+# ------------------------------------------------------------------ the command
+
+def files(paths: list[str]) -> list[str]:
+    out = []
+    for p in map(Path, paths):
+        out += sorted(str(f) for f in p.iterdir() if f.is_file()) if p.is_dir() else [str(p)]
+    return out
+
+
+def preload() -> str:
+    spec = importlib.util.find_spec("atheris")
+    if spec is None:
+        raise SystemExit("fuzz_mediaplane: needs atheris (.venv/bin/pip install atheris)")
+    return str(Path(spec.origin).parent.parent / "asan_with_fuzzer.so")
+
+
+def child_env(so: Path, stats: Path, sanitizers: bool = True, pymalloc: bool = False) -> dict:
+    env = dict(os.environ, **{ENV_SO: str(so), ENV_STATS: str(stats)},
+               PYTHONMALLOC="pymalloc" if pymalloc else "malloc")
+    if sanitizers:
+        env.update(LD_PRELOAD=preload(),
+                   ASAN_OPTIONS="detect_leaks=0:handle_abort=1:allocator_may_return_null=0",
+                   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+        symbolizer = shutil.which("llvm-symbolizer")
+        if symbolizer:
+            env["ASAN_SYMBOLIZER_PATH"] = symbolizer
+    return env
+
+
+def summary(log: list[str], stats: Path, wall: float, rc: int, artifacts: Path, before: set) -> dict:
+    text = "".join(log)
+    out: dict = {"exit": rc, "wall_s": round(wall, 1)}
+    done = re.findall(r"Done (\d+) runs in (\d+) second", text)
+    status = re.findall(r"^#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+) corp: (\d+)/(\S+).*?exec/s: (\d+)",
+                        text, re.M)
+    for key in ("number_of_executed_units", "average_exec_per_sec", "new_units_added",
+                "slowest_unit_time_sec", "peak_rss_mb"):
+        m = re.search(rf"stat::{key}:\s*(\d+)", text)
+        if m:
+            out[key] = int(m.group(1))
+    if status:
+        n, cov, ft, corp, size, eps = status[-1]
+        out.update(inputs=int(n), cov=int(cov), ft=int(ft), corpus=int(corp), corpus_size=size)
+    if done:
+        out["inputs"], out["fuzz_s"] = int(done[-1][0]), int(done[-1][1])
+    if "inputs" in out:
+        out["inputs_per_s_wall"] = round(out["inputs"] / wall, 1)
+    out["crashes"] = sorted(str(p) for p in set(artifacts.glob("*")) - before)
+    try:
+        out["harness"] = json.loads(stats.read_text())
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.fuzz_mediaplane", description=__doc__.split("\n")[0])
+    p.add_argument("--runs", type=int, help="inputs to run (libFuzzer -runs); default: until stopped")
+    p.add_argument("--max-total-time", type=int, help="seconds (libFuzzer -max_total_time)")
+    p.add_argument("--corpus", type=Path, default=WORK / "corpus")
+    p.add_argument("--artifacts", type=Path, default=WORK / "artifacts")
+    p.add_argument("--seed", type=int, help="libFuzzer -seed")
+    p.add_argument("--max-len", type=int, default=8192)
+    p.add_argument("--value-profile", action="store_true", help="libFuzzer -use_value_profile=1")
+    p.add_argument("--json", type=Path, help="write the summary here too")
+    p.add_argument("--trace", action="store_true", help="with --replay: print every operation")
+    p.add_argument("--source", type=Path, help="fuzz this copy of _mediaplane.c instead")
+    p.add_argument("--pymalloc", action="store_true",
+                   help="keep pymalloc: ~1.8x the inputs/s, but ASan no longer sees small Python "
+                        "buffers (replay the corpus without it afterwards)")
+    p.add_argument("--replay", nargs="+", metavar="PATH", help="run these inputs (files or dirs) once")
+    p.add_argument("--regressions", action="store_true",
+                   help="run the inputs that once broke an invariant (bench/fuzz_mediaplane.py)")
+    p.add_argument("--coverage", nargs="?", const=str(WORK / "corpus"), metavar="DIR",
+                   help="gcov line/branch coverage of the C over the inputs in DIR")
+    p.add_argument("--child", choices=("fuzz", "replay"), help=argparse.SUPPRESS)
+    p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.child == "fuzz":
+        return child_fuzz(args.rest)
+    if args.child == "replay":
+        return child_replay(args.rest)
+
+    if args.source:
+        os.environ[ENV_SOURCE] = str(args.source.resolve())
+    WORK.mkdir(parents=True, exist_ok=True)
+    stats = WORK / f"stats-{os.getpid()}.json"
+    if args.coverage:
+        so = build("coverage")
+        inputs = files([args.coverage])
+        started = time.monotonic()
+        rc = subprocess.run([sys.executable, "-m", "bench.fuzz_mediaplane", "--child", "replay",
+                             "--", *inputs], cwd=REPO, env=child_env(so, stats, sanitizers=False)).returncode
+        source = REPO / extension()["sources"][0]
+        gcov = subprocess.run(["gcov", "-b", "-c", "-o", str(so.parent), str(source)],
+                              cwd=so.parent, capture_output=True, text=True)
+        lines = [l for l in gcov.stdout.splitlines() if l.startswith(("File", "Lines", "Branches",
+                                                                       "Taken", "Calls"))]
+        print("\n".join(lines[:5]))
+        print(f"fuzz_mediaplane: {len(inputs)} inputs in {time.monotonic() - started:.1f} s; "
+              f"annotated source: {so.parent / (source.name + '.gcov')}")
+        sys.exit(rc)
+
+    so = build("fuzz")
+    if args.regressions:
+        folder = Path(tempfile.mkdtemp(prefix="voiceedge-fuzz-regressions-"))
+        for name, data in regressions().items():
+            (folder / name).write_bytes(data)
+        args.replay = [str(folder)]
+    if args.replay:
+        cmd = ["--child", "replay", "--", *files(args.replay)]
+        env = child_env(so, stats) | ({"VOICEEDGE_FUZZ_TRACE": "1"} if args.trace else {})
+        rc = subprocess.run([sys.executable, "-m", "bench.fuzz_mediaplane", *cmd], cwd=REPO,
+                            env=env).returncode
+        sys.exit(rc)
+
+    args.corpus.mkdir(parents=True, exist_ok=True)
+    args.artifacts.mkdir(parents=True, exist_ok=True)
+    if not any(args.corpus.iterdir()):
+        for data in seeds():
+            (args.corpus / ("seed-" + hashlib.sha1(data).hexdigest())).write_bytes(data)
+    flags = [str(args.corpus), f"-artifact_prefix={args.artifacts}/", f"-max_len={args.max_len}",
+             "-timeout=30", "-rss_limit_mb=8192", "-print_final_stats=1", "-reload=0"]
+    flags += [f"-runs={args.runs}"] if args.runs is not None else []
+    flags += [f"-max_total_time={args.max_total_time}"] if args.max_total_time else []
+    flags += [f"-seed={args.seed}"] if args.seed is not None else []
+    flags += ["-use_value_profile=1"] if args.value_profile else []
+    before = set(args.artifacts.glob("*"))
+    started = time.monotonic()
+    log: list[str] = []
+    child = subprocess.Popen([sys.executable, "-m", "bench.fuzz_mediaplane", "--child", "fuzz",
+                              "--", *flags], cwd=REPO, env=child_env(so, stats, pymalloc=args.pymalloc),
+                             stderr=subprocess.PIPE, text=True, errors="replace")
+    for line in child.stderr:
+        log.append(line)
+        sys.stderr.write(line)
+    rc = child.wait()
+    out = summary(log, stats, time.monotonic() - started, rc, args.artifacts, before)
+    source = REPO / extension()["sources"][0]
+    out.update(source=str(source), source_sha256=hashlib.sha256(source.read_bytes()).hexdigest()[:16])
+    (WORK / "last.log").write_text("".join(log))
+    stats.unlink(missing_ok=True)
+    print(json.dumps(out, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()
