@@ -48,9 +48,11 @@ def test_relay_only_clients_through_coturn_fetch_credentials_and_time_turn(lab, 
         try:
             await loop.run_in_executor(None, edge.start)
             pid = edge.services["turn-demo"].process.pid
+            # one full and one light client; the light one asks for the native pump, which
+            # leaves a TURN pair to aiortc
             sessions = asyncio.create_task(run_sessions(ClientConfig(
                 url=edge.signaling_url(front), duration_s=2.0, start_rate=10,
-                ice_from_signaling=True), SESSIONS))
+                ice_from_signaling=True, full_sessions=1, light_path="native"), SESSIONS))
             while not sessions.done():
                 seen.append(await loop.run_in_executor(None, edge.public_bindings))
                 await asyncio.sleep(0.2)
@@ -63,9 +65,11 @@ def test_relay_only_clients_through_coturn_fetch_credentials_and_time_turn(lab, 
 
     results, seen, pids = in_namespace(lab.name, asyncio.run, scenario())
     low, high = RELAY_PORTS
+    assert sorted(r.client for r in results) == ["full", "light"]
     for r in results:
         assert r.ok, r.error
         assert r.echo_verified and r.datachannel_verified
+        assert r.media_path == "python"   # relayed: the pump hands the sending back to aiortc
         local, remote = r.ice_pair.split(" -> ")
         host, port = local.rsplit(":", 1)
         assert host == turn_address and low <= int(port) <= high, r.ice_pair  # relayed
