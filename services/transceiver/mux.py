@@ -81,6 +81,7 @@ class MuxCounters:
 
     datagrams_in: int = 0
     delivered: int = 0             # to a session (STUN or media)
+    delivered_rtp: int = 0         # of which RTP (RFC 7983 128-191, not RTCP)
     datagrams_out: int = 0
     from_relays: int = 0
     bad_hop_header: int = 0        # undecodable, or the direction towards the client
@@ -296,6 +297,8 @@ class SharedSocket(asyncio.DatagramProtocol):
         if relay is not None:
             learned.relay = relay  # answers follow the relay that last delivered the client
         counters.delivered += 1
+        if 127 < data[0] < 192 and len(data) > 1 and not 191 < data[1] < 224:
+            counters.delivered_rtp += 1  # the native plane takes these once a session is on it
         learned.port.media_received(data)
 
     def _check_received(self, data: bytes, client, relay) -> None:
