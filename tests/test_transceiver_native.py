@@ -75,7 +75,10 @@ def test_both_paths_carry_the_same_calls(both):
     for p, n in zip(python, native):
         assert p.client == n.client
         assert abs(p.packets_received - n.packets_received) <= 0.1 * expected, (p, n)
-        assert abs(p.rtt_ms - n.rtt_ms) < 1.0, (p.rtt_ms, n.rtt_ms)
+        # RTT from RTCP includes how long the transceiver took to handle the client's SR: on a
+        # loaded host aiortc's Python path is the slower one (2.7 against 0.7 ms seen with a
+        # fuzzer beside it); the native path must not add delay of its own
+        assert n.rtt_ms <= p.rtt_ms + 1.0, (p.rtt_ms, n.rtt_ms)
         if p.client == "full":   # the echo's level, decoded: the same audio came back
             assert abs(p.echo_rms - n.echo_rms) <= 0.2 * p.echo_rms, (p.echo_rms, n.echo_rms)
 
