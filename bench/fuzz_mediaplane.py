@@ -182,6 +182,13 @@ def udp(index: int) -> socket.socket:
     except OSError:
         s.bind(("127.0.0.1", 0))
     s.setblocking(False)
+    # room for a burst of 80 datagrams of 2 KiB (the default buffer holds ~48 of them)
+    for opt in (getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF):
+        try:
+            s.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
+            break
+        except OSError:
+            continue
     return s
 
 
@@ -265,12 +272,6 @@ class World:
         from services.wire import hop
         self.module, self.srtp, self.hop = module, pylibsrtp, hop
         self.sock = udp(250)
-        for opt in (getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF):
-            try:
-                self.sock.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
-                break
-            except OSError:
-                continue
         self.addr = self.sock.getsockname()
         self.clients = [udp(1 + i) for i in range(20)]
         self.relays = [udp(21 + i) for i in range(2)]
@@ -1118,6 +1119,7 @@ def main(argv: list[str] | None = None) -> None:
         started = time.monotonic()
         rc = subprocess.run([sys.executable, "-m", "bench.fuzz_mediaplane", "--child", "replay",
                              "--", *inputs], cwd=REPO, env=child_env(so, stats, sanitizers=False)).returncode
+        stats.unlink(missing_ok=True)
         source = REPO / extension()["sources"][0]
         gcov = subprocess.run(["gcov", "-b", "-c", "-o", str(so.parent), str(source)],
                               cwd=so.parent, capture_output=True, text=True)
@@ -1139,6 +1141,7 @@ def main(argv: list[str] | None = None) -> None:
         env = child_env(so, stats) | ({"VOICEEDGE_FUZZ_TRACE": "1"} if args.trace else {})
         rc = subprocess.run([sys.executable, "-m", "bench.fuzz_mediaplane", *cmd], cwd=REPO,
                             env=env).returncode
+        stats.unlink(missing_ok=True)
         sys.exit(rc)
 
     args.corpus.mkdir(parents=True, exist_ok=True)
