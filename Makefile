@@ -23,6 +23,8 @@ help:
 	@echo "make bench-hostile          hostile input against a live edge (fuzz, flood, signaling, hygiene)"
 	@echo "make browsers               install Debian's chromium, for browser clients (docs/browser.md)"
 	@echo "make compose-test           the edge on docker-compose, end to end (docs/deployment.md)"
+	@echo "make asan-test              the native extensions' tests under AddressSanitizer"
+	@echo "make fuzz                   fuzz the native media plane (FUZZ_RUNS=100000; docs/mediaplane.md)"
 
 deps:
 	@scripts/install-debian-deps.sh
@@ -104,3 +106,12 @@ compose-test: venv browsers
 .PHONY: asan-test
 asan-test: venv
 	@scripts/asan-test $(PYTEST_ARGS)
+
+# Coverage-guided fuzzing of the media plane (bench/fuzz_mediaplane.py): Debian's clang and
+# PyPI's atheris, installed here only; FUZZ_RUNS inputs (default 100000, about 5 min).
+FUZZ_RUNS ?= 100000
+.PHONY: fuzz
+fuzz: venv
+	@scripts/install-debian-deps.sh fuzz
+	@$(BIN)/pip install -q --disable-pip-version-check 'atheris>=2.3,<4'
+	@$(BIN)/python -m bench.fuzz_mediaplane --runs $(FUZZ_RUNS)

@@ -75,7 +75,7 @@ COVERAGE_FLAGS = ["--coverage", "-O0", "-g"]
 # _mediaplane.c's sizes
 SLOT_BYTES, FRAME_MAX, RING, OUT_KEEP, PCM_BYTES, OPUS_MAX, ARRIVALS = 2048, 1920, 8, 5, 1920, 1275, 2048
 TAKEN = ("rtp_in", "drop_srtp_auth", "drop_srtp_replay", "drop_srtp_other", "drop_rtp_malformed",
-         "recv_truncated")
+         "recv_truncated", "drop_ssrc_limit")
 # libsrtp's profiles and their key+salt lengths: 1 AES128_CM_SHA1_80, 2 AES128_CM_SHA1_32,
 # 5 NULL_SHA1_80, 7 AEAD_AES_128_GCM, 8 AEAD_AES_256_GCM
 KEY_LENGTHS = {1: 30, 2: 30, 5: 30, 7: 28, 8: 44}
@@ -200,7 +200,7 @@ def key_of(addr: tuple[str, int]) -> bytes:
 def rtp_payload(clear: bytes):
     """What the plane should hand the agent from an unprotected RTP packet: the payload after
     the CSRCs and the header extension, less the padding (RFC 3550 5.1, 5.3.1); None when the
-    header does not fit. A padding count of 0 is taken as no padding, as the plane does."""
+    header does not fit, or a padding count of 0 (the count includes itself)."""
     if len(clear) < 12 or clear[0] >> 6 != 2:
         return None
     off = 12 + 4 * (clear[0] & 0x0F)
@@ -210,7 +210,7 @@ def rtp_payload(clear: bytes):
         off += 4 + 4 * int.from_bytes(clear[off + 2:off + 4], "big")
     end = len(clear)
     if clear[0] & 0x20:
-        if end <= off:
+        if end <= off or clear[end - 1] == 0:
             return None
         end -= clear[end - 1]
     return None if off > end else clear[off:end]

@@ -5,6 +5,7 @@ packages=(mininet bridge-utils iptables conntrack iputils-ping redis-server tcpd
 # Usage: install-debian-deps.sh [base] [browsers]
 #   base       what every command needs (above; the default)
 #   browsers   Debian's chromium, for browser clients (make browsers; docs/browser.md)
+#   fuzz       Debian's clang, for the media plane's fuzzer (make fuzz; docs/mediaplane.md)
 # Both at once (make test) is one apt-get update and one install: on a fresh machine the
 # second update of two separate calls costs as much as the first.
 modes=("${@:-base}")
@@ -14,7 +15,8 @@ for mode in "${modes[@]}"; do
     case "$mode" in
         base) wanted+=("${packages[@]}"); with_base=yes ;;
         browsers) wanted+=(chromium) ;;
-        *) echo "usage: $0 [base] [browsers]" >&2; exit 2 ;;
+        fuzz) wanted+=(clang) ;;
+        *) echo "usage: $0 [base] [browsers] [fuzz]" >&2; exit 2 ;;
     esac
 done
 missing=()

@@ -55,6 +55,8 @@
 #define GAP_NS 60000000ll       /* 60 ms: services/gaps.py's threshold */
 #define RTP_MAX (SLOT_BYTES - HOP_V4_LEN - SRTP_MAX_TRAILER_LEN)
 #define ARRIVALS 2048           /* arrivals logged until Python takes them */
+#define SSRCS 4                 /* remote SSRCs a session may use: libsrtp keeps a stream each,
+                                   in a list it walks per packet, so their number is bounded */
 
 typedef struct {
     double at;                  /* CLOCK_MONOTONIC seconds (Python's time.monotonic()) */
@@ -68,14 +70,14 @@ enum {
     C_DROP_SRTP_AUTH, C_DROP_SRTP_REPLAY, C_DROP_SRTP_OTHER, C_DROP_RTP_MALFORMED,
     C_DROP_FRAME_TOO_BIG, C_DROP_DECODE, C_DROP_IN_QUEUE_FULL, C_DROP_OUT_QUEUE_FULL,
     C_BATCH_BAD_RECORD, C_BATCH_UNKNOWN_CHANNEL, C_DROP_ENCODE, C_SEND_ERRORS, C_SSRC_CHANGES,
-    C_RECV_TRUNCATED, C_WRONG_PEER, C_ARRIVALS_LOST, C_COUNTERS
+    C_RECV_TRUNCATED, C_WRONG_PEER, C_ARRIVALS_LOST, C_DROP_SSRC_LIMIT, C_NOT_IPV4, C_COUNTERS
 };
 static const char *COUNTER_NAMES[C_COUNTERS] = {
     "datagrams", "to_python", "rtp_in", "rtp_out", "bytes_in", "bytes_out",
     "drop_srtp_auth", "drop_srtp_replay", "drop_srtp_other", "drop_rtp_malformed",
     "drop_frame_too_big", "drop_decode", "drop_in_queue_full", "drop_out_queue_full",
     "batch_bad_record", "batch_unknown_channel", "drop_encode", "send_errors", "ssrc_changes",
-    "recv_truncated", "wrong_peer", "arrivals_lost",
+    "recv_truncated", "wrong_peer", "arrivals_lost", "drop_ssrc_limit", "not_ipv4",
 };
 
 typedef struct {
@@ -103,6 +105,8 @@ typedef struct {
     /* receive statistics */
     int have_ssrc;
     uint32_t rx_ssrc;
+    uint32_t ssrcs[SSRCS];              /* the remote SSRCs that authenticated, in order */
+    unsigned nssrcs;
     uint32_t packets_received, cycles;
     uint16_t base_seq, max_seq;
     int64_t jitter_q4;
@@ -190,6 +194,18 @@ static Session *find(Plane *p, uint64_t key) {
         if (s >= 0 && p->sessions[s].key == key) return &p->sessions[s];
     }
     return NULL;
+}
+
+/* A channel argument: an int of 32 bits (a larger one would alias a smaller channel). */
+static int channel_arg(PyObject *arg, uint32_t *out) {
+    unsigned long long v = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return -1;
+    if (v > 0xFFFFFFFFull) {
+        PyErr_SetString(PyExc_OverflowError, "a channel is a 32-bit number");
+        return -1;
+    }
+    *out = (uint32_t)v;
+    return 0;
 }
 
 static Session *by_channel(Plane *p, uint32_t channel) {
@@ -320,6 +336,10 @@ static int handle(Plane *p, uint8_t *data, int len, const struct sockaddr_in *sr
     if (own && (relayed || own->key != key)) { p->counters[C_WRONG_PEER]++; return 0; }
     if (!s || s->relayed != relayed) return 0;
     if (plen < 12) { p->counters[C_DROP_RTP_MALFORMED]++; return 1; }
+    uint32_t wire_ssrc = (uint32_t)pkt[8] << 24 | pkt[9] << 16 | pkt[10] << 8 | pkt[11];
+    int known = 0;
+    for (unsigned k = 0; k < s->nssrcs; k++) known |= s->ssrcs[k] == wire_ssrc;
+    if (!known && s->nssrcs == SSRCS) { p->counters[C_DROP_SSRC_LIMIT]++; return 1; }
     int clear = plen;
     srtp_err_status_t e = srtp_unprotect(s->rx, pkt, &clear);
     if (e != srtp_err_status_ok) {
@@ -329,6 +349,7 @@ static int handle(Plane *p, uint8_t *data, int len, const struct sockaddr_in *sr
         else p->counters[C_DROP_SRTP_OTHER]++;
         return 1;
     }
+    if (!known) s->ssrcs[s->nssrcs++] = wire_ssrc;   /* it authenticated: libsrtp keeps it */
     /* RTP header: version 2, CSRCs, extension, padding */
     if (clear < 12 || (pkt[0] >> 6) != 2) { p->counters[C_DROP_RTP_MALFORMED]++; return 1; }
     int off = 12 + 4 * (pkt[0] & 0x0F);
@@ -338,7 +359,8 @@ static int handle(Plane *p, uint8_t *data, int len, const struct sockaddr_in *sr
     }
     int end = clear;
     if (pkt[0] & 0x20) {
-        if (end <= off) { p->counters[C_DROP_RTP_MALFORMED]++; return 1; }
+        /* the count includes itself (RFC 3550 5.1): 0 is malformed */
+        if (end <= off || pkt[end - 1] == 0) { p->counters[C_DROP_RTP_MALFORMED]++; return 1; }
         end -= pkt[end - 1];
     }
     if (off > end) { p->counters[C_DROP_RTP_MALFORMED]++; return 1; }
@@ -519,6 +541,10 @@ static int Plane_init(Plane *p, PyObject *args, PyObject *kw) {
     int fd;
     unsigned capacity = 1024;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "i|I", names, &fd, &capacity)) return -1;
+    if (p->sessions) {
+        PyErr_SetString(PyExc_RuntimeError, "a plane is initialised once");
+        return -1;
+    }
     if (capacity < 1 || capacity > 0xFFFF) {
         PyErr_SetString(PyExc_ValueError, "capacity must be 1..65535");
         return -1;
@@ -702,9 +728,10 @@ done:
 }
 
 static PyObject *Plane_set_pcm(Plane *p, PyObject *args) {
-    unsigned long channel;
+    PyObject *arg;
+    uint32_t channel;
     int pcm;
-    if (!PyArg_ParseTuple(args, "kp", &channel, &pcm)) return NULL;
+    if (!PyArg_ParseTuple(args, "Op", &arg, &pcm) || channel_arg(arg, &channel) < 0) return NULL;
     Session *s = by_channel(p, (uint32_t)channel);
     if (!s) Py_RETURN_FALSE;
     if (pcm && codecs_on(s) < 0) {
@@ -717,8 +744,8 @@ static PyObject *Plane_set_pcm(Plane *p, PyObject *args) {
 }
 
 static PyObject *Plane_remove(Plane *p, PyObject *arg) {
-    unsigned long channel = PyLong_AsUnsignedLong(arg);
-    if (PyErr_Occurred()) return NULL;
+    uint32_t channel;
+    if (channel_arg(arg, &channel) < 0) return NULL;
     Session *s = by_channel(p, (uint32_t)channel);
     if (!s) Py_RETURN_FALSE;
     if (s->fd < 0) table_remove(p, s->key);
@@ -742,7 +769,10 @@ static PyObject *read_socket(Plane *p, int fd, Session *own, int max_batches) {
             uint8_t *data = p->rbuf + (size_t)i * SLOT_BYTES;
             int len = (int)p->rmsgs[i].msg_len;
             p->counters[C_DATAGRAMS]++;
-            if (p->rnames[i].sin_family != AF_INET) continue;  /* the socket is IPv4 */
+            if (p->rnames[i].sin_family != AF_INET) {   /* the socket is IPv4 */
+                p->counters[C_NOT_IPV4]++;
+                continue;
+            }
             if (p->rmsgs[i].msg_hdr.msg_flags & MSG_TRUNC) {
                 p->counters[C_RECV_TRUNCATED]++;   /* nothing of ours is that big */
                 continue;
@@ -770,9 +800,11 @@ static PyObject *Plane_read(Plane *p, PyObject *args) {
 }
 
 static PyObject *Plane_read_session(Plane *p, PyObject *args) {
-    unsigned long channel;
+    PyObject *arg;
+    uint32_t channel;
     int max_batches = 2;
-    if (!PyArg_ParseTuple(args, "k|i", &channel, &max_batches)) return NULL;
+    if (!PyArg_ParseTuple(args, "O|i", &arg, &max_batches) || channel_arg(arg, &channel) < 0)
+        return NULL;
     Session *s = by_channel(p, (uint32_t)channel);
     if (!s || s->fd < 0) {
         PyErr_SetString(PyExc_KeyError, "no session with a socket of its own on that channel");
@@ -782,8 +814,8 @@ static PyObject *Plane_read_session(Plane *p, PyObject *args) {
 }
 
 static PyObject *Plane_take_arrivals(Plane *p, PyObject *arg) {
-    unsigned long channel = PyLong_AsUnsignedLong(arg);
-    if (PyErr_Occurred()) return NULL;
+    uint32_t channel;
+    if (channel_arg(arg, &channel) < 0) return NULL;
     Session *s = by_channel(p, (uint32_t)channel);
     if (!s || !s->arrivals) Py_RETURN_NONE;
     PyObject *blob = PyBytes_FromStringAndSize((const char *)s->arrivals,
@@ -905,8 +937,8 @@ static PyObject *Plane_tick(Plane *p, PyObject *args) {
 }
 
 static PyObject *Plane_stats(Plane *p, PyObject *arg) {
-    unsigned long channel = PyLong_AsUnsignedLong(arg);
-    if (PyErr_Occurred()) return NULL;
+    uint32_t channel;
+    if (channel_arg(arg, &channel) < 0) return NULL;
     Session *s = by_channel(p, (uint32_t)channel);
     if (!s) Py_RETURN_NONE;
     PyObject *gaps = PyList_New(s->ngaps);
