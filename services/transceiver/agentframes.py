@@ -16,7 +16,7 @@ import secrets
 import aiohttp
 
 from services.logs import log_event
-from services.transceiver.eager import run_now
+from services.transceiver.eager import write_now
 
 log = logging.getLogger("voiceedge.transceiver")
 RETRY_S = 0.5
@@ -48,10 +48,9 @@ class AgentFrames:
         ws = self._ws
         if ws is None or ws.closed:
             return
-        try:
-            run_now(ws.send_bytes(batch))  # written at once (see session.write_now)
+        if write_now(ws.send_bytes(batch)):
             self.batches_out += 1
-        except (ConnectionError, RuntimeError):
+        else:
             self.send_failures += 1
 
     async def stop(self) -> None:

@@ -17,3 +17,17 @@ def run_now(coro) -> bool:
         return True
     coro.close()
     return False
+
+
+def write_now(send) -> bool:
+    """Run an aiohttp WebSocket send coroutine in the caller, without a task.
+
+    An uncompressed frame is written to the transport synchronously; the coroutine only
+    suspends when it then waits for the transport to drain (the agent is not reading). The
+    frame is in the transport's buffer by then, so that wait is given up rather than paid for
+    with a task per frame. False when the frame could not be written (connection closing)."""
+    try:
+        run_now(send)
+    except (ConnectionError, RuntimeError):
+        return False
+    return True

@@ -19,7 +19,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from services.logs import log_event
 from services.transceiver.ice import IcePlan, ice_plan, selected_remote_address
-from services.transceiver.eager import run_now
+from services.transceiver.eager import write_now
 from services.gaps import ArrivalGaps
 from services.transceiver.inbound import shortcut_srtp
 from services.transceiver.media import AgentAudioTrack, decode_inline
@@ -31,20 +31,6 @@ from services.transceiver.pacing import FrameClock
 
 log = logging.getLogger("voiceedge.transceiver")
 _RESERVED_EVENTS = ("session.started", "session.ended")  # docs/agent-protocol.md
-
-
-def write_now(send) -> bool:
-    """Run an aiohttp WebSocket send coroutine in the caller, without a task.
-
-    An uncompressed frame is written to the transport synchronously; the coroutine only
-    suspends when it then waits for the transport to drain (the agent is not reading). The
-    frame is in the transport's buffer by then, so that wait is given up rather than paid for
-    with a task per frame. False when the frame could not be written (connection closing)."""
-    try:
-        run_now(send)
-    except (ConnectionError, RuntimeError):
-        return False
-    return True
 
 
 @dataclass
