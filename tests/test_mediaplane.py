@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 
 import pylibsrtp
 import pytest
@@ -236,30 +237,113 @@ def test_a_client_session_on_its_own_socket_plays_its_script_and_logs_arrivals(s
     client.close()
 
 
-def test_aiortcs_statistics_continue_where_the_plane_left_them(server):
-    """After the plane lets a session go, aiortc's own receive path takes its packets: the
-    StreamStatistics the plane's were written into must take them (a pumped client's packets
-    after its socket went back to aioice crashed aiortc's receive task)."""
-    import types
+def add_rtcp(plane: Plane, peer: Peer, profile: int, ssrc: int = 0x11223344) -> int:
+    return plane.add(peer.address, None, profile, peer.up_key, peer.down_key, ssrc, 1000,
+                     90000, 111, b"0", MID_ID, AST_ID, SILENCE, False, rtcp=True,
+                     cname=b"plane-cname")
 
-    from aiortc.rtp import RtpPacket
 
-    from services.mediaplane.hooks import sync_rtcp
+def ntp_middle(ntp: int) -> int:
+    return (ntp >> 16) & 0xFFFFFFFF
 
-    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+
+def reports(peer: Peer) -> list:
+    """The next datagram the peer gets, as aiortc parses its RTCP (an independent parser)."""
+    from aiortc.rtp import RtcpPacket
+    return RtcpPacket.parse(peer.rx.unprotect_rtcp(peer.sock.recv(2048)))
+
+
+def test_the_plane_reports_a_peers_stream_as_rfc_3550_says_and_reads_the_rtt_off_its_rr(server):
+    """SR with our stream's counts and this instant's NTP/RTP pair, a report block on the
+    peer's stream (extended highest sequence across a wrap, cumulative and fractional loss,
+    LSR/DLSR answering the peer's SR), SDES CNAME; the peer's RR answering our SR gives the
+    RTT (RFC 3550 6.4.1), an RR naming no SR of ours gives none."""
+    from aiortc.rtp import (RtcpReceiverInfo, RtcpRrPacket, RtcpSdesPacket, RtcpSenderInfo,
+                             RtcpSrPacket)
+    profile, key_len = PROFILES["AEAD_AES_256_GCM"]
     plane, peer = Plane(server.fileno(), 2), Peer(profile, key_len)
-    channel = add(plane, peer, profile)
-    for i in range(5):
-        plane.process(peer.tx.protect(rtp(40 + i, 960 * i, 0xBEEF, b"p")), peer.address)
-    receiver = types.SimpleNamespace(_RTCRtpReceiver__remote_streams={})
-    sender = types.SimpleNamespace()
-    sync_rtcp(receiver, sender, plane.stats(channel))
-    stream = receiver._RTCRtpReceiver__remote_streams[0xBEEF]
-    assert (stream.packets_received, stream.max_seq, stream.base_seq) == (5, 44, 40)
-    later = RtpPacket(payload_type=111, sequence_number=45, timestamp=960 * 5, ssrc=0xBEEF)
-    stream.add(later)   # aiortc's own path, after the plane
-    assert (stream.packets_received, stream.max_seq, stream.packets_lost) == (6, 45, 0)
-    assert stream.jitter < 48000   # a jitter in clock-rate units, not a clock's worth
+    channel = add_rtcp(plane, peer, profile)
+    for seq in (65530, 65531, 65533, 65535, 0, 1):      # 65532 and 65534 lost, then a wrap
+        assert plane.process(peer.tx.protect(rtp(seq, 960 * seq, 0xCAFE, b"v")),
+                             peer.address) is None
+    peer_ntp = 0x0123456789ABCDEF
+    sr = RtcpSrPacket(ssrc=0xCAFE, sender_info=RtcpSenderInfo(
+        ntp_timestamp=peer_ntp, rtp_timestamp=1, packet_count=6, octet_count=6))
+    assert plane.process(peer.tx.protect_rtcp(bytes(sr)), peer.address) is None
+    plane.tick(3)                                        # three frames: an SR, not an RR
+    for _ in range(3):
+        peer.sock.recv(2048)
+    time.sleep(0.05)
+    before = time.time()
+    assert plane.report(channel)
+    ours, sdes = reports(peer)
+    after = time.time()
+    assert isinstance(ours, RtcpSrPacket) and ours.ssrc == 0x11223344
+    assert (ours.sender_info.packet_count, ours.sender_info.octet_count) == (3, 3 * len(SILENCE))
+    sent_at = ours.sender_info.ntp_timestamp / 2**32 - 2208988800
+    assert before - 0.001 <= sent_at <= after
+    # the RTP timestamp of that instant: the third frame's, moved on by the time since
+    assert 0 <= (ours.sender_info.rtp_timestamp - (90000 + 2 * 960)) % 2**32 < 48000 * 0.5
+    (block,) = ours.reports
+    assert (block.ssrc, block.highest_sequence, block.packets_lost) == (0xCAFE, 65536 + 1, 2)
+    assert block.fraction_lost == 2 * 256 // 8
+    assert block.lsr == ntp_middle(peer_ntp)
+    assert 0.05 <= block.dlsr / 65536 <= after - before + 0.5
+    assert isinstance(sdes, RtcpSdesPacket) and sdes.chunks[0].items == [(1, b"plane-cname")]
+    assert plane.stats(channel)["rtt_s"] is None
+
+    def rr(lsr: int, dlsr: int) -> bytes:
+        return peer.tx.protect_rtcp(bytes(RtcpRrPacket(ssrc=0xCAFE, reports=[RtcpReceiverInfo(
+            ssrc=0x11223344, fraction_lost=0, packets_lost=0, highest_sequence=3, jitter=0,
+            lsr=lsr, dlsr=dlsr)])))
+
+    lsr = ntp_middle(ours.sender_info.ntp_timestamp)
+    plane.process(rr(lsr ^ 0x5A5A, 0), peer.address)     # no SR of ours
+    plane.process(rr(lsr, 65536 * 60), peer.address)     # it says it waited a minute
+    assert plane.stats(channel)["rtt_samples"] == 0
+    plane.process(rr(lsr, 0), peer.address)
+    answered = time.time()
+    stats = plane.stats(channel)
+    assert stats["rtt_samples"] == 1 and stats["rtcp_in"] == 4
+    assert 0 <= stats["rtt_s"] <= answered - sent_at + 0.001
+    assert stats["remote"] == {"fraction_lost": 0, "packets_lost": 0, "highest_sequence": 3,
+                               "jitter": 0}
+    assert plane.counters()["rtcp_in"] == 4 and plane.counters()["rtcp_out"] == 1
+
+
+def test_bad_rtcp_is_dropped_and_counted_and_rtcp_of_a_session_without_it_is_pythons(server):
+    """Truncated, unauthenticated, replayed and malformed-inside SRTCP: dropped by reason; a
+    BYE is seen; remove(bye=True) sends a last report ending in BYE; a session whose RTCP
+    aiortc keeps passes its SRTCP up unchanged."""
+    from aiortc.rtp import RtcpByePacket, RtcpRrPacket
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    plane, peer = Plane(server.fileno(), 4), Peer(profile, key_len)
+    channel = add_rtcp(plane, peer, profile)
+    good = peer.tx.protect_rtcp(bytes(RtcpRrPacket(ssrc=0xCAFE, reports=[])))
+    assert plane.process(good, peer.address) is None
+    assert plane.process(good, peer.address) is None                     # replayed
+    forged = bytearray(peer.tx.protect_rtcp(bytes(RtcpRrPacket(ssrc=0xCAFE, reports=[]))))
+    forged[-1] ^= 1
+    assert plane.process(bytes(forged), peer.address) is None
+    assert plane.process(good[:6], peer.address) is None                 # truncated
+    inside = bytearray(bytes(RtcpRrPacket(ssrc=0xCAFE, reports=[])))
+    inside[3] = 9                                                        # longer than it is
+    assert plane.process(peer.tx.protect_rtcp(bytes(inside)), peer.address) is None
+    bye = peer.tx.protect_rtcp(bytes(RtcpRrPacket(ssrc=0xCAFE, reports=[]))
+                               + bytes(RtcpByePacket(sources=[0xCAFE])))
+    assert plane.process(bye, peer.address) is None
+    c = plane.counters()
+    assert (c["rtcp_in"], c["drop_rtcp_replay"], c["drop_rtcp_auth"],
+            c["drop_rtcp_malformed"], c["rtcp_bye"]) == (3, 1, 1, 2, 1)
+    assert plane.stats(channel)["bye"] and c["to_python"] == 0
+    assert plane.remove(channel, True)
+    last = reports(peer)
+    assert isinstance(last[0], RtcpRrPacket) and isinstance(last[-1], RtcpByePacket)
+    assert last[-1].sources == [0x11223344]
+    other = Peer(profile, key_len)
+    add(plane, other, profile)
+    theirs = other.tx.protect_rtcp(bytes(RtcpRrPacket(ssrc=7, reports=[])))
+    assert plane.process(theirs, other.address) == theirs
 
 
 def test_a_client_session_never_answers_for_the_shared_socket_after_the_table_is_rebuilt(server):

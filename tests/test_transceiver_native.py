@@ -92,8 +92,11 @@ def test_on_the_native_path_the_rtp_never_reaches_python(both):
     assert native["rtp_out"] >= SESSIONS * DURATION_S * 50 * 0.9
     drops = {k: v for k, v in native.items() if k.startswith(("drop_", "batch_")) and v}
     assert not drops, drops
-    # what Python's mux saw: STUN, DTLS and RTCP; RTP only before a session was on the plane
-    # (its DTLS just done), while on the python path it sees every caller packet
+    # the plane keeps the sessions' RTCP: every session reported (0.5-1.5 s apart) and read
+    # its client's reports, a last report and BYE as it left
+    assert native["rtcp_out"] >= 2 * SESSIONS and native["rtcp_in"] >= 2 * SESSIONS, native
+    # what Python's mux saw: STUN and DTLS; RTP and RTCP only before a session was on the
+    # plane (its DTLS just done), while on the python path it sees every caller packet
     assert status["mux"]["delivered"] == native["to_python"], status
     assert status["mux"]["delivered_rtp"] <= 2 * SESSIONS, status["mux"]
     assert python_status["mux"]["delivered_rtp"] >= SESSIONS * DURATION_S * 50 * 0.9

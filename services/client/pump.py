@@ -7,8 +7,9 @@ session's own socket (its readiness callback is the plane's ``read_session``; ST
 RTCP go back to aioice as before), sends the pre-encoded tone on the process's one 20 ms
 clock, and logs every arrival, which ``DRAIN_S`` later feeds the session's ``RtpProbe``
 exactly as aiortc's receive path would have (sequence numbers, voiced payloads, arrival gaps,
-the arrival log). aiortc's RTCP is kept fed (hooks.sync_rtcp), so the jitter and RTT the
-client samples from getStats stay measured. A pair through TURN stays on the Python path.
+the arrival log). The plane keeps the session's RTCP too (reports sent and read in C), so
+``media_stats`` gives the jitter and RTT the client would have read from aiortc's getStats.
+A pair through TURN stays on the Python path.
 
 Hooks into aioice 0.13 internals (pinned): the selected pair's ``protocol.transport`` (an
 asyncio datagram transport: its socket and its ``_read_ready``), and the selector loop's
@@ -17,14 +18,12 @@ asyncio datagram transport: its socket and its ``_read_ready``), and the selecto
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import struct
 from dataclasses import dataclass
 
 from services.mediaplane._mediaplane import Plane
-from services.mediaplane.hooks import (SYNC_S, IdleSender, rtp_parameters, srtp_keys,
-                                       sync_rtcp)
+from services.mediaplane.hooks import IdleSender, cname, media_stats, rtp_parameters, srtp_keys
 from services.transceiver.pacing import FrameClock
 
 log = logging.getLogger("voiceedge.client")
@@ -38,8 +37,6 @@ _SILENCE = b"\xf8\xff\xfe"   # a 20 ms silent Opus frame: sent only if the scrip
 class _Pumped:
     channel: int
     probe: object          # services.client.probes.RtpProbe
-    receiver: object
-    sender: object
     fd: int
     transport: object      # the aioice protocol's datagram transport
 
@@ -71,9 +68,9 @@ class LightPump:
             await asyncio.gather(self._drainer, return_exceptions=True)
 
     @staticmethod
-    def prepare(sender) -> IdleSender:
-        """Keep aiortc's sender from sending RTP (call before negotiation)."""
-        return IdleSender(sender)
+    def prepare(transceiver) -> IdleSender:
+        """Keep aiortc from sending RTP and RTCP (call before negotiation)."""
+        return IdleSender(transceiver.sender, transceiver.receiver)
 
     def attach(self, pc, idle: IdleSender, pair, probe) -> int | None:
         """Move a connected session's RTP to the plane, if its pair is direct (host or
@@ -89,17 +86,21 @@ class LightPump:
         channel = self.plane.add(
             tuple(pair.remote_addr), None, keys.profile, keys.rx, keys.tx, rtp.ssrc, rtp.seq,
             rtp.timestamp, rtp.payload_type, rtp.mid, rtp.mid_id, rtp.abs_send_time_id,
-            _SILENCE, False, fd, self._script)
+            _SILENCE, False, fd, self._script, rtcp=True, cname=cname(pc))
         loop = asyncio.get_running_loop()
         loop._remove_reader(fd)
         loop._add_reader(fd, self._readable, channel, protocol)
-        self._sessions[channel] = _Pumped(channel, probe, transceiver.receiver,
-                                          transceiver.sender, fd, transport)
+        self._sessions[channel] = _Pumped(channel, probe, fd, transport)
         self.attached_total += 1
         return channel
 
+    def media_stats(self, channel: int) -> tuple[float | None, float | None]:
+        """(jitter of what the session hears, RTT of what it sends) in ms, as getStats'."""
+        return media_stats(self.plane.stats(channel))
+
     def detach(self, channel: int) -> None:
-        """Give the session's socket back to aioice, after its last arrivals are counted."""
+        """Give the session's socket back to aioice, after its last arrivals are counted and
+        its last report and BYE are sent."""
         pumped = self._sessions.pop(channel, None)
         if pumped is None:
             return
@@ -108,7 +109,7 @@ class LightPump:
         loop._remove_reader(pumped.fd)
         if not pumped.transport.is_closing():
             loop._add_reader(pumped.fd, pumped.transport._read_ready)
-        self.plane.remove(channel)
+        self.plane.remove(channel, True)
 
     @property
     def sessions(self) -> int:
@@ -131,20 +132,16 @@ class LightPump:
         if self._sessions:
             self.plane.tick(frames)
 
-    def _drain(self, pumped: _Pumped, sync: bool = True) -> None:
-        """The logged arrivals into the session's probe; with ``sync``, aiortc's RTCP state."""
+    def _drain(self, pumped: _Pumped) -> None:
+        """The logged arrivals into the session's probe."""
         blob = self.plane.take_arrivals(pumped.channel)
         if blob:
             arrived = pumped.probe.arrived
             for at, ssrc, seq, size in _ARRIVAL.iter_unpack(blob):
                 arrived(ssrc, seq, size, at)
-        stats = self.plane.stats(pumped.channel) if sync else None
-        if stats is not None:
-            sync_rtcp(pumped.receiver, pumped.sender, stats)
 
     async def _drain_forever(self) -> None:
-        every = max(1, round(SYNC_S / DRAIN_S))
-        for n in itertools.count(1):
+        while True:
             await asyncio.sleep(DRAIN_S)
             for pumped in list(self._sessions.values()):
-                self._drain(pumped, sync=n % every == 0)
+                self._drain(pumped)

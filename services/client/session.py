@@ -271,7 +271,7 @@ class CallSession:
         if self.kind == LIGHT:
             receive_without_decoding(transceiver.receiver)
         if self._pump is not None:
-            conn.idle = self._pump.prepare(transceiver.sender)
+            conn.idle = self._pump.prepare(transceiver)
 
         channel = pc.createDataChannel(DATA_CHANNEL)
         channel.on("open", lambda: self._on_channel_open(conn, channel))
@@ -475,7 +475,7 @@ class CallSession:
             conn = self._conn
             if conn is not None and conn.connected_at is not None:
                 try:
-                    jitter_ms, rtt_ms = await self._media_stats(conn.pc)
+                    jitter_ms, rtt_ms = await self._media_stats(conn)
                 except Exception:  # a connection failing under the sampler
                     log.debug("session %d: getStats failed", self.index, exc_info=True)
             received, lost = self._packets()
@@ -488,11 +488,13 @@ class CallSession:
         return (sum(c.rtp.seq.received for c in self._conns),
                 sum(c.rtp.seq.lost for c in self._conns))
 
-    @staticmethod
-    async def _media_stats(pc: RTCPeerConnection) -> tuple[float | None, float | None]:
-        """(jitter of received audio, RTT of our sending stream) in ms, from getStats()."""
+    async def _media_stats(self, conn: _Connection) -> tuple[float | None, float | None]:
+        """(jitter of received audio, RTT of our sending stream) in ms, from getStats() (or
+        the native pump's RTCP, which takes aiortc's place)."""
+        if conn.pump_channel is not None:
+            return self._pump.media_stats(conn.pump_channel)
         jitter_ms = rtt_ms = None
-        for stats in (await pc.getStats()).values():
+        for stats in (await conn.pc.getStats()).values():
             if stats.type == "inbound-rtp" and stats.kind == "audio" and stats.jitter is not None:
                 jitter_ms = round(stats.jitter / RTP_UNITS_PER_MS, 3)
             elif (stats.type == "remote-inbound-rtp" and stats.kind == "audio"
@@ -537,14 +539,14 @@ class CallSession:
         """The end of one attempt: its final getStats (if it connected), DELETE of its session,
         its peer connection closed, its consumer and probes gone. Outcomes go on ``conn``."""
         cfg = self.config
+        if conn.connected_at is not None:
+            try:
+                conn.stats = await asyncio.wait_for(self._media_stats(conn), 1.0)
+            except Exception:  # stats are best effort on a dying connection
+                log.debug("session %d: final getStats failed", self.index, exc_info=True)
         if conn.pump_channel is not None:  # its last arrivals counted, its socket aioice's
             self._pump.detach(conn.pump_channel)
             conn.pump_channel = None
-        if conn.connected_at is not None:
-            try:
-                conn.stats = await asyncio.wait_for(self._media_stats(conn.pc), 1.0)
-            except Exception:  # stats are best effort on a dying connection
-                log.debug("session %d: final getStats failed", self.index, exc_info=True)
         if conn.location is not None:
             try:
                 conn.delete_status = await delete_session(http, conn.location, delete_timeout_s,

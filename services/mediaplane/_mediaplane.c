@@ -55,6 +55,8 @@
 #define GAP_NS 60000000ll       /* 60 ms: services/gaps.py's threshold */
 #define RTP_MAX (SLOT_BYTES - HOP_V4_LEN - SRTP_MAX_TRAILER_LEN)
 #define ARRIVALS 2048           /* arrivals logged until Python takes them */
+#define LSRS 4                  /* our SRs an RR may answer (the latest few) */
+#define RTT_ALPHA 0.85          /* aiortc's smoothing of the RTT (rtcrtpsender.py) */
 #define SSRCS 4                 /* remote SSRCs a session may use: libsrtp keeps a stream each,
                                    in a list it walks per packet, so their number is bounded */
 
@@ -70,7 +72,9 @@ enum {
     C_DROP_SRTP_AUTH, C_DROP_SRTP_REPLAY, C_DROP_SRTP_OTHER, C_DROP_RTP_MALFORMED,
     C_DROP_FRAME_TOO_BIG, C_DROP_DECODE, C_DROP_IN_QUEUE_FULL, C_DROP_OUT_QUEUE_FULL,
     C_BATCH_BAD_RECORD, C_BATCH_UNKNOWN_CHANNEL, C_DROP_ENCODE, C_SEND_ERRORS, C_SSRC_CHANGES,
-    C_RECV_TRUNCATED, C_WRONG_PEER, C_ARRIVALS_LOST, C_DROP_SSRC_LIMIT, C_NOT_IPV4, C_COUNTERS
+    C_RECV_TRUNCATED, C_WRONG_PEER, C_ARRIVALS_LOST, C_DROP_SSRC_LIMIT, C_NOT_IPV4,
+    C_RTCP_IN, C_RTCP_OUT, C_DROP_RTCP_AUTH, C_DROP_RTCP_REPLAY, C_DROP_RTCP_OTHER,
+    C_DROP_RTCP_MALFORMED, C_RTCP_BYE, C_COUNTERS
 };
 static const char *COUNTER_NAMES[C_COUNTERS] = {
     "datagrams", "to_python", "rtp_in", "rtp_out", "bytes_in", "bytes_out",
@@ -78,6 +82,8 @@ static const char *COUNTER_NAMES[C_COUNTERS] = {
     "drop_frame_too_big", "drop_decode", "drop_in_queue_full", "drop_out_queue_full",
     "batch_bad_record", "batch_unknown_channel", "drop_encode", "send_errors", "ssrc_changes",
     "recv_truncated", "wrong_peer", "arrivals_lost", "drop_ssrc_limit", "not_ipv4",
+    "rtcp_in", "rtcp_out", "drop_rtcp_auth", "drop_rtcp_replay", "drop_rtcp_other",
+    "drop_rtcp_malformed", "rtcp_bye",
 };
 
 typedef struct {
@@ -126,6 +132,21 @@ typedef struct {
     uint16_t silence_len;
     uint8_t silence[64];
     Ring in, out;
+    /* RTCP, when the plane keeps it (rtcp): reports sent every 0.5-1.5 s, reports read */
+    int rtcp;
+    uint8_t cname[64], cname_len;
+    int64_t next_rtcp_ns;
+    uint32_t sr_lsr;                    /* the peer's last SR: NTP middle 32 bits, */
+    int64_t sr_at_ns;                   /* and its arrival (monotonic) */
+    uint32_t expected_prior, received_prior;
+    uint32_t our_lsr[LSRS];             /* our last SRs, as the peer's LSR will name them */
+    unsigned nlsr;
+    double rtt_s, rtt_last_s;           /* smoothed as aiortc smooths it (RTT_ALPHA), latest */
+    uint32_t rtt_samples, rtcp_in, rtcp_out;
+    int remote_report, bye;             /* the peer's last report block on our stream: */
+    uint8_t remote_fraction;
+    int32_t remote_lost;
+    uint32_t remote_highest, remote_jitter;
     /* a session with a socket of its own (a client's) */
     int fd;                             /* -1: the plane's shared socket */
     uint8_t *script;                    /* payloads sent in a loop when nothing is queued */
@@ -155,6 +176,7 @@ typedef struct {
     struct iovec siov[BATCH];
     uint8_t *sbuf;
     unsigned scount;
+    uint64_t rng;                       /* xorshift64*: the RTCP intervals */
 } Plane;
 
 static int srtp_ready = 0;
@@ -264,6 +286,31 @@ static Frame *ring_pop(Ring *r) {
     return f;
 }
 
+static inline uint32_t be32(const uint8_t *b) {
+    return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
+}
+
+static inline void put16(uint8_t *b, uint16_t v) { b[0] = (uint8_t)(v >> 8); b[1] = (uint8_t)v; }
+
+static inline void put32(uint8_t *b, uint32_t v) {
+    b[0] = (uint8_t)(v >> 24); b[1] = (uint8_t)(v >> 16); b[2] = (uint8_t)(v >> 8); b[3] = (uint8_t)v;
+}
+
+static uint64_t ntp_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t sec = (uint64_t)ts.tv_sec + 2208988800ull;
+    uint64_t frac = ((uint64_t)ts.tv_nsec << 32) / 1000000000ull;
+    return sec << 32 | frac;
+}
+
+/* The next report's time: 0.5-1.5 s on, uniformly, as aiortc spaces its reports. */
+static int64_t next_report_ns(Plane *p, int64_t now) {
+    p->rng ^= p->rng >> 12; p->rng ^= p->rng << 25; p->rng ^= p->rng >> 27;
+    uint64_t r = (p->rng * 0x2545F4914F6CDD1Dull) >> 11;          /* 53 bits */
+    return now + 500000000ll + (int64_t)(r % 1000000000ull);
+}
+
 /* ------------------------------------------------------------------ receive */
 
 static void stats_add(Session *s, uint16_t seq, uint32_t ts, uint32_t ssrc) {
@@ -272,6 +319,8 @@ static void stats_add(Session *s, uint16_t seq, uint32_t ts, uint32_t ssrc) {
         s->packets_received = 0;
         s->cycles = 0;
         s->jitter_q4 = 0;
+        s->expected_prior = s->received_prior = 0;
+        s->sr_lsr = 0;
     }
     int first = !s->have_ssrc;
     int in_order = first || ((uint16_t)(seq - s->max_seq) < 0x8000u && seq != s->max_seq);
@@ -314,6 +363,78 @@ static void note_arrival(Session *s) {
     s->last_ns = now;
 }
 
+static int known_ssrc(const Session *s, uint32_t ssrc) {
+    for (unsigned k = 0; k < s->nssrcs; k++)
+        if (s->ssrcs[k] == ssrc) return 1;
+    return 0;
+}
+
+/* A report block (RFC 3550 6.4.1) about our stream: what the peer saw, and the RTT. */
+static void report_block(Session *s, const uint8_t *b) {
+    if (be32(b) != s->ssrc) return;
+    s->remote_report = 1;
+    s->remote_fraction = b[4];
+    int32_t lost = (int32_t)((uint32_t)b[5] << 16 | (uint32_t)b[6] << 8 | b[7]);
+    s->remote_lost = lost & 0x800000 ? lost - 0x1000000 : lost;
+    s->remote_highest = be32(b + 8);
+    s->remote_jitter = be32(b + 12);
+    uint32_t lsr = be32(b + 16), dlsr = be32(b + 20);
+    int ours = 0;
+    for (unsigned k = 0; k < LSRS && k < s->nlsr; k++) ours |= lsr && s->our_lsr[k] == lsr;
+    if (!ours) return;   /* no SR of ours yet, or one too old to be sure of */
+    uint32_t rtt = (uint32_t)(ntp_now() >> 16) - lsr - dlsr;   /* 1/65536 s, mod 2^32 */
+    if (rtt >= 0x80000000u) return;   /* negative: the peer's DLSR is more than it waited */
+    s->rtt_last_s = rtt / 65536.0;
+    s->rtt_s = s->rtt_samples ? RTT_ALPHA * s->rtt_s + (1 - RTT_ALPHA) * s->rtt_last_s
+                              : s->rtt_last_s;
+    s->rtt_samples++;
+}
+
+/* An SRTCP datagram of a session whose RTCP the plane keeps: taken (1) whatever it holds. */
+static int handle_rtcp(Plane *p, Session *s, uint8_t *pkt, int plen, int len, int relayed,
+                       const struct sockaddr_in *src) {
+    if (plen < 8) { p->counters[C_DROP_RTCP_MALFORMED]++; return 1; }
+    uint32_t wire_ssrc = be32(pkt + 4);
+    int known = known_ssrc(s, wire_ssrc);
+    if (!known && s->nssrcs == SSRCS) { p->counters[C_DROP_SSRC_LIMIT]++; return 1; }
+    int clear = plen;
+    srtp_err_status_t e = srtp_unprotect_rtcp(s->rx, pkt, &clear);
+    if (e != srtp_err_status_ok) {
+        if (e == srtp_err_status_auth_fail) p->counters[C_DROP_RTCP_AUTH]++;
+        else if (e == srtp_err_status_replay_fail || e == srtp_err_status_replay_old)
+            p->counters[C_DROP_RTCP_REPLAY]++;
+        else p->counters[C_DROP_RTCP_OTHER]++;
+        return 1;
+    }
+    if (!known) s->ssrcs[s->nssrcs++] = wire_ssrc;
+    if (relayed) s->relay = *src;
+    p->counters[C_RTCP_IN]++;
+    p->counters[C_BYTES_IN] += (uint64_t)len;
+    s->rtcp_in++;
+    int64_t now = mono_ns();
+    /* a compound packet: each part's header says its length; a bad one ends the walk */
+    for (int off = 0; off + 4 <= clear;) {
+        const uint8_t *h = pkt + off;
+        unsigned count = h[0] & 0x1F, type = h[1];
+        int blen = 4 * (((int)h[2] << 8 | h[3]) + 1);
+        if ((h[0] >> 6) != 2 || off + blen > clear) { p->counters[C_DROP_RTCP_MALFORMED]++; break; }
+        if (type == 200 || type == 201) {              /* SR, RR */
+            int first = type == 200 ? 28 : 8;
+            if (blen < first + 24 * (int)count) { p->counters[C_DROP_RTCP_MALFORMED]++; break; }
+            if (type == 200 && (!s->have_ssrc || be32(h + 4) == s->rx_ssrc)) {
+                s->sr_lsr = be32(h + 10);              /* NTP's middle 32 bits */
+                s->sr_at_ns = now;
+            }
+            for (unsigned k = 0; k < count; k++) report_block(s, h + first + 24 * k);
+        } else if (type == 203) {                       /* BYE */
+            s->bye = 1;
+            p->counters[C_RTCP_BYE]++;
+        }                                               /* SDES, APP, feedback: read past */
+        off += blen;
+    }
+    return 1;
+}
+
 /* One datagram (data may be modified in place, it is ours). Returns 1 when the plane took it
  * (delivered or dropped), 0 when it goes to Python. */
 static int handle(Plane *p, uint8_t *data, int len, const struct sockaddr_in *src,
@@ -331,14 +452,16 @@ static int handle(Plane *p, uint8_t *data, int len, const struct sockaddr_in *sr
     } else {
         key = key_of_sockaddr(src);
     }
-    if (plen < 2 || pkt[0] < 128 || pkt[0] > 191 || (pkt[1] >= 192 && pkt[1] <= 223)) return 0;
+    if (plen < 2 || pkt[0] < 128 || pkt[0] > 191) return 0;
+    int is_rtcp = pkt[1] >= 192 && pkt[1] <= 223;
+    if (is_rtcp && own && !own->rtcp) return 0;
     Session *s = own ? own : find(p, key);
     if (own && (relayed || own->key != key)) { p->counters[C_WRONG_PEER]++; return 0; }
     if (!s || s->relayed != relayed) return 0;
+    if (is_rtcp) return s->rtcp ? handle_rtcp(p, s, pkt, plen, len, relayed, src) : 0;
     if (plen < 12) { p->counters[C_DROP_RTP_MALFORMED]++; return 1; }
-    uint32_t wire_ssrc = (uint32_t)pkt[8] << 24 | pkt[9] << 16 | pkt[10] << 8 | pkt[11];
-    int known = 0;
-    for (unsigned k = 0; k < s->nssrcs; k++) known |= s->ssrcs[k] == wire_ssrc;
+    uint32_t wire_ssrc = be32(pkt + 8);
+    int known = known_ssrc(s, wire_ssrc);
     if (!known && s->nssrcs == SSRCS) { p->counters[C_DROP_SSRC_LIMIT]++; return 1; }
     int clear = plen;
     srtp_err_status_t e = srtp_unprotect(s->rx, pkt, &clear);
@@ -423,12 +546,23 @@ static int flush(Plane *p) {
     return 0;
 }
 
-static uint64_t ntp_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t sec = (uint64_t)ts.tv_sec + 2208988800ull;
-    uint64_t frac = ((uint64_t)ts.tv_nsec << 32) / 1000000000ull;
-    return sec << 32 | frac;
+/* A datagram built in the next send slot: queued for sendmmsg, or sent at once on a
+ * session's own socket (as any client sends). */
+static int emit(Plane *p, Session *s, uint8_t *out, size_t len) {
+    if (s->fd >= 0) {
+        if (sendto(s->fd, out, len, MSG_DONTWAIT, (struct sockaddr *)&s->client,
+                   sizeof s->client) < 0) {
+            p->counters[C_SEND_ERRORS]++;
+            return -1;
+        }
+        return 0;
+    }
+    unsigned i = p->scount++;
+    p->siov[i].iov_base = out;
+    p->siov[i].iov_len = len;
+    p->smsgs[i].msg_hdr.msg_name = s->relayed ? &s->relay : &s->client;
+    p->smsgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
+    return 0;
 }
 
 static void send_frame(Plane *p, Session *s, const uint8_t *payload, unsigned plen) {
@@ -477,19 +611,7 @@ static void send_frame(Plane *p, Session *s, const uint8_t *payload, unsigned pl
         return;
     }
     if (hlen) memcpy(out, s->hop, HOP_V4_LEN);
-    if (s->fd >= 0) {   /* its own socket: sent at once, as any client sends */
-        if (sendto(s->fd, out, (size_t)len + hlen, MSG_DONTWAIT,
-                   (struct sockaddr *)&s->client, sizeof s->client) < 0) {
-            p->counters[C_SEND_ERRORS]++;
-            return;
-        }
-    } else {
-        p->scount++;
-    }
-    p->siov[i].iov_base = out;
-    p->siov[i].iov_len = (size_t)len + hlen;
-    p->smsgs[i].msg_hdr.msg_name = s->relayed ? &s->relay : &s->client;
-    p->smsgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
+    if (emit(p, s, out, (size_t)len + hlen) < 0) return;
     s->last_ntp = ntp;
     s->last_rtp_ts = s->timestamp;
     s->packets_sent++;
@@ -497,7 +619,94 @@ static void send_frame(Plane *p, Session *s, const uint8_t *payload, unsigned pl
     s->seq++;
     s->timestamp += PCM_SAMPLES;
     p->counters[C_RTP_OUT]++;
-    p->counters[C_BYTES_OUT] += p->siov[i].iov_len;
+    p->counters[C_BYTES_OUT] += (uint64_t)len + hlen;
+}
+
+/* Our report (RFC 3550 6.4): an SR once we have sent (an RR before), a report block on the
+ * peer's stream once it has one, SDES CNAME; with ``bye``, a BYE after them. */
+static void send_report(Plane *p, Session *s, int64_t now, int bye) {
+    if (p->scount == BATCH) flush(p);
+    uint8_t *out = p->sbuf + (size_t)p->scount * SLOT_BYTES;
+    unsigned hlen = s->relayed ? HOP_V4_LEN : 0;
+    uint8_t *r = out + hlen;
+    int sr = s->packets_sent > 0, blocks = s->have_ssrc;
+    uint64_t ntp = ntp_now();
+    r[0] = (uint8_t)(0x80 | blocks);
+    r[1] = sr ? 200 : 201;
+    put32(r + 4, s->ssrc);
+    unsigned n = 8;
+    if (sr) {
+        /* this instant on both clocks: the last packet's RTP timestamp, moved on since */
+        uint64_t since = ntp > s->last_ntp ? ntp - s->last_ntp : 0;
+        if (since > (60ull << 32)) since = 0;
+        put32(r + 8, (uint32_t)(ntp >> 32));
+        put32(r + 12, (uint32_t)ntp);
+        put32(r + 16, s->last_rtp_ts + (uint32_t)((since * 48000u) >> 32));
+        put32(r + 20, s->packets_sent);
+        put32(r + 24, s->octets_sent);
+        n = 28;
+        s->our_lsr[s->nlsr++ % LSRS] = (uint32_t)(ntp >> 16);
+    }
+    if (blocks) {   /* RFC 3550 A.3 */
+        uint8_t *b = r + n;
+        uint32_t ext_max = s->cycles + s->max_seq;
+        uint32_t expected = ext_max - s->base_seq + 1;
+        int64_t lost = (int64_t)expected - s->packets_received;
+        if (lost > 0x7FFFFF) lost = 0x7FFFFF;
+        if (lost < -0x800000) lost = -0x800000;
+        uint32_t expected_interval = expected - s->expected_prior;
+        uint32_t received_interval = s->packets_received - s->received_prior;
+        s->expected_prior = expected;
+        s->received_prior = s->packets_received;
+        int64_t lost_interval = (int64_t)expected_interval - received_interval;
+        unsigned fraction = expected_interval == 0 || lost_interval <= 0 ? 0
+                          : (unsigned)((lost_interval << 8) / expected_interval);
+        put32(b, s->rx_ssrc);
+        put32(b + 4, (uint32_t)(lost & 0xFFFFFF));
+        b[4] = (uint8_t)(fraction > 255 ? 255 : fraction);
+        put32(b + 8, ext_max);
+        put32(b + 12, (uint32_t)(s->jitter_q4 >> 4));
+        uint32_t dlsr = 0;
+        if (s->sr_lsr) {
+            int64_t waited = now - s->sr_at_ns;
+            dlsr = waited > 0 ? (uint32_t)(((uint64_t)waited << 16) / 1000000000ull) : 0;
+        }
+        put32(b + 16, s->sr_lsr);
+        put32(b + 20, dlsr);
+        n += 24;
+    }
+    put16(r + 2, (uint16_t)(n / 4 - 1));
+    if (s->cname_len) {
+        uint8_t *d = r + n;
+        d[0] = 0x81;
+        d[1] = 202;
+        put32(d + 4, s->ssrc);
+        d[8] = 1;                                   /* CNAME */
+        d[9] = s->cname_len;
+        memcpy(d + 10, s->cname, s->cname_len);
+        unsigned k = 10 + s->cname_len;
+        do d[k++] = 0; while (k % 4);               /* the end of the items, and padding */
+        put16(d + 2, (uint16_t)(k / 4 - 1));
+        n += k;
+    }
+    if (bye) {
+        uint8_t *d = r + n;
+        d[0] = 0x81;
+        d[1] = 203;
+        put16(d + 2, 1);
+        put32(d + 4, s->ssrc);
+        n += 8;
+    }
+    int len = (int)n;
+    if (srtp_protect_rtcp(s->tx, r, &len) != srtp_err_status_ok) {
+        p->counters[C_SEND_ERRORS]++;
+        return;
+    }
+    if (hlen) memcpy(out, s->hop, HOP_V4_LEN);
+    if (emit(p, s, out, (size_t)len + hlen) < 0) return;
+    s->rtcp_out++;
+    p->counters[C_RTCP_OUT]++;
+    p->counters[C_BYTES_OUT] += (uint64_t)len + hlen;
 }
 
 /* ------------------------------------------------------------------ the type */
@@ -558,6 +767,7 @@ static int Plane_init(Plane *p, PyObject *args, PyObject *kw) {
     }
     p->fd = fd;
     p->capacity = capacity;
+    p->rng = (uint64_t)mono_ns() ^ (uint64_t)(uintptr_t)p ^ 0x9E3779B97F4A7C15ull;
     p->table_size = 1;
     while (p->table_size < capacity * 2) p->table_size <<= 1;
     p->sessions = PyMem_Calloc(capacity, sizeof(Session));
@@ -595,22 +805,23 @@ static int parse_v4(PyObject *addr, struct sockaddr_in *out) {
 static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
     static char *names[] = {"client", "relay", "profile", "rx_key", "tx_key", "ssrc", "seq",
                             "timestamp", "payload_type", "mid", "mid_id", "abs_send_time_id",
-                            "silence", "pcm", "fd", "script", NULL};
+                            "silence", "pcm", "fd", "script", "rtcp", "cname", NULL};
     PyObject *client, *relay;
-    int profile, pt, mid_id, ast_id, pcm = 0, fd = -1;
-    Py_buffer script = {0};
+    int profile, pt, mid_id, ast_id, pcm = 0, fd = -1, rtcp = 0;
+    Py_buffer script = {0}, cname = {0};
     unsigned int ssrc, seq, timestamp;
     Py_buffer rx_key, tx_key, mid, silence;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOiy*y*IIIiy*iiy*|piy*", names, &client,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOiy*y*IIIiy*iiy*|piy*py*", names, &client,
                                      &relay, &profile, &rx_key, &tx_key, &ssrc, &seq, &timestamp,
-                                     &pt, &mid, &mid_id, &ast_id, &silence, &pcm, &fd, &script))
+                                     &pt, &mid, &mid_id, &ast_id, &silence, &pcm, &fd, &script,
+                                     &rtcp, &cname))
         return NULL;
     PyObject *result = NULL;
     struct sockaddr_in caddr, raddr;
     memset(&raddr, 0, sizeof raddr);
     if (parse_v4(client, &caddr) < 0) goto done;
     if (relay != Py_None && parse_v4(relay, &raddr) < 0) goto done;
-    if (mid.len > 16 || silence.len > 64 || pt < 0 || pt > 127 || mid_id < 0 || mid_id > 14 ||
+    if (mid.len > 16 || silence.len > 64 || (cname.buf && cname.len > 63) || pt < 0 || pt > 127 || mid_id < 0 || mid_id > 14 ||
         ast_id < 0 || ast_id > 14 || seq > 0xFFFF) {
         PyErr_SetString(PyExc_ValueError, "bad RTP parameters");
         goto done;
@@ -715,6 +926,12 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
     memcpy(s->mid, mid.buf, mid.len);
     s->silence_len = (uint16_t)silence.len;
     memcpy(s->silence, silence.buf, silence.len);
+    s->rtcp = rtcp;
+    if (cname.buf) {
+        s->cname_len = (uint8_t)cname.len;
+        memcpy(s->cname, cname.buf, cname.len);
+    }
+    s->next_rtcp_ns = next_report_ns(p, mono_ns());
     if (fd < 0) table_insert(p, slot);   /* own sockets are read by channel, not looked up */
     p->live++;
     result = PyLong_FromUnsignedLong(s->channel);
@@ -724,6 +941,7 @@ done:
     PyBuffer_Release(&mid);
     PyBuffer_Release(&silence);
     if (script.buf) PyBuffer_Release(&script);
+    if (cname.buf) PyBuffer_Release(&cname);
     return result;
 }
 
@@ -743,11 +961,33 @@ static PyObject *Plane_set_pcm(Plane *p, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
-static PyObject *Plane_remove(Plane *p, PyObject *arg) {
+static PyObject *Plane_report(Plane *p, PyObject *args) {
+    PyObject *arg;
     uint32_t channel;
-    if (channel_arg(arg, &channel) < 0) return NULL;
+    int bye = 0;
+    if (!PyArg_ParseTuple(args, "O|p", &arg, &bye) || channel_arg(arg, &channel) < 0)
+        return NULL;
+    Session *s = by_channel(p, channel);
+    if (!s || !s->rtcp) Py_RETURN_FALSE;
+    int64_t now = mono_ns();
+    send_report(p, s, now, bye);
+    flush(p);
+    s->next_rtcp_ns = next_report_ns(p, now);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Plane_remove(Plane *p, PyObject *args) {
+    PyObject *arg;
+    uint32_t channel;
+    int bye = 0;
+    if (!PyArg_ParseTuple(args, "O|p", &arg, &bye) || channel_arg(arg, &channel) < 0)
+        return NULL;
     Session *s = by_channel(p, (uint32_t)channel);
     if (!s) Py_RETURN_FALSE;
+    if (bye && s->rtcp) {
+        send_report(p, s, mono_ns(), 1);
+        flush(p);
+    }
     if (s->fd < 0) table_remove(p, s->key);
     session_free(s);
     p->live--;
@@ -919,6 +1159,14 @@ static PyObject *Plane_tick(Plane *p, PyObject *args) {
     if (frames < 1) frames = 1;
     if (frames > OUT_KEEP) frames = OUT_KEEP;
     long sent = 0;
+    int64_t now = mono_ns();
+    for (unsigned i = 0; i < p->capacity; i++) {
+        Session *s = &p->sessions[i];
+        if (s->used && s->rtcp && now >= s->next_rtcp_ns) {
+            send_report(p, s, now, 0);
+            s->next_rtcp_ns = next_report_ns(p, now);
+        }
+    }
     for (int f = 0; f < frames; f++) {
         for (unsigned i = 0; i < p->capacity; i++) {
             Session *s = &p->sessions[i];
@@ -948,7 +1196,7 @@ static PyObject *Plane_stats(Plane *p, PyObject *arg) {
     s->ngaps = 0;
     char relay[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &s->relay.sin_addr, relay, sizeof relay);
-    return Py_BuildValue(
+    PyObject *d = Py_BuildValue(
         "{s:O,s:k,s:I,s:I,s:I,s:I,s:L,s:I,s:L,s:N,s:I,s:K,s:I,s:I,s:I,s:I,s:I,s:(si),s:d,s:d}",
         "have_ssrc", s->have_ssrc ? Py_True : Py_False, "rx_ssrc", (unsigned long)s->rx_ssrc,
         "packets_received", s->packets_received, "cycles", s->cycles,
@@ -961,6 +1209,22 @@ static PyObject *Plane_stats(Plane *p, PyObject *arg) {
         "in_queued", s->in.count, "out_queued", s->out.count,
         "relay", relay, (int)ntohs(s->relay.sin_port),
         "first_rx_unix", s->first_wall, "last_rx_unix", s->last_wall);
+    if (!d || !s->rtcp) return d;
+    PyObject *rtcp = Py_BuildValue(
+        "{s:N,s:N,s:I,s:I,s:I,s:N,s:i,s:O}",
+        "rtt_s", s->rtt_samples ? PyFloat_FromDouble(s->rtt_s) : Py_NewRef(Py_None),
+        "rtt_last_s", s->rtt_samples ? PyFloat_FromDouble(s->rtt_last_s) : Py_NewRef(Py_None),
+        "rtt_samples", s->rtt_samples, "rtcp_in", s->rtcp_in, "rtcp_out", s->rtcp_out,
+        "remote", s->remote_report
+            ? Py_BuildValue("{s:I,s:i,s:k,s:k}", "fraction_lost", (unsigned)s->remote_fraction,
+                            "packets_lost", (int)s->remote_lost,
+                            "highest_sequence", (unsigned long)s->remote_highest,
+                            "jitter", (unsigned long)s->remote_jitter)
+            : Py_NewRef(Py_None),
+        "sr_received", s->sr_lsr != 0, "bye", s->bye ? Py_True : Py_False);
+    if (!rtcp || PyDict_Update(d, rtcp) < 0) { Py_XDECREF(rtcp); Py_DECREF(d); return NULL; }
+    Py_DECREF(rtcp);
+    return d;
 }
 
 static PyObject *Plane_counters(Plane *p, PyObject *noargs) {
@@ -985,8 +1249,12 @@ static PyObject *Plane_sessions(Plane *p, void *closure) {
 static PyMethodDef Plane_methods[] = {
     {"add", (PyCFunction)(void (*)(void))Plane_add, METH_VARARGS | METH_KEYWORDS,
      "add(client, relay, profile, rx_key, tx_key, ssrc, seq, timestamp, payload_type, mid, "
-     "mid_id, abs_send_time_id, silence, pcm=False, fd=-1, script=b'') -> channel"},
-    {"remove", (PyCFunction)Plane_remove, METH_O, "remove(channel) -> whether it was there"},
+     "mid_id, abs_send_time_id, silence, pcm=False, fd=-1, script=b'', rtcp=False, "
+     "cname=b'') -> channel"},
+    {"remove", (PyCFunction)Plane_remove, METH_VARARGS,
+     "remove(channel, bye=False) -> whether it was there (bye: a last report with BYE first)"},
+    {"report", (PyCFunction)Plane_report, METH_VARARGS,
+     "report(channel, bye=False) -> whether a report went out now (an rtcp session)"},
     {"set_pcm", (PyCFunction)Plane_set_pcm, METH_VARARGS,
      "set_pcm(channel, pcm) -> whether the session is there: pcm16 (True) or Opus frames"},
     {"read", (PyCFunction)Plane_read, METH_VARARGS,

@@ -1,20 +1,17 @@
 """What the native media plane needs of an aiortc session, and what aiortc needs back.
 
-aiortc keeps ICE, DTLS, SDP and RTCP. For the plane to carry a connected session's RTP it is
-given the SRTP keys (the DTLS-SRTP exporter, RFC 5764 4.2, read from aiortc's DTLS connection
-the way aiortc's own ``_setup_srtp`` reads it) and the negotiated RTP parameters; aiortc's
-sender is kept from sending RTP (``IdleSender``). What aiortc's RTCP still needs of the media
-it no longer sees, ``sync_rtcp`` writes from the plane's statistics: the receive statistics
-its receiver reports carry (one ``StreamStatistics`` per remote SSRC, set from the plane's,
-which follow RFC 3550 A.3/A.8 as aiortc's do) and the sender report's last NTP/RTP timestamp
-pair and counts. Called every ``SYNC_S``, an SR may describe the stream as it was up to that
-long before; the pair itself is always one packet's.
+aiortc keeps ICE, DTLS, SDP and the session's lifecycle. For the plane to carry a connected
+session's RTP and RTCP it is given the SRTP keys (the DTLS-SRTP exporter, RFC 5764 4.2, read
+from aiortc's DTLS connection the way aiortc's own ``_setup_srtp`` reads it), the negotiated
+RTP parameters and the CNAME; aiortc's sender and receiver are kept from sending RTP and RTCP
+(``IdleSender``). The plane reports what aiortc's RTCP would have: its statistics carry the
+RTT from the peer's receiver reports and the receive statistics (jitter) of the peer's stream.
 
 Hooks into aiortc 1.16 internals (pinned): ``RTCDtlsTransport._ssl``, ``_role``,
 ``_srtp_profiles``; ``RTCRtpTransceiver._codecs``, ``_headerExtensions``;
-``RTCRtpSender._run_rtp``, ``_ssrc`` and its private ``__rtp_started``, ``__rtp_exited``,
-``__ntp_timestamp``, ``__rtp_timestamp``, ``__packet_count``, ``__octet_count``;
-``RTCRtpReceiver.__remote_streams``.
+``RTCRtpSender._run_rtp``, ``_run_rtcp``, ``_ssrc`` and its private ``__rtp_started``,
+``__rtp_exited``, ``__rtcp_started``, ``__rtcp_exited``; ``RTCRtpReceiver._run_rtcp`` and its
+private ``__rtcp_started``, ``__rtcp_exited``; ``RTCPeerConnection.__cname``.
 """
 from __future__ import annotations
 
@@ -22,9 +19,6 @@ import asyncio
 import random
 from dataclasses import dataclass
 
-from aiortc.rtcrtpreceiver import StreamStatistics
-
-SYNC_S = 0.25
 _SENDER = "_RTCRtpSender__"
 _RECEIVER = "_RTCRtpReceiver__"
 _MID_URI = "urn:ietf:params:rtp-hdrext:sdes:mid"
@@ -51,37 +45,56 @@ def srtp_keys(dtls) -> SrtpKeys:
 
 
 class IdleSender:
-    """Stands in for ``RTCRtpSender._run_rtp`` (set before negotiation): aiortc sends no RTP
-    (the plane does); it keeps the negotiated payload type and lets aiortc's RTCP run.
-    ``release()`` hands the sending back to aiortc's own loop (a session the plane cannot
+    """Stands in for aiortc's media loops of one transceiver (set before negotiation):
+    ``RTCRtpSender._run_rtp`` and the sender's and receiver's ``_run_rtcp``. aiortc sends no
+    RTP and no RTCP (the plane does both); it keeps the negotiated payload type.
+    ``release()`` hands all three back to aiortc's own loops (a session the plane cannot
     carry)."""
 
-    def __init__(self, sender) -> None:
+    def __init__(self, sender, receiver) -> None:
         self.sender = sender
         self.payload_type: int | None = None
-        self._original = sender._run_rtp
         self._released = False
-        self._wake: asyncio.Future | None = None
-        sender._run_rtp = self.run
+        self._wakes: list[asyncio.Future] = []
+        self._originals = [(sender, "_run_rtp", sender._run_rtp),
+                           (sender, "_run_rtcp", sender._run_rtcp),
+                           (receiver, "_run_rtcp", receiver._run_rtcp)]
+        sender._run_rtp = self._run_rtp
+        sender._run_rtcp = lambda: self._idle(sender, _SENDER, "rtcp", self._originals[1][2])
+        receiver._run_rtcp = lambda: self._idle(receiver, _RECEIVER, "rtcp",
+                                                self._originals[2][2])
 
     def release(self) -> None:
         self._released = True
-        self.sender._run_rtp = self._original
-        if self._wake is not None and not self._wake.done():
-            self._wake.set_result(None)
+        for owner, name, original in self._originals:
+            setattr(owner, name, original)
+        for wake in self._wakes:
+            if not wake.done():
+                wake.set_result(None)
 
-    async def run(self, codec) -> None:
+    async def _run_rtp(self, codec) -> None:
         self.payload_type = codec.payloadType
+        await self._idle(self.sender, _SENDER, "rtp", lambda: self._originals[0][2](codec))
+
+    async def _idle(self, owner, prefix: str, what: str, original) -> None:
+        """Started and idle until aiortc cancels it (stopped as aiortc's loop stops, without
+        its BYE: the plane sends that), or until ``release()`` runs aiortc's own loop."""
         if self._released:
-            return await self._original(codec)
-        getattr(self.sender, _SENDER + "rtp_started").set()
-        self._wake = asyncio.get_running_loop().create_future()
+            return await original()
+        getattr(owner, f"{prefix}{what}_started").set()
+        wake = asyncio.get_running_loop().create_future()
+        self._wakes.append(wake)
         try:
-            await self._wake  # until aiortc cancels it, or release()
+            await wake
         except asyncio.CancelledError:
-            getattr(self.sender, _SENDER + "rtp_exited").set()
+            getattr(owner, f"{prefix}{what}_exited").set()
             return
-        await self._original(codec)
+        await original()
+
+
+def cname(pc) -> bytes:
+    """The CNAME aiortc gives every stream of a peer connection (RFC 7022)."""
+    return getattr(pc, "_RTCPeerConnection__cname").encode()
 
 
 @dataclass(frozen=True)
@@ -108,27 +121,12 @@ def rtp_parameters(transceiver, idle: IdleSender) -> RtpParameters:
                          ids.get(_ABS_SEND_TIME_URI, 0))
 
 
-def sync_rtcp(receiver, sender, stats: dict) -> None:
-    """aiortc's RTCP state from the plane's ``stats(channel)``."""
-    if stats["packets_sent"]:
-        setattr(sender, _SENDER + "ntp_timestamp", stats["last_ntp"])
-        setattr(sender, _SENDER + "rtp_timestamp", stats["last_rtp_timestamp"])
-        setattr(sender, _SENDER + "packet_count", stats["packets_sent"])
-        setattr(sender, _SENDER + "octet_count", stats["octets_sent"])
-    if not stats["have_ssrc"]:
-        return
-    streams = getattr(receiver, _RECEIVER + "remote_streams")
-    stream = streams.get(stats["rx_ssrc"])
-    if stream is None:
-        streams.clear()  # a new remote SSRC: the old stream's report ends with it
-        stream = streams[stats["rx_ssrc"]] = StreamStatistics(48000)
-    stream.base_seq = stats["base_seq"]
-    stream.max_seq = stats["max_seq"]
-    stream.cycles = stats["cycles"]
-    stream.packets_received = stats["packets_received"]
-    stream._jitter_q4 = stats["jitter_q4"]
-    # where the jitter estimate left off (RTP timestamp; arrival in clock-rate units of the
-    # wall clock, as aiortc counts it): a packet that aiortc itself receives later (after
-    # the plane let the session go) continues the same statistics
-    stream._last_timestamp = stats["last_timestamp"]
-    stream._last_arrival = stats["last_arrival"]
+def media_stats(stats: dict | None) -> tuple[float | None, float | None]:
+    """(jitter of the peer's stream, RTT of ours) in ms from a plane's ``stats(channel)``: the
+    figures aiortc's getStats gives (inbound-rtp jitter, remote-inbound-rtp roundTripTime,
+    smoothed the same way)."""
+    if stats is None:
+        return None, None
+    jitter = round((stats["jitter_q4"] >> 4) / 48.0, 3) if stats["have_ssrc"] else None
+    rtt = stats.get("rtt_s")
+    return jitter, None if rtt is None else round(rtt * 1000.0, 3)

@@ -1,14 +1,13 @@
 """The transceiver on the native media path (``--media-path native``; services/mediaplane/).
 
-aiortc and aioice keep ICE, DTLS, SDP, RTCP and the session's lifecycle. When a session's DTLS
-is up, ``NativeMedia.attach`` gives the plane its SRTP keys and RTP parameters
-(services/mediaplane/hooks.py); from then on its RTP is read, unprotected, queued for the
-agent, and sent back protected by the plane, in batches: the shared socket's reads go through the plane (``SharedSocket.read_through``),
-one ``tick`` per 20 ms of the transceiver's ``FrameClock`` sends every session's frame, and
+aiortc and aioice keep ICE, DTLS, SDP and the session's lifecycle. When a session's DTLS is
+up, ``NativeMedia.attach`` gives the plane its SRTP keys, RTP parameters and CNAME
+(services/mediaplane/hooks.py); from then on its RTP and RTCP are the plane's: read,
+unprotected, queued for the agent, sent back protected, in batches. The shared socket's reads
+go through the plane (``SharedSocket.read_through``), one ``tick`` per 20 ms of the
+transceiver's ``FrameClock`` sends every session's frame (and the reports that are due), and
 the frames to and from the agent travel as one batch per tick over the agent frames link
-(agentframes.py).
-
-aiortc's RTCP is kept fed from the plane's statistics every ``SYNC_S`` (hooks.sync_rtcp).
+(agentframes.py). Once a second the sessions' arrival gaps are read off the plane.
 """
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 
 from services.gaps import ArrivalGaps
 from services.mediaplane._mediaplane import Plane
-from services.mediaplane.hooks import SYNC_S, IdleSender, rtp_parameters, srtp_keys, sync_rtcp
+from services.mediaplane.hooks import IdleSender, cname, rtp_parameters, srtp_keys
 from services.transceiver.media import silence_packet
 from services.transceiver.opus import OpusSettings
 from services.transceiver.pacing import FrameClock
@@ -28,14 +27,13 @@ log = logging.getLogger("voiceedge.transceiver")
 OPUS, PCM16 = "opus", "pcm16"
 AGENT_CODECS = (OPUS, PCM16)
 _MAX_CATCH_UP = 5            # frames sent back to back after a stall (outbound.py's rule)
+GAPS_S = 1.0                 # the plane keeps 16 gaps a session between reads
 
 
 @dataclass
 class Attached:
     """One session on the plane."""
     channel: int
-    receiver: object
-    sender: object
     gaps: ArrivalGaps
 
 
@@ -53,7 +51,7 @@ class NativeMedia:
         self.frames = None               # agentframes.AgentFrames, when an agent is set
         self._attached: dict[int, Attached] = {}
         self._tick: int | None = None
-        self._sync_task: asyncio.Task | None = None
+        self._gaps_task: asyncio.Task | None = None
 
     async def start(self, frames=None) -> None:
         self.plane = Plane(self._mux.fileno(), self._capacity)
@@ -62,13 +60,13 @@ class NativeMedia:
         if frames is not None:
             await frames.start(self.plane)
         self._clock.subscribe(self, self._on_tick)
-        self._sync_task = asyncio.create_task(self._sync_forever())
+        self._gaps_task = asyncio.create_task(self._gaps_forever())
 
     async def stop(self) -> None:
         self._clock.unsubscribe(self)
-        if self._sync_task is not None:
-            self._sync_task.cancel()
-            await asyncio.gather(self._sync_task, return_exceptions=True)
+        if self._gaps_task is not None:
+            self._gaps_task.cancel()
+            await asyncio.gather(self._gaps_task, return_exceptions=True)
         if self.frames is not None:
             await self.frames.stop()
 
@@ -77,26 +75,26 @@ class NativeMedia:
     def attach(self, pc, idle: IdleSender, client: tuple[str, int], gaps: ArrivalGaps) -> int:
         """Move a connected session's RTP to the plane; returns its channel."""
         transceiver = pc.getTransceivers()[0]
-        sender, receiver = transceiver.sender, transceiver.receiver
-        keys, rtp = srtp_keys(sender.transport), rtp_parameters(transceiver, idle)
+        keys, rtp = srtp_keys(transceiver.sender.transport), rtp_parameters(transceiver, idle)
         channel = self.plane.add(
             client, self._mux.relay_of(client), keys.profile, keys.rx, keys.tx, rtp.ssrc,
             rtp.seq, rtp.timestamp, rtp.payload_type, rtp.mid, rtp.mid_id,
-            rtp.abs_send_time_id, self._silence, False)
-        self._attached[channel] = Attached(channel, receiver, sender, gaps)
+            rtp.abs_send_time_id, self._silence, False, rtcp=True, cname=cname(pc))
+        self._attached[channel] = Attached(channel, gaps)
         return channel
 
     def set_pcm(self, channel: int, pcm: bool) -> None:
         self.plane.set_pcm(channel, pcm)
 
     def detach(self, channel: int) -> dict | None:
-        """Take the session off the plane; its last statistics (None if it was not on)."""
+        """Take the session off the plane, with a last report and BYE (as aiortc ends its
+        RTCP); its last statistics (None if it was not on)."""
         attached = self._attached.pop(channel, None)
         if attached is None:
             return None
         stats = self.plane.stats(channel)
-        self._sync(attached, stats)
-        self.plane.remove(channel)
+        self._record_gaps(attached, stats)
+        self.plane.remove(channel, True)
         return stats
 
     @property
@@ -118,20 +116,19 @@ class NativeMedia:
         if self._attached:
             self.plane.tick(frames)
 
-    # ------------------------------------------------------------ what aiortc reports
+    # ------------------------------------------------------------ arrival gaps
 
-    async def _sync_forever(self) -> None:
+    async def _gaps_forever(self) -> None:
         while True:
-            await asyncio.sleep(SYNC_S)
+            await asyncio.sleep(GAPS_S)
             for attached in list(self._attached.values()):
-                self._sync(attached, self.plane.stats(attached.channel))
+                self._record_gaps(attached, self.plane.stats(attached.channel))
 
     @staticmethod
-    def _sync(attached: Attached, stats: dict | None) -> None:
+    def _record_gaps(attached: Attached, stats: dict | None) -> None:
         if stats is None:
             return
         first, last = stats["first_rx_unix"], stats["last_rx_unix"]
         attached.gaps.record(0.0, 0.0, first, last)
         for start, seconds in stats["gaps"]:
             attached.gaps.record(start, seconds, first, last)
-        sync_rtcp(attached.receiver, attached.sender, stats)

@@ -23,7 +23,7 @@ from services.transceiver.eager import write_now
 from services.gaps import ArrivalGaps
 from services.transceiver.inbound import shortcut_srtp
 from services.transceiver.media import AgentAudioTrack, decode_inline
-from services.mediaplane.hooks import IdleSender
+from services.mediaplane.hooks import IdleSender, media_stats
 from services.transceiver.nativeplane import AGENT_CODECS, NativeMedia
 from services.transceiver.opus import OpusSettings
 from services.transceiver.outbound import play_on_tick
@@ -102,7 +102,9 @@ class Session:
         with ice_plan(self.plan):
             await pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
         if self._native is not None:
-            self._idle = IdleSender(pc.addTrack(self._outbound))
+            sender = pc.addTrack(self._outbound)
+            receiver = next(t.receiver for t in pc.getTransceivers() if t.sender is sender)
+            self._idle = IdleSender(sender, receiver)
         else:
             play_on_tick(pc.addTrack(self._outbound), self._outbound, self._clock)
         await pc.setLocalDescription(await pc.createAnswer())
@@ -151,8 +153,11 @@ class Session:
         stats = self._native_stats
         if stats is None:
             return {}
+        jitter_ms, rtt_ms = media_stats(stats)
         return {"native_rtp_in": stats["packets_received"],
-                "native_rtp_out": stats["packets_sent"]}
+                "native_rtp_out": stats["packets_sent"], "native_rtcp_in": stats["rtcp_in"],
+                "native_rtcp_out": stats["rtcp_out"], "native_rtt_ms": rtt_ms,
+                "native_jitter_ms": jitter_ms}
 
     # ------------------------------------------------------------ peer connection events
 
