@@ -75,7 +75,9 @@ COVERAGE_FLAGS = ["--coverage", "-O0", "-g"]
 # _mediaplane.c's sizes
 SLOT_BYTES, FRAME_MAX, RING, OUT_KEEP, PCM_BYTES, OPUS_MAX, ARRIVALS = 2048, 1920, 8, 5, 1920, 1275, 2048
 TAKEN = ("rtp_in", "drop_srtp_auth", "drop_srtp_replay", "drop_srtp_other", "drop_rtp_malformed",
-         "recv_truncated", "drop_ssrc_limit")
+         "recv_truncated", "drop_ssrc_limit", "rtcp_in", "drop_rtcp_auth", "drop_rtcp_replay",
+         "drop_rtcp_other", "drop_rtcp_malformed")
+CNAME = b"fuzz"       # a session keeps its RTCP in the plane when its SSRC is odd
 # libsrtp's profiles and their key+salt lengths: 1 AES128_CM_SHA1_80, 2 AES128_CM_SHA1_32,
 # 5 NULL_SHA1_80, 7 AEAD_AES_128_GCM, 8 AEAD_AES_256_GCM
 KEY_LENGTHS = {1: 30, 2: 30, 5: 30, 7: 28, 8: 44}
@@ -132,8 +134,11 @@ def build(kind: str) -> Path:
         if not out.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = out.with_name(f".{name}.{os.getpid()}")
-            subprocess.run(["clang", "-shared", "-fPIC", *FUZZ_FLAGS, include, str(source), *libs,
-                            "-o", str(tmp)], check=True)
+            built = subprocess.run(["clang", "-shared", "-fPIC", *FUZZ_FLAGS, include, str(source),
+                                    *libs, "-o", str(tmp)])
+            if built.returncode:   # clang said why, above
+                raise SystemExit("fuzz_mediaplane: the sanitizer build failed (Debian: the "
+                                 "runtimes are in libclang-rt-14-dev; `make fuzz` installs them)")
             os.replace(tmp, out)
         return out
     out_dir = Path(tempfile.mkdtemp(prefix="voiceedge-mediaplane-coverage-"))
@@ -292,6 +297,7 @@ class World:
         self.keeper.add(("127.0.0.1", 9), None, 1, bytes(30), bytes(30), 0, 0, 0, 111, b"", 0, 0, b"")
         self.has_own = hasattr(module.Plane, "read_session")
         self.has_set_pcm = hasattr(module.Plane, "set_pcm")
+        self.has_rtcp = hasattr(module.Plane, "report")
         self.tally = Tally()
         self.inputs = 0
         self.last_dump = 0.0
@@ -352,6 +358,8 @@ class Session:
         self.expect: deque = deque()                           # sent, not yet seen arriving
         self.arrivals: list = []
         self.packets_sent, self.live = 0, True
+        self.rtcp = False
+        self.reports: deque = deque()                          # (packets sent, bye) asked for
 
     @property
     def rx(self):   # the peer's unprotect of what the plane sends
@@ -399,7 +407,7 @@ class Case:
         d = dict(zip(now, map(operator.sub, now.values(), self.prev.values())))
         self.prev = now
         check(min(d.values()) >= 0, "a counter went down", d)
-        check(d["datagrams"] == d["to_python"] + sum(d[k] for k in TAKEN),
+        check(d["datagrams"] == d["to_python"] + sum(d.get(k, 0) for k in TAKEN),
               "datagrams != to_python + taken", d)
         return d
 
@@ -425,18 +433,24 @@ class Case:
 
     def route(self, wire: bytes, src, own: Session | None):
         """The session the plane's rules give ``wire`` from ``src`` (read on the shared socket,
-        or on ``own``'s socket): (session or None, whether it is a wrong peer)."""
+        or on ``own``'s socket): (session or None, whether it is a wrong peer, whether the
+        session takes it as SRTCP)."""
         pkt, key, relayed = wire, key_of(src), False
         if wire[:1] == b"\x0e":
             if len(wire) < 8 or wire[1] != 0:
-                return None, False
+                return None, False, False
             key, pkt, relayed = wire[2:8], wire[8:], True
-        if len(pkt) < 2 or not 128 <= pkt[0] <= 191 or 192 <= pkt[1] <= 223:
-            return None, False
+        if len(pkt) < 2 or not 128 <= pkt[0] <= 191:
+            return None, False, False
+        rtcp = 192 <= pkt[1] <= 223     # SRTCP: the plane's only for a session that keeps it
+        if rtcp and own is not None and not own.rtcp:
+            return None, False, False
         if own is not None:
-            return (None, True) if relayed or own.key != key else (own, False)
+            return (None, True, False) if relayed or own.key != key else (own, False, rtcp)
         s = self.shared_by_key(key)
-        return (s, False) if s is not None and s.relayed == relayed else (None, False)
+        if s is None or s.relayed != relayed or (rtcp and not s.rtcp):
+            return None, False, False
+        return s, False, rtcp
 
     # -------------------------------------------------------------- operations
 
@@ -466,6 +480,9 @@ class Case:
                     abs_send_time_id=ast_id, silence=silence, pcm=pcm)
         if own is not None:
             args.update(fd=own.fileno(), script=script)
+        rtcp = w.has_rtcp and bool(ssrc & 1)
+        if rtcp:
+            args.update(rtcp=True, cname=CNAME)
         # a bad parameter, and the error the plane must answer with (in the order it checks)
         if bad == 1:
             args["profile"] = profile = bad_arg - 8
@@ -488,7 +505,7 @@ class Case:
         if own is not None:
             w.drain(own)
         expected = None
-        if bad in (3, 4, 5, 6, 7, 8, 9):
+        if bad in (3, 4, 5, 6, 7, 8, 9) or 64 <= args["payload_type"] <= 95:   # RFC 5761 4
             expected = ValueError
         elif own is not None and relay is not None:
             expected = ValueError
@@ -520,6 +537,7 @@ class Case:
             pos += 6 + n
         s = Session(self, slot, channel, profile, client, relay, pcm, ssrc, seq, ts, pt, mid,
                     mid_id, ast_id, silence, up, down, own, parsed)
+        s.rtcp = rtcp
         self.slots[slot] = s
         self.live[channel] = s
         self.refs.append(s)
@@ -613,11 +631,12 @@ class Case:
         """One datagram (``burst`` copies through the socket) and what the model says of it."""
         w = self.world
         wire, keyed = bytes(body), None   # keyed: the session whose keys protected it
-        if mode and ref is not None and len(body) >= 12:
+        rtcp = len(body) >= 2 and 192 <= body[1] <= 223
+        if mode and ref is not None and len(body) >= (8 if rtcp else 12):
             body[0] = 0x80 | (body[0] & 0x3F)
             keyed, tx = (ref, ref.tx) if mode != 2 else self.other_keys(ref)
             try:
-                wire = tx.protect(bytes(body))
+                wire = tx.protect_rtcp(bytes(body)) if rtcp else tx.protect(bytes(body))
             except (w.srtp.Error, ValueError):   # a header libsrtp refuses, too long
                 keyed = None
                 wire, mode = bytes(body), 0
@@ -648,7 +667,7 @@ class Case:
             via_socket = False
         if not via_socket:
             burst = 1
-        expect, wrong_peer = self.route(wire, src, ref if own is not None else None)
+        expect, wrong_peer, as_rtcp = self.route(wire, src, ref if own is not None else None)
         if TRACE:
             print(f"   mode={mode} route={route} socket={via_socket}x{burst} ref={ref and ref.channel}"
                   f" keyed={keyed and keyed.channel} expect={expect and expect.channel} src={src}"
@@ -683,6 +702,9 @@ class Case:
             check(d.get("wrong_peer", 0) == (burst if wrong_peer else 0), "wrong_peer", d)
             return
         check(d["to_python"] == 0 and not out, "a session's datagram went to Python", d, out[:1])
+        if as_rtcp:
+            self.rtcp_datagram(d, expect, keyed, bytes(body), burst, wire, src)
+            return
         if keyed is not expect:
             self.tally.add("datagram_refused")
             check(d["rtp_in"] == 0, "a packet reached a session without being protected with "
@@ -722,6 +744,30 @@ class Case:
             check(d["drop_decode"] == 0, "an Opus session decoded", d)
             expect.inq.append(payload)
             check(d["drop_in_queue_full"] == int(full), "drop_in_queue_full", d)
+
+    def rtcp_datagram(self, d: dict, s: Session, keyed, clear: bytes, burst: int, wire: bytes,
+                      src) -> None:
+        """SRTCP the plane took for ``s``: read if it was protected with its keys, its compound
+        walked as RFC 3550 6.1 lays it out."""
+        check(d["rtp_in"] == 0, "SRTCP counted as RTP", d)
+        if keyed is not s:
+            self.tally.add("rtcp_refused")
+            check(d["rtcp_in"] == 0, "SRTCP reached a session without being protected with its "
+                  "keys", d, wire[:24])
+            return
+        if not d["rtcp_in"]:   # the SSRC limit
+            self.tally.add("rtcp_dropped")
+            check(d["drop_ssrc_limit"] == burst, "SRTCP with its keys dropped", d)
+            return
+        self.tally.add("rtcp_taken")
+        check(d["rtcp_in"] == 1 and d["drop_rtcp_replay"] == burst - 1,
+              "a burst's SRTCP copies are replays", d)
+        check(d["bytes_in"] == len(wire), "bytes_in (SRTCP)", d["bytes_in"], len(wire))
+        if s.relayed:
+            s.relay = src
+        bad, byes = rtcp_walk(clear)
+        check((d["rtcp_bad_part"], d["rtcp_bye"]) == (bad, byes), "the compound's parts",
+              d["rtcp_bad_part"], d["rtcp_bye"], bad, byes, clear[:32].hex())
 
     def op_take(self) -> None:
         blob = self.plane.take_batch()
@@ -793,10 +839,22 @@ class Case:
         for sock in w.ready():
             stray = w.drain(sock)
             check(not stray, "datagrams outside a tick", sock.getsockname(), stray[:2])
-        arg = self.r.byte() - 120
+        raw = self.r.byte()
+        arg = raw - 120
         frames = min(max(arg, 1), OUT_KEEP)
         order = sorted(self.live.values(), key=lambda s: s.slot)
-        unsent = 0
+        unsent = reports = 0
+        if raw < 32 and w.has_rtcp:   # every session asked for a report now (odd: with BYE)
+            for s in order:
+                check(self.plane.report(s.channel, bool(raw & 1)) is s.rtcp, "report", s.channel)
+                if not s.rtcp:
+                    continue
+                reports += 1
+                if s.own is not None or self.shared:
+                    s.reports.append((s.packets_sent, bool(raw & 1)))
+                else:
+                    unsent += 1
+            self.tally.add("reports", reports)
         for _ in range(frames):
             for s in order:
                 if s.outq:
@@ -815,7 +873,11 @@ class Case:
         sent = self.plane.tick(arg)
         d = self.delta()
         check(sent == frames * len(order) == d["rtp_out"], "tick: packets", sent, frames, len(order), d)
-        check(d["send_errors"] == unsent and d["drop_frame_too_big"] == 0, "tick: sends", d, unsent)
+        # reports also go out when due (0.5-1.5 s after a session's last): a slow input's
+        timed = d.get("rtcp_out", 0) - reports
+        check(timed >= 0, "rtcp_out", d, reports)
+        check(unsent <= d["send_errors"] <= unsent + (0 if self.shared else timed) and
+              d["drop_frame_too_big"] == 0, "tick: sends", d, unsent)
         by_own = {w.name[s.own.fileno()]: s for s in order if s.own is not None}
         for sock in w.ready():
             dest = w.name[sock.fileno()]
@@ -823,6 +885,7 @@ class Case:
                 self.arrived(dest, tuple(sender), data, by_own)
         for s in order:
             check(not s.expect, "tick: a packet counted as sent did not arrive", s.channel, len(s.expect))
+            check(not s.reports, "tick: a report asked for did not arrive", s.channel)
         self.tally.add("tick_packets", sent)
 
     def arrived(self, dest, sender, data: bytes, by_own: dict) -> None:
@@ -843,6 +906,8 @@ class Case:
                 s = self.shared_by_key(key_of(dest))
                 check(s is not None and not s.relayed, "a packet to an address of no session", dest)
                 pkt = data
+        if len(pkt) >= 2 and pkt[1] in (200, 201):
+            return self.report_arrived(s, pkt)
         try:
             clear = s.rx.unprotect(pkt)
         except self.world.srtp.Error as e:
@@ -869,6 +934,55 @@ class Case:
             check(0 < len(body) <= OPUS_MAX, "an encoded pcm16 frame", len(body))
         else:
             check(body == payload, "a payload sent", s.channel, body[:16], payload[:16])
+
+
+    def report_arrived(self, s: Session, pkt: bytes) -> None:
+        """A report the plane sent: SR once the session has sent (else RR) with its SSRC and
+        counts, SDES CNAME, BYE when asked for."""
+        check(s.rtcp, "a report from a session whose RTCP is aiortc's", s.channel)
+        try:
+            clear = s.rx.unprotect_rtcp(pkt)
+        except self.world.srtp.Error as e:
+            raise Violation(f"the peer cannot unprotect a report of channel {s.channel}: {e}")
+        parts = []
+        pos = 0
+        while pos + 4 <= len(clear):
+            first, kind, words = struct.unpack_from("!BBH", clear, pos)
+            parts.append((kind, clear[pos:pos + 4 * (words + 1)]))
+            pos += 4 * (words + 1)
+        check(pos == len(clear) and rtcp_walk(clear) == (0, sum(k == 203 for k, _ in parts)),
+              "a report's compound", clear.hex())
+        sent, bye = s.reports.popleft() if s.reports else (None, False)   # None: a timed one
+        kinds = [k for k, _ in parts]
+        if sent is None:
+            check(kinds in ([200, 202], [201, 202]), "a timed report's parts", kinds)
+        else:
+            check(kinds == [200 if sent else 201, 202] + [203] * bye, "a report's parts", kinds, sent)
+        head = parts[0][1]
+        check(struct.unpack_from("!I", head, 4)[0] == s.ssrc, "a report's SSRC", head[:8].hex())
+        if kinds[0] == 200 and sent is not None:
+            check(struct.unpack_from("!I", head, 20)[0] == sent, "an SR's packet count", head.hex(), sent)
+        sdes = parts[1][1]
+        check(sdes[8:10 + len(CNAME)] == bytes([1, len(CNAME)]) + CNAME, "the CNAME", sdes.hex())
+        if bye:
+            check(struct.unpack_from("!I", parts[-1][1], 4)[0] == s.ssrc, "the BYE's SSRC")
+        self.tally.add("reports_arrived")
+
+
+def rtcp_walk(clear: bytes) -> tuple[int, int]:
+    """(parts that end the walk, BYEs) of a compound RTCP packet (RFC 3550 6.1): a part is a
+    version-2 header whose length fits, an SR or RR long enough for its report blocks."""
+    pos = byes = 0
+    while pos + 4 <= len(clear):
+        first, kind, words = struct.unpack_from("!BBH", clear, pos)
+        size, count = 4 * (words + 1), first & 0x1F
+        if first >> 6 != 2 or pos + size > len(clear):
+            return 1, byes
+        if kind in (200, 201) and size < (28 if kind == 200 else 8) + 24 * count:
+            return 1, byes
+        byes += kind == 203
+        pos += size
+    return 0, byes
 
 
 def test_one_input(data: bytes) -> None:
@@ -965,6 +1079,14 @@ def seeds() -> list[bytes]:
             "!IH", 0, 3) + SILENCE + struct.pack("!IH", 0, 2) + b"\x78\x00")
         .datagram(0x11, 1, rtp(1, 0, 9, b"to client")).datagram(0x01, 1, rtp(2, 960, 9, b"shared"))
         .op("tick", 123).op("stats", 1),
+        # SRTCP for a session that keeps its RTCP (session 1: an odd SSRC): SR + RR + BYE, a
+        # part longer than the packet, an RR too short for its block; reports asked for
+        Seed(0b0110).datagram(1, 1, struct.pack("!BBHIQIII", 0x80, 200, 6, 0xCAFE, 1 << 40, 9, 1, 1)
+                              + struct.pack("!BBHI", 0x81, 201, 7, 0xCAFE) + bytes(24)
+                              + struct.pack("!BBHI", 0x81, 203, 1, 0xCAFE))
+        .datagram(1, 1, struct.pack("!BBHI", 0x80, 201, 9, 0xCAFE))
+        .datagram(1, 1, struct.pack("!BBHI", 0x81, 201, 1, 0xCAFE))
+        .op("tick", 0).op("tick", 121).op("tick", 1).op("stats", 1),
     ]
     return [bytes(s.b) for s in out]
 

@@ -15,7 +15,7 @@ for mode in "${modes[@]}"; do
     case "$mode" in
         base) wanted+=("${packages[@]}"); with_base=yes ;;
         browsers) wanted+=(chromium) ;;
-        fuzz) wanted+=(clang) ;;
+        fuzz) wanted+=(clang libclang-rt-14-dev) ;;   # the ASan/UBSan/libFuzzer runtimes
         *) echo "usage: $0 [base] [browsers] [fuzz]" >&2; exit 2 ;;
     esac
 done

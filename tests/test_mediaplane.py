@@ -334,7 +334,7 @@ def test_bad_rtcp_is_dropped_and_counted_and_rtcp_of_a_session_without_it_is_pyt
     assert plane.process(bye, peer.address) is None
     c = plane.counters()
     assert (c["rtcp_in"], c["drop_rtcp_replay"], c["drop_rtcp_auth"],
-            c["drop_rtcp_malformed"], c["rtcp_bye"]) == (3, 1, 1, 2, 1)
+            c["drop_rtcp_malformed"], c["rtcp_bad_part"], c["rtcp_bye"]) == (3, 1, 1, 1, 1, 1)
     assert plane.stats(channel)["bye"] and c["to_python"] == 0
     assert plane.remove(channel, True)
     last = reports(peer)
@@ -344,6 +344,9 @@ def test_bad_rtcp_is_dropped_and_counted_and_rtcp_of_a_session_without_it_is_pyt
     add(plane, other, profile)
     theirs = other.tx.protect_rtcp(bytes(RtcpRrPacket(ssrc=7, reports=[])))
     assert plane.process(theirs, other.address) == theirs
+    with pytest.raises(ValueError):   # RTP of payload type 72 would read as an SR (RFC 5761)
+        plane.add(Peer(profile, key_len).address, None, profile, peer.up_key, peer.down_key, 1,
+                  0, 0, 72, b"0", MID_ID, AST_ID, SILENCE, False, rtcp=True)
 
 
 def test_a_client_session_never_answers_for_the_shared_socket_after_the_table_is_rebuilt(server):

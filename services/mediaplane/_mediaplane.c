@@ -74,7 +74,7 @@ enum {
     C_BATCH_BAD_RECORD, C_BATCH_UNKNOWN_CHANNEL, C_DROP_ENCODE, C_SEND_ERRORS, C_SSRC_CHANGES,
     C_RECV_TRUNCATED, C_WRONG_PEER, C_ARRIVALS_LOST, C_DROP_SSRC_LIMIT, C_NOT_IPV4,
     C_RTCP_IN, C_RTCP_OUT, C_DROP_RTCP_AUTH, C_DROP_RTCP_REPLAY, C_DROP_RTCP_OTHER,
-    C_DROP_RTCP_MALFORMED, C_RTCP_BYE, C_COUNTERS
+    C_DROP_RTCP_MALFORMED, C_RTCP_BAD_PART, C_RTCP_BYE, C_COUNTERS
 };
 static const char *COUNTER_NAMES[C_COUNTERS] = {
     "datagrams", "to_python", "rtp_in", "rtp_out", "bytes_in", "bytes_out",
@@ -83,7 +83,7 @@ static const char *COUNTER_NAMES[C_COUNTERS] = {
     "batch_bad_record", "batch_unknown_channel", "drop_encode", "send_errors", "ssrc_changes",
     "recv_truncated", "wrong_peer", "arrivals_lost", "drop_ssrc_limit", "not_ipv4",
     "rtcp_in", "rtcp_out", "drop_rtcp_auth", "drop_rtcp_replay", "drop_rtcp_other",
-    "drop_rtcp_malformed", "rtcp_bye",
+    "drop_rtcp_malformed", "rtcp_bad_part", "rtcp_bye",
 };
 
 typedef struct {
@@ -412,15 +412,16 @@ static int handle_rtcp(Plane *p, Session *s, uint8_t *pkt, int plen, int len, in
     p->counters[C_BYTES_IN] += (uint64_t)len;
     s->rtcp_in++;
     int64_t now = mono_ns();
-    /* a compound packet: each part's header says its length; a bad one ends the walk */
+    /* a compound packet: each part's header says its length; a bad one ends the walk (the
+     * datagram was taken: rtcp_bad_part says what of it was not read) */
     for (int off = 0; off + 4 <= clear;) {
         const uint8_t *h = pkt + off;
         unsigned count = h[0] & 0x1F, type = h[1];
         int blen = 4 * (((int)h[2] << 8 | h[3]) + 1);
-        if ((h[0] >> 6) != 2 || off + blen > clear) { p->counters[C_DROP_RTCP_MALFORMED]++; break; }
+        if ((h[0] >> 6) != 2 || off + blen > clear) { p->counters[C_RTCP_BAD_PART]++; break; }
         if (type == 200 || type == 201) {              /* SR, RR */
             int first = type == 200 ? 28 : 8;
-            if (blen < first + 24 * (int)count) { p->counters[C_DROP_RTCP_MALFORMED]++; break; }
+            if (blen < first + 24 * (int)count) { p->counters[C_RTCP_BAD_PART]++; break; }
             if (type == 200 && (!s->have_ssrc || be32(h + 4) == s->rx_ssrc)) {
                 s->sr_lsr = be32(h + 10);              /* NTP's middle 32 bits */
                 s->sr_at_ns = now;
@@ -821,7 +822,9 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
     memset(&raddr, 0, sizeof raddr);
     if (parse_v4(client, &caddr) < 0) goto done;
     if (relay != Py_None && parse_v4(relay, &raddr) < 0) goto done;
-    if (mid.len > 16 || silence.len > 64 || (cname.buf && cname.len > 63) || pt < 0 || pt > 127 || mid_id < 0 || mid_id > 14 ||
+    /* payload types 64-95 read as RTCP's packet types on a muxed port (RFC 5761 4) */
+    if (mid.len > 16 || silence.len > 64 || (cname.buf && cname.len > 63) || pt < 0 || pt > 127 ||
+        (pt >= 64 && pt <= 95) || mid_id < 0 || mid_id > 14 ||
         ast_id < 0 || ast_id > 14 || seq > 0xFFFF) {
         PyErr_SetString(PyExc_ValueError, "bad RTP parameters");
         goto done;
