@@ -369,6 +369,26 @@ static int known_ssrc(const Session *s, uint32_t ssrc) {
     return 0;
 }
 
+/* Unprotect an SRTP (rtcp 0) or SRTCP packet of ``s`` in place: 1 when it authenticated (its
+ * SSRC is then one of the session's: libsrtp keeps a stream for it), 0 when it was dropped,
+ * counted by reason. */
+static int unprotect(Plane *p, Session *s, uint8_t *pkt, int *len, int rtcp) {
+    uint32_t ssrc = be32(pkt + (rtcp ? 4 : 8));
+    int known = known_ssrc(s, ssrc);
+    if (!known && s->nssrcs == SSRCS) { p->counters[C_DROP_SSRC_LIMIT]++; return 0; }
+    srtp_err_status_t e = rtcp ? srtp_unprotect_rtcp(s->rx, pkt, len)
+                               : srtp_unprotect(s->rx, pkt, len);
+    if (e != srtp_err_status_ok) {
+        /* auth, replay, other: in this order in both families of counters */
+        int reason = e == srtp_err_status_auth_fail ? 0
+                   : e == srtp_err_status_replay_fail || e == srtp_err_status_replay_old ? 1 : 2;
+        p->counters[(rtcp ? C_DROP_RTCP_AUTH : C_DROP_SRTP_AUTH) + reason]++;
+        return 0;
+    }
+    if (!known) s->ssrcs[s->nssrcs++] = ssrc;
+    return 1;
+}
+
 /* A report block (RFC 3550 6.4.1) about our stream: what the peer saw, and the RTT. */
 static void report_block(Session *s, const uint8_t *b) {
     if (be32(b) != s->ssrc) return;
@@ -394,19 +414,8 @@ static void report_block(Session *s, const uint8_t *b) {
 static int handle_rtcp(Plane *p, Session *s, uint8_t *pkt, int plen, int len, int relayed,
                        const struct sockaddr_in *src) {
     if (plen < 8) { p->counters[C_DROP_RTCP_MALFORMED]++; return 1; }
-    uint32_t wire_ssrc = be32(pkt + 4);
-    int known = known_ssrc(s, wire_ssrc);
-    if (!known && s->nssrcs == SSRCS) { p->counters[C_DROP_SSRC_LIMIT]++; return 1; }
     int clear = plen;
-    srtp_err_status_t e = srtp_unprotect_rtcp(s->rx, pkt, &clear);
-    if (e != srtp_err_status_ok) {
-        if (e == srtp_err_status_auth_fail) p->counters[C_DROP_RTCP_AUTH]++;
-        else if (e == srtp_err_status_replay_fail || e == srtp_err_status_replay_old)
-            p->counters[C_DROP_RTCP_REPLAY]++;
-        else p->counters[C_DROP_RTCP_OTHER]++;
-        return 1;
-    }
-    if (!known) s->ssrcs[s->nssrcs++] = wire_ssrc;
+    if (!unprotect(p, s, pkt, &clear, 1)) return 1;
     if (relayed) s->relay = *src;
     p->counters[C_RTCP_IN]++;
     p->counters[C_BYTES_IN] += (uint64_t)len;
@@ -461,19 +470,8 @@ static int handle(Plane *p, uint8_t *data, int len, const struct sockaddr_in *sr
     if (!s || s->relayed != relayed) return 0;
     if (is_rtcp) return s->rtcp ? handle_rtcp(p, s, pkt, plen, len, relayed, src) : 0;
     if (plen < 12) { p->counters[C_DROP_RTP_MALFORMED]++; return 1; }
-    uint32_t wire_ssrc = be32(pkt + 8);
-    int known = known_ssrc(s, wire_ssrc);
-    if (!known && s->nssrcs == SSRCS) { p->counters[C_DROP_SSRC_LIMIT]++; return 1; }
     int clear = plen;
-    srtp_err_status_t e = srtp_unprotect(s->rx, pkt, &clear);
-    if (e != srtp_err_status_ok) {
-        if (e == srtp_err_status_auth_fail) p->counters[C_DROP_SRTP_AUTH]++;
-        else if (e == srtp_err_status_replay_fail || e == srtp_err_status_replay_old)
-            p->counters[C_DROP_SRTP_REPLAY]++;
-        else p->counters[C_DROP_SRTP_OTHER]++;
-        return 1;
-    }
-    if (!known) s->ssrcs[s->nssrcs++] = wire_ssrc;   /* it authenticated: libsrtp keeps it */
+    if (!unprotect(p, s, pkt, &clear, 0)) return 1;
     /* RTP header: version 2, CSRCs, extension, padding */
     if (clear < 12 || (pkt[0] >> 6) != 2) { p->counters[C_DROP_RTP_MALFORMED]++; return 1; }
     int off = 12 + 4 * (pkt[0] & 0x0F);
