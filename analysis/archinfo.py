@@ -6,8 +6,8 @@ crosses between regions, whether its public UDP ports are shared or grow with th
 whether it is TURN or an external edge, what its clients verify (docs/scenarios.md, "Files").
 The analysis reads architectures only from here, never from the code that defines them.
 
-Folders written before the file existed fall back on config.json (its ``baseline`` and
-``architectures``) and on what the four architectures of those runs were (``_LEGACY``).
+A folder without the file (written before it existed) gives its architectures' names and
+baseline from config.json and nothing else: default facts, spare colours.
 """
 from __future__ import annotations
 
@@ -21,16 +21,6 @@ PUBLIC, BACKBONE = "public", "backbone"
 SHARED, PER_SESSION = "shared", "per-session"
 # Colours for architectures a folder does not describe (Okabe-Ito, as the registered ones).
 SPARE_COLOURS = ("#D55E00", "#E69F00", "#56B4E9", "#000000")
-# What folders without architectures.json need: colour, media link, ports, fixed ports, turn,
-# ingress.
-_LEGACY = {
-    "port-per-session": ("#6b6b6b", PUBLIC, PER_SESSION, 0, False, False),
-    "cluster-relay": ("#0072B2", PUBLIC, SHARED, 0, False, False),
-    "global-relay": ("#009E73", BACKBONE, SHARED, 0, False, True),
-    "turn": ("#CC79A7", PUBLIC, PER_SESSION, 1, True, False),
-}
-
-
 @dataclass(frozen=True)
 class ArchInfo:
     """One architecture as the run described it."""
@@ -101,26 +91,15 @@ def read(folder: str | Path, config: dict | None = None) -> ArchFacts:
     return legacy(config if config is not None else _config(folder))
 
 
-def info(name: str) -> ArchInfo:
-    """What a folder without architectures.json says about ``name`` (tests, old folders)."""
-    return legacy({})[name]
-
-
 def legacy(config: dict) -> ArchFacts:
-    """The facts of a folder written before architectures.json, from its config.json."""
+    """The facts of a folder written before architectures.json: its config.json's names and
+    baseline, nothing more."""
     config = config if isinstance(config, dict) else {}
     baseline = str(config.get("baseline") or LEGACY_BASELINE)
     names = list(config.get("architectures") or
                  (config.get("scenario") or {}).get("architectures") or [])
-    out = {}
-    for name in dict.fromkeys(names + list(_LEGACY)):
-        if name in _LEGACY:
-            colour, link, ports, fixed, turn, ingress = _LEGACY[name]
-            out[name] = ArchInfo(name, name, colour, "baseline" if name == baseline
-                                 else "compared", media_link=link, ports=ports,
-                                 fixed_ports_per_client_region=fixed, turn=turn,
-                                 ingress=ingress)
-    return ArchFacts(baseline, out)
+    return ArchFacts(baseline, {name: ArchInfo(name, name, role="baseline" if name == baseline
+                                               else "compared") for name in names})
 
 
 def _config(folder: Path) -> dict:

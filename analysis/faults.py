@@ -72,13 +72,10 @@ class Target:
             return cls(tier, frozenset(rest[:1]), int(rest[1]))
         return cls(tier, frozenset(rest))
 
-    def on_path(self, arch: "str | archinfo.ArchInfo", client: str, cluster: str | None,
+    def on_path(self, arch: "archinfo.ArchInfo", client: str, cluster: str | None,
                 transceiver: int | None) -> bool:
-        """Whether a session of ``arch`` (its architectures.json facts, or the name of one of
-        the older runs' architectures) from ``client`` on ``cluster`` (and transceiver)
-        crosses this target."""
-        if isinstance(arch, str):
-            arch = archinfo.info(arch)
+        """Whether a session of ``arch`` (its architectures.json facts) from ``client`` on
+        ``cluster`` (and transceiver) crosses this target."""
         if self.tier == "last_mile":
             return self.regions == {client}
         if cluster is None:
@@ -158,7 +155,7 @@ class Fault:
         """The targets whose sessions this fault hits: its effect's, else its own target."""
         return tuple(Target.parse(t) for t in self.effect.hits or (self.target,))
 
-    def on_path(self, arch: "str | archinfo.ArchInfo", client: str, cluster: str | None,
+    def on_path(self, arch: "archinfo.ArchInfo", client: str, cluster: str | None,
                 transceiver: int | None) -> bool:
         """Whether one of the targets it hits is on that session's path (``Target.on_path``)."""
         return any(t.on_path(arch, client, cluster, transceiver) for t in self.hits)

@@ -189,6 +189,17 @@ async def until(predicate, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+def write_architectures(directory: Path, names, baseline: str = "port-per-session") -> None:
+    """``architectures.json`` for a hand-made results folder, as the runner writes it: the
+    registered architectures' own facts (scenarios/architectures/)."""
+    import json
+
+    from scenarios import architectures
+    (directory / "architectures.json").write_text(json.dumps({
+        "baseline": baseline,
+        "architectures": {n: architectures.get(n).facts() for n in names}}))
+
+
 def free_port(kind: int = socket.SOCK_DGRAM) -> int:
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))

@@ -438,16 +438,18 @@ def test_architecture_colours_are_the_runs_and_distinct(results, tmp_path):
     assert facts["global-relay"].media_link == "backbone" and facts["global-relay"].ingress
     assert facts["port-per-session"].per_session_ports
     assert not facts["cluster-relay"].per_session_ports
-    # a folder written before architectures.json: the same facts from its config.json
+    # a folder written before architectures.json: names and baseline from its config.json,
+    # no facts the analysis would have to know from code (spare colours, defaults)
     old = write_run(tmp_path / "old", n=4)
     (old / "architectures.json").unlink()
     config = json.loads((old / "config.json").read_text())
     (old / "config.json").write_text(json.dumps(config | {"baseline": "cluster-relay"}))
     legacy = load_results(old)
     assert legacy.baseline == "cluster-relay"
-    assert [legacy.colour(a) for a in ARCHS] == ["#6b6b6b", "#0072B2", "#009E73"]
-    assert legacy.archinfo["global-relay"].media_link == "backbone"
-    assert legacy.archinfo["turn"].turn and legacy.archinfo["turn"].per_session_ports
+    assert [legacy.colour(a) for a in ARCHS] == ["#D55E00", "#E69F00", "#56B4E9"]
+    assert legacy.archinfo["cluster-relay"].role == "baseline"
+    assert legacy.archinfo["global-relay"].media_link == "public"
+    assert not legacy.archinfo["global-relay"].ingress
 
 
 def test_single_region_run_has_no_region_matrix(tmp_path):

@@ -20,7 +20,7 @@ from analysis.load import ATTEMPT_COLUMNS, GAP_COLUMNS, SAMPLE_COLUMNS, SESSION_
     load_results
 from analysis.report import write_report
 from analysis.summary import finalize
-from tests.conftest import REPO
+from tests.conftest import REPO, write_architectures
 
 T0 = 1_800_000_000.0  # the first session's start (wall clock)
 GR, PPS = "global-relay", "port-per-session"
@@ -103,6 +103,7 @@ def write_folder(directory: Path, sessions: list[dict], *, attempts: list[dict] 
         "architectures": list(archs), "client_regions": ["apac-se"],
         "clusters": ["na-east", "eu-west"], "backend": "userspace", "baseline": PPS}))
     (directory / "faults.json").write_text(json.dumps({"faults": list(faults)}))
+    write_architectures(directory, archs, PPS)
     return directory
 
 
@@ -256,7 +257,10 @@ def test_a_cluster_outage_to_the_end_of_the_run(tmp_path):
     ("cluster/na-east/2", GR, False),
 ])
 def test_which_targets_are_on_a_session_s_path(target, arch, hit):
-    assert Target.parse(target).on_path(arch, "apac-se", "na-east", 1) is hit
+    from analysis.archinfo import ArchInfo
+    from scenarios import architectures
+    info = ArchInfo.of(arch, architectures.get(arch).facts())   # as architectures.json has it
+    assert Target.parse(target).on_path(info, "apac-se", "na-east", 1) is hit
 
 
 def test_transceiver_ids_from_control_urls():

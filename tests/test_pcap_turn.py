@@ -19,6 +19,7 @@ from scapy.utils import PcapWriter
 from analysis.pcap.classify import DTLS, RTP, STUN, classify, turn_control
 from analysis.pcap.hops import analyse
 from services.wire.stun import binding_request, binding_success
+from tests.conftest import write_architectures
 
 CLIENT = ("10.1.1.2", 40000)
 TURN_SERVER = ("10.1.2.2", 3478)
@@ -180,6 +181,7 @@ class TurnCaptures:
         (arch / "captures.json").write_text(json.dumps({"points": points, "seconds": 5}))
         (run / "config.json").write_text(json.dumps({"architectures": ["turn"],
                                                      "impairments": IMPAIRMENTS}))
+        write_architectures(run, ["turn"])
 
 
 def _turn_call(caps: TurnCaptures, turn_ms: float = 0.15, n: int = 150) -> None:
