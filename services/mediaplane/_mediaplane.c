@@ -962,33 +962,38 @@ static PyObject *Plane_set_pcm(Plane *p, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
-static PyObject *Plane_report(Plane *p, PyObject *args) {
+/* (channel, bye=False) arguments: the session, or NULL with *bad set on an argument error. */
+static Session *channel_and_bye(Plane *p, PyObject *args, int *bye, int *bad) {
     PyObject *arg;
     uint32_t channel;
-    int bye = 0;
-    if (!PyArg_ParseTuple(args, "O|p", &arg, &bye) || channel_arg(arg, &channel) < 0)
-        return NULL;
-    Session *s = by_channel(p, channel);
-    if (!s || !s->rtcp) Py_RETURN_FALSE;
+    *bye = 0;
+    *bad = !PyArg_ParseTuple(args, "O|p", &arg, bye) || channel_arg(arg, &channel) < 0;
+    return *bad ? NULL : by_channel(p, channel);
+}
+
+/* A report sent now (flushed), the next one rescheduled from now. */
+static void report_now(Plane *p, Session *s, int bye) {
     int64_t now = mono_ns();
     send_report(p, s, now, bye);
     flush(p);
     s->next_rtcp_ns = next_report_ns(p, now);
+}
+
+static PyObject *Plane_report(Plane *p, PyObject *args) {
+    int bye, bad;
+    Session *s = channel_and_bye(p, args, &bye, &bad);
+    if (bad) return NULL;
+    if (!s || !s->rtcp) Py_RETURN_FALSE;
+    report_now(p, s, bye);
     Py_RETURN_TRUE;
 }
 
 static PyObject *Plane_remove(Plane *p, PyObject *args) {
-    PyObject *arg;
-    uint32_t channel;
-    int bye = 0;
-    if (!PyArg_ParseTuple(args, "O|p", &arg, &bye) || channel_arg(arg, &channel) < 0)
-        return NULL;
-    Session *s = by_channel(p, (uint32_t)channel);
+    int bye, bad;
+    Session *s = channel_and_bye(p, args, &bye, &bad);
+    if (bad) return NULL;
     if (!s) Py_RETURN_FALSE;
-    if (bye && s->rtcp) {
-        send_report(p, s, mono_ns(), 1);
-        flush(p);
-    }
+    if (bye && s->rtcp) report_now(p, s, 1);
     if (s->fd < 0) table_remove(p, s->key);
     session_free(s);
     p->live--;
