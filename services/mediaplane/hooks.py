@@ -16,6 +16,7 @@ private ``__rtcp_started``, ``__rtcp_exited``; ``RTCPeerConnection.__cname``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from dataclasses import dataclass
 
@@ -56,17 +57,18 @@ class IdleSender:
         self.payload_type: int | None = None
         self._released = False
         self._wakes: list[asyncio.Future] = []
-        self._originals = [(sender, "_run_rtp", sender._run_rtp),
-                           (sender, "_run_rtcp", sender._run_rtcp),
-                           (receiver, "_run_rtcp", receiver._run_rtcp)]
+        self._loops = [(sender, "_run_rtp", sender._run_rtp),       # for release()
+                       (sender, "_run_rtcp", sender._run_rtcp),
+                       (receiver, "_run_rtcp", receiver._run_rtcp)]
         sender._run_rtp = self._run_rtp
-        sender._run_rtcp = lambda: self._idle(sender, _SENDER, "rtcp", self._originals[1][2])
-        receiver._run_rtcp = lambda: self._idle(receiver, _RECEIVER, "rtcp",
-                                                self._originals[2][2])
+        sender._run_rtcp = functools.partial(self._idle, sender, _SENDER + "rtcp",
+                                             sender._run_rtcp)
+        receiver._run_rtcp = functools.partial(self._idle, receiver, _RECEIVER + "rtcp",
+                                               receiver._run_rtcp)
 
     def release(self) -> None:
         self._released = True
-        for owner, name, original in self._originals:
+        for owner, name, original in self._loops:
             setattr(owner, name, original)
         for wake in self._wakes:
             if not wake.done():
@@ -74,20 +76,20 @@ class IdleSender:
 
     async def _run_rtp(self, codec) -> None:
         self.payload_type = codec.payloadType
-        await self._idle(self.sender, _SENDER, "rtp", lambda: self._originals[0][2](codec))
+        await self._idle(self.sender, _SENDER + "rtp", functools.partial(self._loops[0][2], codec))
 
-    async def _idle(self, owner, prefix: str, what: str, original) -> None:
+    async def _idle(self, owner, loop: str, original) -> None:
         """Started and idle until aiortc cancels it (stopped as aiortc's loop stops, without
         its BYE: the plane sends that), or until ``release()`` runs aiortc's own loop."""
         if self._released:
             return await original()
-        getattr(owner, f"{prefix}{what}_started").set()
+        getattr(owner, f"{loop}_started").set()
         wake = asyncio.get_running_loop().create_future()
         self._wakes.append(wake)
         try:
             await wake
         except asyncio.CancelledError:
-            getattr(owner, f"{prefix}{what}_exited").set()
+            getattr(owner, f"{loop}_exited").set()
             return
         await original()
 
