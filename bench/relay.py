@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from analysis.stats import percentile
 from bench.loadgen import LoadGenerator, PhaseResult, Sink
 from services.relay.config import RelayConfig, RouteTable
+from services.procfs import precise_cpu_seconds
 from services.relay.server import RelayServer
 from services.wire import hop as hopwire
 from services.wire.stun import binding_request
@@ -65,12 +66,6 @@ class PhaseRow:
     batch_mean: float | None = None  # datagrams per wake-up of the relay
     added_p50_us: float | None = None
     added_p99_us: float | None = None
-
-
-def _cpu_seconds(pid: int) -> float:
-    """CPU time of a process as the scheduler measured it (ns precision, not tick samples)."""
-    with open(f"/proc/{pid}/schedstat") as f:
-        return int(f.read().split()[0]) / 1e9
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -223,9 +218,9 @@ def run_bench(cfg: BenchConfig, say=lambda msg: None) -> list[PhaseRow]:
                 say(f"round {r + 1}/{cfg.rounds}: {t.name}"
                     + (f", {t.workers} worker(s)" if t.workers else ""))
                 pids = t.pids()
-                before = sum(_cpu_seconds(p) for p in pids)
+                before = sum(precise_cpu_seconds(p) for p in pids)
                 result = gen.run(t.address, cfg.rate, cfg.seconds, sink, seed=r)
-                cpu = sum(_cpu_seconds(p) for p in pids) - before if pids else None
+                cpu = sum(precise_cpu_seconds(p) for p in pids) - before if pids else None
                 results[i].append((result, cpu))
         rows = [_summarise(t, results[i]) for i, t in enumerate(targets)]
     finally:

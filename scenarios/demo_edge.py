@@ -30,7 +30,7 @@ from scenarios.timeline import merge_timeline
 from services.client.config import KINDS, ClientConfig
 from services.client.runner import run_sessions
 from services.lag import LoopLagMonitor
-from services.procfs import cpu_seconds, processes, stat_fields
+from services.procfs import precise_cpu_seconds, processes
 from services.logs import JsonFormatter
 from services.mediapaths import MEDIA_PATHS, PYTHON
 from services.transceiver.ice import MODES, SHARED
@@ -87,25 +87,22 @@ def _get_json(url: str) -> dict:
         return json.loads(r.read())
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + sys CPU time of process ``pid``, its ended threads included."""
-    return cpu_seconds(stat_fields(pid))
-
-
 def _tree_cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """User + sys CPU seconds of each named process and its live descendants (a relay's
-    workers are its children), from one pass over /proc."""
-    parent, own = {}, {}
-    for pid, fields in processes():
-        parent[pid], own[pid] = int(fields[1]), cpu_seconds(fields)
+    """CPU seconds (ns precision) of each named process and its live descendants (a relay's
+    workers are its children); the tree from one pass over /proc."""
+    parent = {pid: int(fields[1]) for pid, fields in processes()}
     out = {}
     for name, root in pids.items():
         total = 0.0
-        for pid, cpu in own.items():
+        for pid in parent:
             p = pid
             while p > 1 and p != root:
                 p = parent.get(p, 0)
-            total += cpu if p == root else 0.0
+            if p == root:
+                try:
+                    total += precise_cpu_seconds(pid)
+                except OSError:  # gone meanwhile
+                    pass
         out[name] = total
     return out
 
@@ -121,7 +118,7 @@ class CpuMark:
     @classmethod
     def take(cls, services: dict[str, int]) -> "CpuMark":
         seconds = _tree_cpu_seconds(services)
-        seconds["clients"] = _cpu_seconds(os.getpid())
+        seconds["clients"] = precise_cpu_seconds(os.getpid())
         return cls(time.monotonic(), seconds)
 
 

@@ -79,6 +79,25 @@ def cpu_seconds(fields: list[str]) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def precise_cpu_seconds(pid: int | str) -> float:
+    """CPU seconds of a process at nanosecond precision: its live threads' scheduler time
+    (``/proc/PID/task/*/schedstat``). ``stat``'s ticks (10 ms) would read 0 for a process that
+    used a few ms; they still count threads that ended, so the larger of the two is returned."""
+    ticks = cpu_seconds(stat_fields(pid))
+    live_ns = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return ticks
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                live_ns += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):  # the thread ended meanwhile
+            continue
+    return max(ticks, live_ns / 1e9)
+
+
 def socket_inodes(pid: int) -> set[int]:
     """The inodes of the sockets ``pid`` holds (empty if it is gone or not ours to read)."""
     inodes = set()

@@ -81,9 +81,11 @@ class Captures:
         return arrived
 
     def down(self, t: float, payload: bytes, backbone: float, ingress: float = 0.1,
-             cluster: float = 0.2, last_mile: float | None = None) -> float:
+             cluster: float = 0.2, last_mile: float | None = None, wire_s: float = 1e-5
+             ) -> float:
         """The transceiver's datagram back to the client; when it got there. ``last_mile``:
-        the RTP packet reaches the client's application that much later."""
+        the RTP packet reaches the client's application that much later; ``wire_s``: from
+        pub1 sending it to the client receiving it."""
         header = hop.encode(CLIENT, hop.TO_CLIENT)
         self.see("cluster2", 1, False, t, TRANSCEIVER, CLUSTER_BB, header + payload)
         t1 = t + cluster / 1000
@@ -95,11 +97,12 @@ class Captures:
         t3 = t2 + 1e-5 + ingress / 1000
         self.see("edge1", 2, True, t3, VIP, CLIENT, payload)
         self.see("pub1", 2, True, t3 + 1e-5, VIP, CLIENT, payload)
-        self.see("client1", 2, False, t3 + 2e-5, VIP, CLIENT, payload)
+        got = t3 + 1e-5 + wire_s
+        self.see("client1", 2, False, got, VIP, CLIENT, payload)
         if last_mile is not None:
             ssrc, seq = struct.unpack("!IH", payload[8:12] + payload[2:4])
-            self.arrivals.append([ssrc, seq, t3 + 2e-5 + last_mile / 1000])
-        return t3 + 2e-5
+            self.arrivals.append([ssrc, seq, got + last_mile / 1000])
+        return got
 
     def write(self, run, capped: dict[str, float] | None = None) -> None:
         """``capped``: host -> the time its capture stopped at the size cap."""
@@ -194,6 +197,24 @@ def test_each_hop_is_the_time_written_between_its_points(tmp_path):
     assert wire.relay_forwards == 2 * (2 * 300 + 3) + 2
     assert wire.relay_forwards_unexpected == 2  # both relays passed the stray one on
     assert (tmp_path / "pcap" / "analysis.json").exists()
+
+
+def test_a_frame_sent_and_received_in_the_same_microsecond_keeps_its_direction(tmp_path):
+    """A veth delivers within the capture's microsecond: pub1's sending and the client's
+    receiving often carry one timestamp. The client's capture is read first, so a sort by
+    time alone put its receiving first, and the trip grew a "last mile up" hop of 0 ms in
+    the down direction (seen in make test)."""
+    caps = Captures()
+    for i in range(20):
+        t = 101.0 + i * 0.02
+        caps.up(t, _rtp(i, 1111), 6.0, 114.5)
+        caps.down(t + 0.005, _rtp(i, 2222), 114.5, last_mile=6.0, wire_s=0.0)
+    caps.write(tmp_path)
+    hops = _hops(analyse(tmp_path))
+    assert ("down", "last mile up apac-se") not in hops, hops[("down", "last mile up apac-se")]
+    wire = hops[("down", "last mile down apac-se (wire)")]
+    assert wire.datagrams == 20 and wire.p50_ms == 0.0 and wire.ok
+    assert hops[("down", "edge1->pub1 (in region)")].datagrams == 20
 
 
 def _pcap(capsys, *args) -> tuple[int, str, str]:

@@ -265,17 +265,35 @@ def _paths(seen: dict[tuple, list[Sighting]], points: list[Point],
         per_point = Counter(s.point for s in sightings)
         repeats = set(per_point.values())
         if repeats == {1}:
-            out.append((key, sightings))
+            out.append((key, _link_order(sightings, points)))
         elif len(repeats) == 1:
             trips: dict[int, list[Sighting]] = defaultdict(list)
             count: Counter = Counter()
             for s in sightings:
                 trips[count[s.point]].append(s)
                 count[s.point] += 1
-            out.extend((key, trip) for trip in trips.values())
+            out.extend((key, _link_order(trip, points)) for trip in trips.values())
         else:
             facts.unmatched += len(sightings)
     return out
+
+
+def _link_order(trip: list[Sighting], points: list[Point]) -> list[Sighting]:
+    """``trip`` (in time order) with each frame received over a link after its sending on
+    that link. A veth delivers within the capture's microsecond, so both ends often carry
+    the same timestamp and the sort alone may put the receiving end first (a hop of the
+    other direction at 0 ms)."""
+    trip = list(trip)
+    moved = True
+    while moved:
+        moved = False
+        for i in range(len(trip) - 1):
+            got, sent = points[trip[i].point], points[trip[i + 1].point]
+            if (not got.sent and sent.sent and got.peer == sent.host
+                    and sent.peer == got.host and trip[i + 1].ts - trip[i].ts < 1e-5):
+                trip[i], trip[i + 1] = trip[i + 1], trip[i]
+                moved = True
+    return trip
 
 
 def _direction(trip: list[Sighting], points: list[Point]) -> str | None:

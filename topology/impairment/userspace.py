@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.procfs import precise_cpu_seconds
 from topology.impairment.backend import (ImpairmentBackend, ImpairmentError, iface_key,
                                          never_applied)
 from topology.impairment.model import Impairment, NetNode, impairment_to_dict
@@ -127,10 +128,9 @@ class EngineChannel:
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """CPU time of a process as the scheduler counts it (ns precision)."""
+    """CPU time of the engine process as the scheduler counts it (ns precision)."""
     try:
-        with open(f"/proc/{pid}/schedstat") as f:
-            return int(f.read().split()[0]) / 1e9
+        return precise_cpu_seconds(pid)
     except (OSError, ValueError, IndexError):
         return None
 
