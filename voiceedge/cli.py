@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     from bench import capacity as capacity_bench
     from bench.hostile import cli as hostile_bench
     from bench import relay as relay_bench
+    from bench import srtp_floor as srtp_bench
     from topology.impairment import bench as impairment_bench
     from scenarios import cli as scenario_cli
     from scenarios import sweepcli
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     capacity_bench.add_parser(bench_sub)
     impairment_bench.add_parser(bench_sub)
     hostile_bench.add_parser(bench_sub)
+    srtp_bench.add_parser(bench_sub)
 
     scenario_cli.add_parser(sub)
     sweepcli.add_parser(sub)
