@@ -24,7 +24,7 @@ help:
 	@echo "make browsers               install Debian's chromium, for browser clients (docs/browser.md)"
 	@echo "make compose-test           the edge on docker-compose, end to end (docs/deployment.md)"
 	@echo "make asan-test              the native extensions' tests under AddressSanitizer"
-	@echo "make fuzz                   fuzz the native media plane (FUZZ_RUNS=100000; docs/mediaplane.md)"
+	@echo "make fuzz                   fuzz the media plane and the impairment core (FUZZ_RUNS=100000 each)"
 
 deps:
 	@scripts/install-debian-deps.sh
@@ -107,11 +107,13 @@ compose-test: venv browsers
 asan-test: venv
 	@scripts/asan-test $(PYTEST_ARGS)
 
-# Coverage-guided fuzzing of the media plane (bench/fuzz_mediaplane.py): Debian's clang and
-# PyPI's atheris, installed here only; FUZZ_RUNS inputs (default 100000, about 5 min).
+# Coverage-guided fuzzing of the native entry points (bench/fuzz_mediaplane.py, then
+# bench/fuzz_impairment.py): Debian's clang and PyPI's atheris, installed here only; FUZZ_RUNS
+# inputs each (default 100000: about 5 min for the media plane).
 FUZZ_RUNS ?= 100000
 .PHONY: fuzz
 fuzz: venv
 	@scripts/install-debian-deps.sh fuzz
 	@$(BIN)/pip install -q --disable-pip-version-check 'atheris>=2.3,<4'
 	@$(BIN)/python -m bench.fuzz_mediaplane --runs $(FUZZ_RUNS)
+	@$(BIN)/python -m bench.fuzz_impairment --runs $(FUZZ_RUNS)

@@ -39,38 +39,25 @@ input (``crash-*``) and stops.
 """
 from __future__ import annotations
 
-import argparse
-import ctypes
 import hashlib
-import importlib
-import importlib.util
 import json
 import operator
 import os
-import re
 import select
-import shutil
 import socket
 import struct
-import subprocess
 import sys
-import sysconfig
-import tempfile
 import time
-import tomllib
 from collections import deque
 from pathlib import Path
 
+from bench.fuzzing import ENV_STATS, Harness, Target, command
+
 REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / "build" / "fuzz-mediaplane"
-ENV_SO = "VOICEEDGE_FUZZ_MEDIAPLANE_SO"        # the child: the build to load
-ENV_STATS = "VOICEEDGE_FUZZ_MEDIAPLANE_STATS"  # the child: where its tallies go
 ENV_SOURCE = "VOICEEDGE_FUZZ_MEDIAPLANE_SOURCE"  # another copy of the C to build
 TRACE = bool(os.environ.get("VOICEEDGE_FUZZ_TRACE"))  # --replay --trace: every operation
 
-FUZZ_FLAGS = ["-fsanitize=address,undefined,fuzzer-no-link", "-fno-sanitize-recover=all",
-              "-fno-omit-frame-pointer", "-g", "-O1"]
-COVERAGE_FLAGS = ["--coverage", "-O0", "-g"]
 
 # _mediaplane.c's sizes
 SLOT_BYTES, FRAME_MAX, RING, OUT_KEEP, PCM_BYTES, OPUS_MAX, ARRIVALS = 2048, 1920, 8, 5, 1920, 1275, 2048
@@ -103,72 +90,8 @@ def check(ok: bool, what: str, *detail) -> None:
 
 # ------------------------------------------------------------------ the extension and its builds
 
-def extension() -> dict:
-    """The media plane's [[tool.setuptools.ext-modules]] entry of pyproject.toml (its source:
-    $VOICEEDGE_FUZZ_MEDIAPLANE_SOURCE instead, when set: --source)."""
-    with open(REPO / "pyproject.toml", "rb") as f:
-        for ext in tomllib.load(f)["tool"]["setuptools"]["ext-modules"]:
-            if ext["name"].endswith("._mediaplane"):
-                if os.environ.get(ENV_SOURCE):
-                    ext = dict(ext, sources=[os.environ[ENV_SOURCE]])
-                return ext
-    raise SystemExit("fuzz_mediaplane: no _mediaplane extension in pyproject.toml")
-
-
-def build(kind: str) -> Path:
-    """The extension built for ``kind`` ("fuzz": clang with libFuzzer's instrumentation and
-    ASan+UBSan, cached by source and flags; "coverage": gcc --coverage, always fresh)."""
-    ext = extension()
-    (source,) = ext["sources"]
-    source = REPO / source
-    libs = ["-l" + lib for lib in ext.get("libraries", [])]
-    include = "-I" + sysconfig.get_paths()["include"]
-    name = ext["name"].rpartition(".")[2] + sysconfig.get_config_var("EXT_SUFFIX")
-    if kind == "fuzz":
-        if not shutil.which("clang"):
-            raise SystemExit("fuzz_mediaplane: needs clang (Debian: apt-get install clang)")
-        tag = hashlib.sha256(source.read_bytes() + " ".join(FUZZ_FLAGS + libs).encode() +
-                             subprocess.run(["clang", "--version"], capture_output=True).stdout
-                             ).hexdigest()[:16]
-        out = WORK / f"so-{tag}" / name
-        if not out.exists():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(f".{name}.{os.getpid()}")
-            built = subprocess.run(["clang", "-shared", "-fPIC", *FUZZ_FLAGS, include, str(source),
-                                    *libs, "-o", str(tmp)])
-            if built.returncode:   # clang said why, above
-                raise SystemExit("fuzz_mediaplane: the sanitizer build failed (Debian: the "
-                                 "runtimes are in libclang-rt-14-dev; `make fuzz` installs them)")
-            os.replace(tmp, out)
-        return out
-    out_dir = Path(tempfile.mkdtemp(prefix="voiceedge-mediaplane-coverage-"))
-    obj = out_dir / (source.stem + ".o")
-    subprocess.run(["gcc", "-c", "-fPIC", *COVERAGE_FLAGS, include, str(source), "-o", str(obj)],
-                   check=True)
-    subprocess.run(["gcc", "-shared", "--coverage", str(obj), *libs, "-o", str(out_dir / name)],
-                   check=True)
-    return out_dir / name
-
-
-def load(path: str):
-    """Import the build at ``path`` as the media plane's module (in place of the in-tree one)
-    and make sure it is the one mapped."""
-    name = extension()["name"]
-    if name in sys.modules:
-        raise SystemExit(f"fuzz_mediaplane: {name} was imported before the build to fuzz")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules[name] = module
-    parent, _, leaf = name.rpartition(".")
-    setattr(importlib.import_module(parent), leaf, module)
-    in_tree = os.path.realpath(REPO.joinpath(*name.split(".")).as_posix() +
-                               sysconfig.get_config_var("EXT_SUFFIX"))
-    with open("/proc/self/maps") as f:
-        maps = f.read()
-    if module.__file__ != path or path not in maps or in_tree in maps:
-        raise SystemExit(f"fuzz_mediaplane: {name} is not the build at {path}")
-    return module
+TARGET = Target(suffix="._mediaplane", work=WORK, source_env=ENV_SOURCE, tool="fuzz_mediaplane")
+extension, build, load = TARGET.extension, TARGET.build, TARGET.load
 
 
 # ------------------------------------------------------------------ the harness
@@ -1117,186 +1040,18 @@ def regressions() -> dict[str, bytes]:
 
 # ------------------------------------------------------------------ the child processes
 
-def child_fuzz(libfuzzer_args: list[str]) -> None:
+def start(module) -> World:
     global WORLD
-    module = load(os.environ[ENV_SO])
-    import atheris
     WORLD = World(module)
-    print(f"fuzz_mediaplane: fuzzing {module.__name__} from {module.__file__}", file=sys.stderr,
-          flush=True)
-    # libFuzzer ends with exit(), so Python's atexit never runs: the last tallies from libc's
-    final = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: WORLD.dump(force=True))
-    ctypes.CDLL(None).__cxa_atexit(final, None, None)
-    child_fuzz.keep = final
-    atheris.Setup([sys.argv[0], *libfuzzer_args], test_one_input)
-    atheris.Fuzz()
+    return WORLD
 
 
-def child_replay(paths: list[str]) -> None:
-    global WORLD
-    WORLD = World(load(os.environ[ENV_SO]))
-    failed = 0
-    for path in paths:
-        try:
-            test_one_input(Path(path).read_bytes())
-        except Exception as e:   # noqa: BLE001 - every input is run and reported
-            failed += 1
-            print(f"{path}: {type(e).__name__}: {e}", file=sys.stderr)
-    WORLD.dump(force=True)
-    print(f"fuzz_mediaplane: replayed {len(paths)} inputs, {failed} failed", file=sys.stderr)
-    sys.exit(1 if failed else 0)
-
-
-# ------------------------------------------------------------------ the command
-
-def files(paths: list[str]) -> list[str]:
-    out = []
-    for p in map(Path, paths):
-        out += sorted(str(f) for f in p.iterdir() if f.is_file()) if p.is_dir() else [str(p)]
-    return out
-
-
-def preload() -> str:
-    spec = importlib.util.find_spec("atheris")
-    if spec is None:
-        raise SystemExit("fuzz_mediaplane: needs atheris (.venv/bin/pip install atheris)")
-    return str(Path(spec.origin).parent.parent / "asan_with_fuzzer.so")
-
-
-def child_env(so: Path, stats: Path, sanitizers: bool = True, pymalloc: bool = False) -> dict:
-    env = dict(os.environ, **{ENV_SO: str(so), ENV_STATS: str(stats)},
-               PYTHONMALLOC="pymalloc" if pymalloc else "malloc")
-    if sanitizers:
-        env.update(LD_PRELOAD=preload(),
-                   ASAN_OPTIONS="detect_leaks=0:handle_abort=1:allocator_may_return_null=0",
-                   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
-        symbolizer = shutil.which("llvm-symbolizer")
-        if symbolizer:
-            env["ASAN_SYMBOLIZER_PATH"] = symbolizer
-    return env
-
-
-def summary(log: list[str], stats: Path, wall: float, rc: int, artifacts: Path, before: set) -> dict:
-    text = "".join(log)
-    out: dict = {"exit": rc, "wall_s": round(wall, 1)}
-    done = re.findall(r"Done (\d+) runs in (\d+) second", text)
-    status = re.findall(r"^#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+) corp: (\d+)/(\S+).*?exec/s: (\d+)",
-                        text, re.M)
-    for key in ("number_of_executed_units", "average_exec_per_sec", "new_units_added",
-                "slowest_unit_time_sec", "peak_rss_mb"):
-        m = re.search(rf"stat::{key}:\s*(\d+)", text)
-        if m:
-            out[key] = int(m.group(1))
-    if status:
-        n, cov, ft, corp, size, eps = status[-1]
-        out.update(inputs=int(n), cov=int(cov), ft=int(ft), corpus=int(corp), corpus_size=size)
-    if done:
-        out["inputs"], out["fuzz_s"] = int(done[-1][0]), int(done[-1][1])
-    if "inputs" in out:
-        out["inputs_per_s_wall"] = round(out["inputs"] / wall, 1)
-    out["crashes"] = sorted(str(p) for p in set(artifacts.glob("*")) - before)
-    try:
-        out["harness"] = json.loads(stats.read_text())
-    except (OSError, ValueError):
-        pass
-    return out
+HARNESS = Harness(target=TARGET, module="bench.fuzz_mediaplane", doc=__doc__, seeds=seeds,
+                  regressions=regressions, start=start, test_one_input=test_one_input)
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.fuzz_mediaplane", description=__doc__.split("\n")[0])
-    p.add_argument("--runs", type=int, help="inputs to run (libFuzzer -runs); default: until stopped")
-    p.add_argument("--max-total-time", type=int, help="seconds (libFuzzer -max_total_time)")
-    p.add_argument("--corpus", type=Path, default=WORK / "corpus")
-    p.add_argument("--artifacts", type=Path, default=WORK / "artifacts")
-    p.add_argument("--seed", type=int, help="libFuzzer -seed")
-    p.add_argument("--max-len", type=int, default=8192)
-    p.add_argument("--value-profile", action="store_true", help="libFuzzer -use_value_profile=1")
-    p.add_argument("--json", type=Path, help="write the summary here too")
-    p.add_argument("--trace", action="store_true", help="with --replay: print every operation")
-    p.add_argument("--source", type=Path, help="fuzz this copy of _mediaplane.c instead")
-    p.add_argument("--pymalloc", action="store_true",
-                   help="keep pymalloc: ~1.8x the inputs/s, but ASan no longer sees small Python "
-                        "buffers (replay the corpus without it afterwards)")
-    p.add_argument("--replay", nargs="+", metavar="PATH", help="run these inputs (files or dirs) once")
-    p.add_argument("--regressions", action="store_true",
-                   help="run the inputs that once broke an invariant (bench/fuzz_mediaplane.py)")
-    p.add_argument("--coverage", nargs="?", const=str(WORK / "corpus"), metavar="DIR",
-                   help="gcov line/branch coverage of the C over the inputs in DIR")
-    p.add_argument("--child", choices=("fuzz", "replay"), help=argparse.SUPPRESS)
-    p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-
-    if args.child == "fuzz":
-        return child_fuzz(args.rest)
-    if args.child == "replay":
-        return child_replay(args.rest)
-
-    if args.source:
-        os.environ[ENV_SOURCE] = str(args.source.resolve())
-    WORK.mkdir(parents=True, exist_ok=True)
-    stats = WORK / f"stats-{os.getpid()}.json"
-    if args.coverage:
-        so = build("coverage")
-        inputs = files([args.coverage])
-        started = time.monotonic()
-        rc = subprocess.run([sys.executable, "-m", "bench.fuzz_mediaplane", "--child", "replay",
-                             "--", *inputs], cwd=REPO, env=child_env(so, stats, sanitizers=False)).returncode
-        stats.unlink(missing_ok=True)
-        source = REPO / extension()["sources"][0]
-        gcov = subprocess.run(["gcov", "-b", "-c", "-o", str(so.parent), str(source)],
-                              cwd=so.parent, capture_output=True, text=True)
-        lines = [l for l in gcov.stdout.splitlines() if l.startswith(("File", "Lines", "Branches",
-                                                                       "Taken", "Calls"))]
-        print("\n".join(lines[:5]))
-        print(f"fuzz_mediaplane: {len(inputs)} inputs in {time.monotonic() - started:.1f} s; "
-              f"annotated source: {so.parent / (source.name + '.gcov')}")
-        sys.exit(rc)
-
-    so = build("fuzz")
-    if args.regressions:
-        folder = Path(tempfile.mkdtemp(prefix="voiceedge-fuzz-regressions-"))
-        for name, data in regressions().items():
-            (folder / name).write_bytes(data)
-        args.replay = [str(folder)]
-    if args.replay:
-        cmd = ["--child", "replay", "--", *files(args.replay)]
-        env = child_env(so, stats) | ({"VOICEEDGE_FUZZ_TRACE": "1"} if args.trace else {})
-        rc = subprocess.run([sys.executable, "-m", "bench.fuzz_mediaplane", *cmd], cwd=REPO,
-                            env=env).returncode
-        stats.unlink(missing_ok=True)
-        sys.exit(rc)
-
-    args.corpus.mkdir(parents=True, exist_ok=True)
-    args.artifacts.mkdir(parents=True, exist_ok=True)
-    if not any(args.corpus.iterdir()):
-        for data in seeds():
-            (args.corpus / ("seed-" + hashlib.sha1(data).hexdigest())).write_bytes(data)
-    flags = [str(args.corpus), f"-artifact_prefix={args.artifacts}/", f"-max_len={args.max_len}",
-             "-timeout=30", "-rss_limit_mb=8192", "-print_final_stats=1", "-reload=0"]
-    flags += [f"-runs={args.runs}"] if args.runs is not None else []
-    flags += [f"-max_total_time={args.max_total_time}"] if args.max_total_time else []
-    flags += [f"-seed={args.seed}"] if args.seed is not None else []
-    flags += ["-use_value_profile=1"] if args.value_profile else []
-    before = set(args.artifacts.glob("*"))
-    started = time.monotonic()
-    log: list[str] = []
-    child = subprocess.Popen([sys.executable, "-m", "bench.fuzz_mediaplane", "--child", "fuzz",
-                              "--", *flags], cwd=REPO, env=child_env(so, stats, pymalloc=args.pymalloc),
-                             stderr=subprocess.PIPE, text=True, errors="replace")
-    for line in child.stderr:
-        log.append(line)
-        sys.stderr.write(line)
-    rc = child.wait()
-    out = summary(log, stats, time.monotonic() - started, rc, args.artifacts, before)
-    source = REPO / extension()["sources"][0]
-    out.update(source=str(source), source_sha256=hashlib.sha256(source.read_bytes()).hexdigest()[:16])
-    (WORK / "last.log").write_text("".join(log))
-    stats.unlink(missing_ok=True)
-    print(json.dumps(out, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
-    sys.exit(rc)
-
+    command(HARNESS, argv)
 
 if __name__ == "__main__":
     main()

@@ -89,6 +89,15 @@ static int libsrtp_round(srtp_profile_t profile, int packets, int payload, uint8
     return 0;
 }
 
+/* RFC 7714's IV: the salt XOR (SSRC, ROC (0 here), sequence number). */
+static void gcm_iv(uint8_t *iv, const uint8_t *salt, const uint8_t *rtp)
+{
+    memcpy(iv, salt, 12);
+    for (int i = 0; i < 4; i++) iv[2 + i] ^= rtp[8 + i];
+    iv[10] ^= rtp[2];
+    iv[11] ^= rtp[3];
+}
+
 /* The AEAD an SRTP GCM packet needs (RFC 7714: a 12-byte IV from salt, SSRC and index, the
  * header as AAD, a 16-byte tag), on OpenSSL with the key schedule done once per session. */
 static int openssl_round(const EVP_CIPHER *cipher, int packets, int payload, uint8_t *bufs,
@@ -110,9 +119,7 @@ static int openssl_round(const EVP_CIPHER *cipher, int packets, int payload, uin
     double t0 = now_us();
     for (int i = 0; i < packets; i++) {
         uint8_t *p = bufs + (size_t)i * SLOT;
-        memcpy(iv, salt, 12);
-        iv[2] ^= p[8]; iv[3] ^= p[9]; iv[4] ^= p[10]; iv[5] ^= p[11];
-        iv[10] ^= p[2]; iv[11] ^= p[3];
+        gcm_iv(iv, salt, p);
         if (!EVP_EncryptInit_ex(enc, NULL, NULL, NULL, iv) ||
             !EVP_EncryptUpdate(enc, NULL, &n, p, HEADER) ||
             !EVP_EncryptUpdate(enc, p + HEADER, &n, p + HEADER, payload) ||
@@ -123,9 +130,7 @@ static int openssl_round(const EVP_CIPHER *cipher, int packets, int payload, uin
     double t1 = now_us();
     for (int i = 0; i < packets; i++) {
         uint8_t *p = bufs + (size_t)i * SLOT;
-        memcpy(iv, salt, 12);
-        iv[2] ^= p[8]; iv[3] ^= p[9]; iv[4] ^= p[10]; iv[5] ^= p[11];
-        iv[10] ^= p[2]; iv[11] ^= p[3];
+        gcm_iv(iv, salt, p);
         memcpy(tag, p + HEADER + payload, 16);
         if (!EVP_DecryptInit_ex(dec, NULL, NULL, NULL, iv) ||
             !EVP_DecryptUpdate(dec, NULL, &n, p, HEADER) ||

@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from topology.impairment.engine import CORES
 from topology.impairment.lab import pair_lab
 from topology.impairment.model import Impairment
 from topology.probe import udp_probe
@@ -35,8 +36,11 @@ class BenchConfig:
     size: int = 200
     floor_seconds: float = 1.0
     spin_us: float = 0.0
+    core: str = "native"
 
     def __post_init__(self) -> None:
+        if self.core not in CORES:
+            raise ValueError(f"unknown engine core {self.core!r} (choose from {', '.join(CORES)})")
         if self.rate < 1 or self.seconds <= 0 or self.floor_seconds < 0:
             raise ValueError("rate and seconds must be positive")
         if self.spin_us < 0:
@@ -88,12 +92,12 @@ def run_bench(cfg: BenchConfig, say=lambda msg: None) -> BenchResult:
         floor = probe(cfg.floor_seconds) if cfg.floor_seconds else None
         floor_mean = floor.mean_ms if floor else 0.0
         say(f"floor: {floor_mean:.3f} ms one way without impairment")
-        with UserspaceBackend(spin_us=cfg.spin_us) as backend:
+        with UserspaceBackend(spin_us=cfg.spin_us, core=cfg.core) as backend:
             backend.apply(lab.b, lab.if_b, Impairment(delay_ms=cfg.delay_ms,
                                                       jitter_ms=cfg.jitter_ms))
             before = backend.stats()
             t0 = time.monotonic()
-            say(f"impaired: {cfg.rate} packets/s for {cfg.seconds:g} s, "
+            say(f"impaired ({cfg.core} core): {cfg.rate} packets/s for {cfg.seconds:g} s, "
                 f"{cfg.delay_ms:g} +- {cfg.jitter_ms:g} ms")
             result = probe(cfg.seconds)
             wall = time.monotonic() - t0
@@ -120,6 +124,7 @@ def run_bench(cfg: BenchConfig, say=lambda msg: None) -> BenchResult:
 def format_result(r: BenchResult) -> str:
     c = r.config
     rows = [
+        ("engine core", c.core),
         ("configured delay", f"{c.delay_ms:g} +- {c.jitter_ms:g} ms"),
         ("floor (no impairment)", f"{r.floor_mean_ms:.3f} ms"),
         ("measured mean / sd / p99", f"{r.mean_ms:.3f} / {r.sd_ms:.3f} / {r.p99_ms:.3f} ms"),
@@ -152,19 +157,32 @@ def add_parser(sub) -> None:
                    help="unimpaired phase measuring the floor (default 1; 0 to skip)")
     p.add_argument("--spin-us", type=float, default=0.0,
                    help="engine wakes this early and waits the rest awake (default 0)")
+    p.add_argument("--core", default="python,native", metavar="LIST",
+                   help="engine cores to measure, one after the other in this run "
+                        "(default python,native)")
     p.add_argument("--json", action="store_true", help="print only JSON")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    check_lab_prerequisites()
+    cores = [c.strip() for c in args.core.split(",") if c.strip()]
     try:
-        cfg = BenchConfig(delay_ms=args.delay_ms, jitter_ms=args.jitter_ms, rate=args.rate,
-                          seconds=args.seconds, size=args.size, floor_seconds=args.floor_seconds,
-                          spin_us=args.spin_us)
+        cfgs = [BenchConfig(delay_ms=args.delay_ms, jitter_ms=args.jitter_ms, rate=args.rate,
+                            seconds=args.seconds, size=args.size,
+                            floor_seconds=args.floor_seconds, spin_us=args.spin_us, core=core)
+                for core in cores or ["?"]]
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    check_lab_prerequisites()
     say = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr))
-    result = run_bench(cfg, say)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else format_result(result))
+    results = [run_bench(cfg, say) for cfg in cfgs]
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], indent=2))
+        return 0
+    print("\n\n".join(format_result(r) for r in results))
+    if len(results) > 1 and all(r.cpu_us_per_packet for r in results):
+        base = results[0]
+        for r in results[1:]:
+            print(f"\n{r.config.core} / {base.config.core}: CPU per packet "
+                  f"{r.cpu_us_per_packet / base.cpu_us_per_packet:.2f}x")
     return 0

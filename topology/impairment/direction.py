@@ -48,6 +48,22 @@ class Direction:
         new._last, new._bad = self._last, self._bad
         return new
 
+    def params(self) -> tuple:
+        """The model as the native core takes it (topology/impairment/_engine.c: ``add``,
+        ``set``): delay and jitter in seconds, uniform, FIFO, seconds per byte, the loss kind
+        (0 none, 1 Bernoulli, 2 Gilbert-Elliott) and its probabilities."""
+        kind, bernoulli, ge = 0, 0.0, (0.0, 0.0, 0.0, 0.0)
+        if self._bernoulli is not None:
+            kind, bernoulli = 1, self._bernoulli
+        elif self._ge is not None:
+            kind, ge = 2, self._ge
+        return (self._delay, self._jitter, self._uniform, self._fifo, self._sec_per_byte,
+                kind, bernoulli, *ge)
+
+    def random_state(self) -> tuple:
+        """The random stream's state (``random.Random.getstate``): where a copy continues."""
+        return self._rng.getstate()
+
     @property
     def needs_length(self) -> bool:
         return self._sec_per_byte > 0

@@ -44,6 +44,8 @@ from topology.impairment.direction import Direction
 from topology.impairment.model import Impairment, impairment_from_dict
 from topology.netns import entered
 
+PYTHON, NATIVE = "python", "native"
+CORES = (NATIVE, PYTHON)
 PR_SET_TIMERSLACK = 29
 IDLE_TIMEOUT = 0.5  # seconds; nothing is due, wake up now and then anyway
 RECV_BURST = 256  # packets read from one socket before releasing what is due
@@ -178,27 +180,40 @@ class Engine:
         q.changes += 1
 
     def stats(self) -> dict:
+        return self._stats_reply(
+            PYTHON, [(us, n) for us, n in enumerate(self.lateness) if n], self.late_max,
+            {**self.lagged, **self._open_second()}, self.verdict_errors,
+            [(q.seen, q.dropped, q.dropped_fault, q.released, q.fault) for q in self.queues])
+
+    def _stats_reply(self, core: str, hist: list[tuple[int, int]], late_max: float,
+                     lagged: dict[int, float], verdict_errors: int, counts: list[tuple],
+                     **extra) -> dict:
+        """The ``stats`` answer: ``hist`` the 1-us lateness buckets that are not empty, in
+        order; ``counts`` per queue (seen, dropped_loss, dropped_fault, delayed, fault)."""
         ru = resource.getrusage(resource.RUSAGE_SELF)
-        count = sum(self.lateness)
+        count = sum(n for _, n in hist)
+        queues = {}
+        for q, (seen, dropped, dropped_fault, delayed, fault) in zip(self.queues, counts):
+            queues[q.label] = {"queue": q.queue, "seen": seen, "dropped_loss": dropped,
+                               "dropped_fault": dropped_fault, "delayed": delayed,
+                               "held": seen - dropped - dropped_fault - delayed,
+                               "fault": fault, "changes": q.changes,
+                               "kernel": q.kernel_counters()}
         return {
             "pid": os.getpid(),
+            "core": core,
             "uptime_s": round(time.monotonic() - self.started, 3),
             "cpu_seconds": ru.ru_utime + ru.ru_stime,
             "lateness_us": {"count": count,
-                            "p50": histogram_percentile(enumerate(self.lateness), 0.50, count),
-                            "p99": histogram_percentile(enumerate(self.lateness), 0.99, count),
-                            "max": round(self.late_max * 1e6, 1),
+                            "p50": histogram_percentile(hist, 0.50, count),
+                            "p99": histogram_percentile(hist, 0.99, count),
+                            "max": round(late_max * 1e6, 1),
                             # sparse 1-us histogram: callers diff two snapshots for a window
-                            "hist": {str(us): n for us, n in enumerate(self.lateness) if n}},
-            "lagged_seconds": {str(k): round(v * 1e3, 2) for k, v in sorted(
-                {**self.lagged, **self._open_second()}.items())},
-            "verdict_errors": self.verdict_errors,
-            "queues": {q.label: {"queue": q.queue, "seen": q.seen, "dropped_loss": q.dropped,
-                                 "dropped_fault": q.dropped_fault, "delayed": q.released,
-                                 "held": q.seen - q.dropped - q.dropped_fault - q.released,
-                                 "fault": q.fault, "changes": q.changes,
-                                 "kernel": q.kernel_counters()}
-                       for q in self.queues},
+                            "hist": {str(us): n for us, n in hist}},
+            "lagged_seconds": {str(k): round(v * 1e3, 2) for k, v in sorted(lagged.items())},
+            "verdict_errors": verdict_errors,
+            **extra,
+            "queues": queues,
         }
 
     def _on_control(self) -> None:
@@ -367,6 +382,51 @@ class Engine:
         self._stop(f"{signal.Signals(signo).name} from pid {sender}: {who[:200]}")
 
 
+class NativeEngine(Engine):
+    """The same engine with its per-packet work in C (``_engine.Core``): reads, decisions, the
+    heap and verdicts; the control protocol, binding and signals stay here."""
+
+    def __init__(self, control_in: int, control_out: int, spin_us: float = 0.0) -> None:
+        from topology.impairment._engine import Core
+
+        super().__init__(control_in, control_out, spin_us)
+        self.core = Core(buckets=LATENESS_BUCKETS, lagged_s=LAGGED_S, lagged_share=LAGGED_SHARE,
+                         lagged_stall_s=LAGGED_STALL_S, unix_offset=self._unix_offset,
+                         spin_s=self.spin)
+
+    def add(self, spec: dict) -> None:
+        super().add(spec)
+        q = self.queues[-1]
+        self.core.add(q.sock.fileno(), q.queue, q.direction.params(), q.direction.random_state())
+
+    def set(self, spec: dict) -> None:
+        super().set(spec)
+        q = self.by_label[spec["label"]]
+        self.core.set(q.index, q.direction.params(), q.fault)
+
+    def run(self) -> None:
+        python_fds = (self.control_in, self._sigfd)
+        while not self._stopping:
+            for fd in self.core.run(python_fds, IDLE_TIMEOUT):
+                if fd == self.control_in:
+                    self._on_control()
+                elif fd == self._sigfd:
+                    self._on_signal()
+
+    def stats(self) -> dict:
+        core = self.core.stats()
+        return self._stats_reply(NATIVE, sorted(core["hist"].items()), core["late_max_s"],
+                                 core["lagged"], core["verdict_errors"], core["queues"],
+                                 malformed=core["malformed"], truncated=core["truncated"])
+
+    def shutdown(self) -> None:
+        self.core.shutdown()
+        for q in self.queues:
+            q.sock.close()
+            if q.kernel_fd is not None:
+                os.close(q.kernel_fd)
+
+
 def _signalfd(signums) -> int:
     """A file descriptor that becomes readable when one of ``signums`` arrives (they are
     blocked, so they do nothing else); what it reads says who sent the signal."""
@@ -392,8 +452,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m topology.impairment.engine")
     parser.add_argument("--spin-us", type=float, default=0.0,
                         help="wake this early for a release and wait the rest awake")
+    parser.add_argument("--core", choices=CORES, default=NATIVE,
+                        help="where the per-packet work runs: C (native, the default) or the "
+                             "Python reference (python)")
     args = parser.parse_args()
-    engine = Engine(sys.stdin.fileno(), sys.stdout.fileno(), spin_us=args.spin_us)
+    kind = NativeEngine if args.core == NATIVE else Engine
+    engine = kind(sys.stdin.fileno(), sys.stdout.fileno(), spin_us=args.spin_us)
     os.set_blocking(engine.control_in, False)
     gc.freeze()  # what exists now is never garbage; keep collections short
     try:

@@ -25,6 +25,7 @@ from pathlib import Path
 from services.procfs import precise_cpu_seconds
 from topology.impairment.backend import (ImpairmentBackend, ImpairmentError, iface_key,
                                          never_applied)
+from topology.impairment.engine import CORES
 from topology.impairment.model import Impairment, NetNode, impairment_to_dict
 from voiceedge import reaper
 
@@ -43,7 +44,8 @@ def rule_spec(interface: str, queue: int) -> list[str]:
 class EngineChannel:
     """The engine process and its JSON-lines pipe."""
 
-    def __init__(self, python: str, timeout: float, spin_us: float = 0.0) -> None:
+    def __init__(self, python: str, timeout: float, spin_us: float = 0.0,
+                 core: str = "native") -> None:
         self.timeout = timeout
         self._lock = threading.Lock()
         self._buf = b""
@@ -51,7 +53,7 @@ class EngineChannel:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), env.get("PYTHONPATH")]))
         self.proc = subprocess.Popen([python, "-m", "topology.impairment.engine",
-                                      "--spin-us", str(spin_us)],
+                                      "--spin-us", str(spin_us), "--core", core],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._stderr, env=env)
         reaper.track_process(self.proc.pid)
@@ -156,14 +158,19 @@ class UserspaceBackend(ImpairmentBackend):
     interface gets its own). ``seed``: makes loss and delay draws repeatable. ``ipv6``: add the
     ip6tables rule too (skipped with a warning where ip6tables is missing or refuses).
     ``spin_us``: the engine wakes this much before a release and waits the rest awake (less
-    lateness under load, more CPU; see docs/impairment.md)."""
+    lateness under load, more CPU; see docs/impairment.md). ``core``: where the engine's
+    per-packet work runs, "native" (C, topology/impairment/_engine.c) or "python" (the
+    reference, engine.py); both make the same decisions."""
 
     name = "userspace"
 
     def __init__(self, queue_base: int = 4200, seed: int | None = None, ipv6: bool = True,
                  python: str = sys.executable, timeout: float = 10.0,
-                 spin_us: float = 0.0) -> None:
+                 spin_us: float = 0.0, core: str = "native") -> None:
+        if core not in CORES:
+            raise ValueError(f"unknown engine core {core!r} (choose from {', '.join(CORES)})")
         self.spin_us = spin_us
+        self.core = core
         self.queue_base = queue_base
         self.seed = seed
         self.ipv6 = ipv6
@@ -211,7 +218,7 @@ class UserspaceBackend(ImpairmentBackend):
         if self._engine is not None:
             return
         try:
-            self._engine = EngineChannel(self.python, self.timeout, self.spin_us)
+            self._engine = EngineChannel(self.python, self.timeout, self.spin_us, self.core)
             for key, app in self._applied.items():
                 self._install(key, app)
         except BaseException:
@@ -267,7 +274,7 @@ class UserspaceBackend(ImpairmentBackend):
             if q is not None:
                 interfaces[key] = {**q, "ipv6": app.ipv6}
         cpu = cpu_seconds(self._engine.pid)
-        return {"backend": self.name, "engine_pid": raw["pid"],
+        return {"backend": self.name, "engine_pid": raw["pid"], "core": raw.get("core"),
                 "cpu_seconds": cpu if cpu is not None else raw["cpu_seconds"],
                 "lateness_p50_us": lateness["p50"], "lateness_p99_us": lateness["p99"],
                 "lateness_max_us": lateness["max"], "releases": lateness["count"],
