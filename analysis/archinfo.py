@@ -7,7 +7,8 @@ whether it is TURN or an external edge, what its clients verify (docs/scenarios.
 The analysis reads architectures only from here, never from the code that defines them.
 
 A folder without the file (written before it existed) gives its architectures' names and
-baseline from config.json and nothing else: default facts, spare colours.
+baseline from config.json and nothing else: default facts, spare colours. A folder that
+recorded no baseline has its first architecture as the baseline (the runner runs it first).
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 FILE = "architectures.json"
-LEGACY_BASELINE = "port-per-session"  # folders whose config.json recorded no baseline
 PUBLIC, BACKBONE = "public", "backbone"
 SHARED, PER_SESSION = "shared", "per-session"
 # Colours for architectures a folder does not describe (Okabe-Ito, as the registered ones).
@@ -85,9 +85,9 @@ def read(folder: str | Path, config: dict | None = None) -> ArchFacts:
     except (OSError, ValueError):
         doc = None
     if isinstance(doc, dict) and isinstance(doc.get("architectures"), dict):
-        return ArchFacts(str(doc.get("baseline") or LEGACY_BASELINE),
-                         {name: ArchInfo.of(name, a if isinstance(a, dict) else {})
-                          for name, a in doc["architectures"].items()})
+        archs = {name: ArchInfo.of(name, a if isinstance(a, dict) else {})
+                 for name, a in doc["architectures"].items()}
+        return ArchFacts(_baseline(doc.get("baseline"), list(archs), archs), archs)
     return legacy(config if config is not None else _config(folder))
 
 
@@ -95,11 +95,20 @@ def legacy(config: dict) -> ArchFacts:
     """The facts of a folder written before architectures.json: its config.json's names and
     baseline, nothing more."""
     config = config if isinstance(config, dict) else {}
-    baseline = str(config.get("baseline") or LEGACY_BASELINE)
     names = list(config.get("architectures") or
                  (config.get("scenario") or {}).get("architectures") or [])
+    baseline = _baseline(config.get("baseline"), names)
     return ArchFacts(baseline, {name: ArchInfo(name, name, role="baseline" if name == baseline
                                                else "compared") for name in names})
+
+
+def _baseline(recorded, names: list[str], archs: dict[str, ArchInfo] | None = None) -> str:
+    """The baseline the folder recorded; else the architecture described as the baseline;
+    else the first one it lists (the runner ran the baseline first)."""
+    if recorded:
+        return str(recorded)
+    described = [n for n, a in (archs or {}).items() if a.role == "baseline"]
+    return described[0] if described else (names[0] if names else "")
 
 
 def _config(folder: Path) -> dict:

@@ -452,6 +452,18 @@ def test_architecture_colours_are_the_runs_and_distinct(results, tmp_path):
     assert not legacy.archinfo["global-relay"].ingress
 
 
+def test_a_folder_that_recorded_no_baseline_takes_its_first_architecture(tmp_path):
+    from analysis import archinfo
+
+    # no name from the code: whatever the folder lists first is the baseline
+    facts = archinfo.legacy({"architectures": ["my-edge", "cluster-relay"]})
+    assert facts.baseline == "my-edge" and facts["my-edge"].role == "baseline"
+    (tmp_path / "architectures.json").write_text(json.dumps({"architectures": {
+        "cluster-relay": {"role": "compared"}, "my-edge": {"role": "baseline"}}}))
+    assert archinfo.read(tmp_path).baseline == "my-edge"
+    assert archinfo.legacy({}).baseline == ""
+
+
 def test_single_region_run_has_no_region_matrix(tmp_path):
     one = load_results(write_run(tmp_path / "one", n=12, regions=REGIONS[:1]))
     written = plots.write_plots(one, tmp_path / "plots")
