@@ -415,7 +415,6 @@ static int on_readable(Core *c, int index) {
     int got = 0;
     while (got < RECV_BURST) {
         int want = RECV_BURST - got < RECV_BATCH ? RECV_BURST - got : RECV_BATCH;
-        for (int i = 0; i < want; i++) c->msgs[i].msg_len = 0;
         int n = recvmmsg(q->fd, c->msgs, (unsigned)want, MSG_DONTWAIT, NULL);
         if (n <= 0) break;
         double now = monotonic();

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from topology.impairment.engine import CORES
+from topology.impairment.engine import CORES, NATIVE, check_core
 from topology.impairment.lab import pair_lab
 from topology.impairment.model import Impairment
 from topology.probe import udp_probe
@@ -36,11 +36,10 @@ class BenchConfig:
     size: int = 200
     floor_seconds: float = 1.0
     spin_us: float = 0.0
-    core: str = "native"
+    core: str = NATIVE
 
     def __post_init__(self) -> None:
-        if self.core not in CORES:
-            raise ValueError(f"unknown engine core {self.core!r} (choose from {', '.join(CORES)})")
+        check_core(self.core)
         if self.rate < 1 or self.seconds <= 0 or self.floor_seconds < 0:
             raise ValueError("rate and seconds must be positive")
         if self.spin_us < 0:
@@ -166,11 +165,13 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cores = [c.strip() for c in args.core.split(",") if c.strip()]
+    if not cores:
+        raise UserError(f"--core names no core (choose from {', '.join(CORES)})")
     try:
         cfgs = [BenchConfig(delay_ms=args.delay_ms, jitter_ms=args.jitter_ms, rate=args.rate,
                             seconds=args.seconds, size=args.size,
                             floor_seconds=args.floor_seconds, spin_us=args.spin_us, core=core)
-                for core in cores or ["?"]]
+                for core in cores]
     except ValueError as exc:
         raise UserError(str(exc)) from None
     check_lab_prerequisites()

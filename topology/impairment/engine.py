@@ -46,6 +46,15 @@ from topology.netns import entered
 
 PYTHON, NATIVE = "python", "native"
 CORES = (NATIVE, PYTHON)
+
+
+def check_core(name: str) -> str:
+    """``name`` if it is one of CORES, else ValueError saying which there are."""
+    if name not in CORES:
+        raise ValueError(f"unknown engine core {name!r} (choose from {', '.join(CORES)})")
+    return name
+
+
 PR_SET_TIMERSLACK = 29
 IDLE_TIMEOUT = 0.5  # seconds; nothing is due, wake up now and then anyway
 RECV_BURST = 256  # packets read from one socket before releasing what is due

@@ -25,7 +25,7 @@ from pathlib import Path
 from services.procfs import precise_cpu_seconds
 from topology.impairment.backend import (ImpairmentBackend, ImpairmentError, iface_key,
                                          never_applied)
-from topology.impairment.engine import CORES
+from topology.impairment.engine import NATIVE, check_core
 from topology.impairment.model import Impairment, NetNode, impairment_to_dict
 from voiceedge import reaper
 
@@ -45,7 +45,7 @@ class EngineChannel:
     """The engine process and its JSON-lines pipe."""
 
     def __init__(self, python: str, timeout: float, spin_us: float = 0.0,
-                 core: str = "native") -> None:
+                 core: str = NATIVE) -> None:
         self.timeout = timeout
         self._lock = threading.Lock()
         self._buf = b""
@@ -166,11 +166,9 @@ class UserspaceBackend(ImpairmentBackend):
 
     def __init__(self, queue_base: int = 4200, seed: int | None = None, ipv6: bool = True,
                  python: str = sys.executable, timeout: float = 10.0,
-                 spin_us: float = 0.0, core: str = "native") -> None:
-        if core not in CORES:
-            raise ValueError(f"unknown engine core {core!r} (choose from {', '.join(CORES)})")
+                 spin_us: float = 0.0, core: str = NATIVE) -> None:
         self.spin_us = spin_us
-        self.core = core
+        self.core = check_core(core)
         self.queue_base = queue_base
         self.seed = seed
         self.ipv6 = ipv6
