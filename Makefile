@@ -31,7 +31,7 @@ deps:
 
 # Debian's /usr/bin/python3 with its site-packages: that is where Debian's mininet lives
 # (PyPI's mininet has no mnexec). The stamp re-runs pip only when pyproject.toml changes.
-$(BIN)/.installed: pyproject.toml services/relay/_fastpath.c services/mediaplane/_mediaplane.c | deps
+$(BIN)/.installed: pyproject.toml services/relay/_fastpath.c services/mediaplane/_mediaplane.c services/mediaplane/srtp_gcm.c services/mediaplane/srtp_gcm.h | deps
 	@test -x $(BIN)/python || $(PY_SYSTEM) -m venv --system-site-packages $(VENV)
 	@$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
 	@touch $@

@@ -14,8 +14,9 @@ Needs Debian's clang (``apt-get install clang``) and atheris (``pip install athe
 is a dependency of the project yet.
 
 An input is a small program against one fresh Plane (so every input replays alone): a config
-byte (capacity, a shared socket or none, the first sessions: AES128_CM_SHA1_80 and
-AEAD_AES_256_GCM, direct and relayed, Opus and pcm16, one with a socket of its own), then up
+byte (capacity, a shared socket or none, the first sessions: AES128_CM_SHA1_80 on libsrtp2 and
+AEAD_AES_256_GCM on the plane's own GCM, srtp_gcm.c; direct and relayed, Opus and pcm16, one
+with a socket of its own; sessions added later may be AEAD_AES_128_GCM too), then up
 to 64 operations: datagrams (the harness's bytes as RTP protected by the peer with the
 session's keys, with another session's keys, protected then tampered, or raw; with or without
 the relay's hop header; from the session's address, a stranger's, the other path's; through
@@ -471,6 +472,8 @@ class Case:
         r, w = self.r, self.world
         sel = r.byte()
         profile, relayed, pcm = (1, 8)[sel & 1], bool(sel & 2), bool(sel & 4)
+        if profile == 8 and not relayed and sel & 8:   # the relay bit, unused: AES-128 GCM
+            profile = 7
         client = w.client_addrs[r.byte() % len(w.client_addrs)]
         relay = w.relay_addrs[sel >> 3 & 1] if relayed else None
         own = None

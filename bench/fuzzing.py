@@ -36,7 +36,8 @@ COVERAGE_FLAGS = ["--coverage", "-O0", "-g"]
 @dataclass(frozen=True)
 class Target:
     """One extension to fuzz: its module name ends with ``suffix``; builds go under ``work``;
-    $``source_env``, when set, names another copy of its C to build; ``tool`` prefixes errors."""
+    $``source_env``, when set, names another copy of its main C file (its first source) to
+    build; ``tool`` prefixes errors."""
 
     suffix: str
     work: Path
@@ -49,19 +50,29 @@ class Target:
             for ext in tomllib.load(f)["tool"]["setuptools"]["ext-modules"]:
                 if ext["name"].endswith(self.suffix):
                     if os.environ.get(self.source_env):
-                        ext = dict(ext, sources=[os.environ[self.source_env]])
+                        ext = dict(ext, sources=[os.environ[self.source_env], *ext["sources"][1:]])
                     return ext
         raise SystemExit(f"{self.tool}: no {self.suffix[1:]} extension in pyproject.toml")
 
     def source(self) -> Path:
-        return REPO / self.extension()["sources"][0]
+        """The main C file (the module's; the others are its parts)."""
+        return self.sources()[0]
+
+    def sources(self) -> list[Path]:
+        return [REPO / s for s in self.extension()["sources"]]
+
+    def sources_sha256(self) -> str:
+        """One digest over every source file and the headers beside them."""
+        digest = hashlib.sha256()
+        for path in self.sources() + sorted({h for s in self.sources() for h in s.parent.glob("*.h")}):
+            digest.update(path.read_bytes())
+        return digest.hexdigest()[:16]
 
     def build(self, kind: str) -> Path:
         """The extension built for ``kind`` ("fuzz": clang with libFuzzer's instrumentation
         and ASan+UBSan, cached by source and flags; "coverage": gcc --coverage, always fresh)."""
         ext = self.extension()
-        (source,) = ext["sources"]
-        source = REPO / source
+        sources = [str(s) for s in self.sources()]
         libs = ["-l" + lib for lib in ext.get("libraries", [])]
         flags = [f for f in ext.get("extra-compile-args", []) if f.startswith("-ffp-")]
         include = "-I" + sysconfig.get_paths()["include"]
@@ -69,7 +80,7 @@ class Target:
         if kind == "fuzz":
             if not shutil.which("clang"):
                 raise SystemExit(f"{self.tool}: needs clang (Debian: apt-get install clang)")
-            tag = hashlib.sha256(source.read_bytes() + " ".join(FUZZ_FLAGS + flags + libs).encode()
+            tag = hashlib.sha256((self.sources_sha256() + " ".join(FUZZ_FLAGS + flags + libs)).encode()
                                  + subprocess.run(["clang", "--version"], capture_output=True).stdout
                                  ).hexdigest()[:16]
             out = self.work / f"so-{tag}" / name
@@ -77,7 +88,7 @@ class Target:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 tmp = out.with_name(f".{name}.{os.getpid()}")
                 built = subprocess.run(["clang", "-shared", "-fPIC", *FUZZ_FLAGS, *flags, include,
-                                        str(source), *libs, "-o", str(tmp)])
+                                        *sources, *libs, "-o", str(tmp)])
                 if built.returncode:   # clang said why, above
                     raise SystemExit(f"{self.tool}: the sanitizer build failed (Debian: the "
                                      "runtimes are in libclang-rt-14-dev; `make fuzz` installs "
@@ -85,10 +96,11 @@ class Target:
                 os.replace(tmp, out)
             return out
         out_dir = Path(tempfile.mkdtemp(prefix=f"voiceedge-{self.tool}-coverage-"))
-        obj = out_dir / (source.stem + ".o")
-        subprocess.run(["gcc", "-c", "-fPIC", *COVERAGE_FLAGS, *flags, include, str(source),
-                        "-o", str(obj)], check=True)
-        subprocess.run(["gcc", "-shared", "--coverage", str(obj), *libs, "-o", str(out_dir / name)],
+        objs = [str(out_dir / (Path(source).stem + ".o")) for source in sources]
+        for source, obj in zip(sources, objs):
+            subprocess.run(["gcc", "-c", "-fPIC", *COVERAGE_FLAGS, *flags, include, source,
+                            "-o", obj], check=True)
+        subprocess.run(["gcc", "-shared", "--coverage", *objs, *libs, "-o", str(out_dir / name)],
                        check=True)
         return out_dir / name
 
@@ -261,7 +273,8 @@ def command(h: Harness, argv: list[str] | None = None) -> None:
                              "--", *inputs], cwd=REPO, env=child_env(so, stats, sanitizers=False)).returncode
         stats.unlink(missing_ok=True)
         source = target.source()
-        gcov = subprocess.run(["gcov", "-b", "-c", "-o", str(so.parent), str(source)],
+        gcov = subprocess.run(["gcov", "-b", "-c", "-o", str(so.parent),
+                               *map(str, target.sources())],
                               cwd=so.parent, capture_output=True, text=True)
         lines = [l for l in gcov.stdout.splitlines() if l.startswith(("File", "Lines", "Branches",
                                                                        "Taken", "Calls"))]
@@ -306,8 +319,8 @@ def command(h: Harness, argv: list[str] | None = None) -> None:
         sys.stderr.write(line)
     rc = child.wait()
     out = summary(log, stats, time.monotonic() - started, rc, args.artifacts, before)
-    source = target.source()
-    out.update(source=str(source), source_sha256=hashlib.sha256(source.read_bytes()).hexdigest()[:16])
+    out.update(source=str(target.source()), sources=[str(s) for s in target.sources()],
+               source_sha256=target.sources_sha256())
     (work / "last.log").write_text("".join(log))
     stats.unlink(missing_ok=True)
     print(json.dumps(out, indent=1))

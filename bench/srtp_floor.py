@@ -38,7 +38,7 @@ def build() -> Path:
                             ("/usr/include/openssl/evp.h", "libssl-dev")):
         if not Path(header).exists():
             raise UserError(f"voiceedge bench srtp needs {package}: "
-                            "scripts/install-debian-deps.sh srtp (as root)")
+                            "make deps (as root)")
     BUILD.mkdir(parents=True, exist_ok=True)
     partial = binary.with_suffix(f".{os.getpid()}")
     proc = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(partial), str(SOURCE), "-lsrtp2",

@@ -32,7 +32,7 @@ from services.client.runner import run_sessions
 from services.lag import LoopLagMonitor
 from services.procfs import precise_cpu_seconds, processes
 from services.logs import JsonFormatter
-from services.mediapaths import MEDIA_PATHS, PYTHON
+from services.mediapaths import MEDIA_PATHS, OPENSSL, PYTHON, SRTP_IMPLEMENTATIONS
 from services.transceiver.ice import MODES, SHARED
 from topology.netns import in_namespace, lab_namespace
 from voiceedge.errors import UserError
@@ -50,6 +50,7 @@ class DemoConfig:
     workdir: Path | None = None
     media_path: str = PYTHON        # the transceiver's (shared mode): python or native
     light_path: str = PYTHON        # the light clients': aiortc or the native pump
+    srtp: str = OPENSSL             # the transceiver's native path's SRTP (mediapaths.py)
 
 
 @dataclass
@@ -78,6 +79,7 @@ class DemoResult:
     # every service (its child processes included) over the same window: transceiver, relay,
     # front, agent, redis
     services_cpu_ms_per_session_second: dict = field(default_factory=dict)
+    srtp: str | None = None          # the transceiver's native path's SRTP (None: python path)
     relay: dict = field(default_factory=dict)
     logs: str = ""
 
@@ -132,13 +134,14 @@ def cpu_ms_per_session_second(start: CpuMark, end: CpuMark,
 
 
 def demo_plan(mode: str, netns: str, public: str, internal: str,
-              media_path: str = PYTHON) -> EdgePlan:
+              media_path: str = PYTHON, srtp: str = OPENSSL) -> EdgePlan:
     """The demo's edge: one cluster and its front in one namespace."""
     host = Host("lab", netns)
     cluster = ClusterPlan("demo", 1, host, public=public, internal=internal)
     front = FrontPlan("demo", host, "127.0.0.1", (FrontRoute("demo", 0.0),))
     return EdgePlan("cluster-relay" if mode == SHARED else "port-per-session", (cluster,), (front,),
-                    max_sessions=500, transceiver_args=("--media-path", media_path))
+                    max_sessions=500,
+                    transceiver_args=("--media-path", media_path, "--srtp", srtp))
 
 
 def run_demo(config: DemoConfig, say=lambda msg: None, progress=None) -> DemoResult:
@@ -152,7 +155,8 @@ def run_demo(config: DemoConfig, say=lambda msg: None, progress=None) -> DemoRes
     workdir = config.workdir or temp_dir("voiceedge-demo-")
     workdir.mkdir(parents=True, exist_ok=True)
     with lab_namespace("vedemo") as ns:
-        plan = demo_plan(config.mode, ns.name, *ns.addresses, media_path=config.media_path)
+        plan = demo_plan(config.mode, ns.name, *ns.addresses, media_path=config.media_path,
+                         srtp=config.srtp)
         return in_namespace(ns.name, asyncio.run, _demo(config, plan, workdir, say, progress))
 
 
@@ -230,7 +234,9 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
                for kind in KINDS}
 
     return DemoResult(
-        mode=cfg.mode, media_path=cfg.media_path, light_path=cfg.light_path, sessions=cfg.sessions, ok=len(ok), failed=len(results) - len(ok),
+        mode=cfg.mode, media_path=cfg.media_path, light_path=cfg.light_path,
+        srtp=cfg.srtp if cfg.media_path != PYTHON else None, sessions=cfg.sessions, ok=len(ok),
+        failed=len(results) - len(ok),
         failures=failures,
         setup_ms_p50=pct("setup_ms", 50), setup_ms_p95=pct("setup_ms", 95),
         first_ice_rtt_ms_p50=pct("first_ice_rtt_ms", 50),
@@ -314,6 +320,9 @@ def add_parser(sub) -> None:
     e.add_argument("--light-path", choices=MEDIA_PATHS, default=d.light_path,
                    help="the light clients' media path: python (aiortc) or native (one pump "
                         "for all of them; default python)")
+    e.add_argument("--srtp", choices=SRTP_IMPLEMENTATIONS, default=d.srtp,
+                   help="the transceiver's SRTP on the native path: openssl (its own AES-GCM; "
+                        "default) or libsrtp (the reference)")
     e.add_argument("--workdir", type=Path, help="where logs and JSON lines go (default: a temp dir)")
     e.add_argument("--json", action="store_true", help="print only JSON")
     e.set_defaults(func=_main)
@@ -334,7 +343,7 @@ def _main(args) -> int:
     cfg = DemoConfig(sessions=args.sessions, mode=args.mode, duration_s=args.duration,
                      start_rate=args.rate, concurrency=args.concurrency,
                      full_clients=args.full_clients, workdir=args.workdir,
-                     media_path=args.media_path, light_path=args.light_path)
+                     media_path=args.media_path, light_path=args.light_path, srtp=args.srtp)
     bars = ProgressBars(Console(stderr=True), enabled=not args.json)
     with bars:
         try:

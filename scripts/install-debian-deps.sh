@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages voiceedge needs, only those missing (idempotent, fast when done).
 set -euo pipefail
-packages=(mininet bridge-utils iptables conntrack iputils-ping redis-server tcpdump coturn python3-venv python3-dev gcc libsrtp2-dev libopus-dev)
-# Usage: install-debian-deps.sh [base] [browsers]
+packages=(mininet bridge-utils iptables conntrack iputils-ping redis-server tcpdump coturn python3-venv python3-dev gcc libsrtp2-dev libopus-dev libssl-dev)
+# Usage: install-debian-deps.sh [base] [browsers] [fuzz]
 #   base       what every command needs (above; the default)
 #   browsers   Debian's chromium, for browser clients (make browsers; docs/browser.md)
 #   fuzz       Debian's clang, for the media plane's fuzzer (make fuzz; docs/mediaplane.md)
-#   srtp       OpenSSL's headers, for the SRTP crypto floor (voiceedge bench srtp; docs/benchmarks.md)
 # Both at once (make test) is one apt-get update and one install: on a fresh machine the
 # second update of two separate calls costs as much as the first.
 modes=("${@:-base}")
@@ -17,8 +16,7 @@ for mode in "${modes[@]}"; do
         base) wanted+=("${packages[@]}"); with_base=yes ;;
         browsers) wanted+=(chromium) ;;
         fuzz) wanted+=(clang libclang-rt-14-dev) ;;   # the ASan/UBSan/libFuzzer runtimes
-        srtp) wanted+=(libssl-dev) ;;
-        *) echo "usage: $0 [base] [browsers] [fuzz] [srtp]" >&2; exit 2 ;;
+        *) echo "usage: $0 [base] [browsers] [fuzz]" >&2; exit 2 ;;
     esac
 done
 missing=()

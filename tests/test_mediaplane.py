@@ -1,7 +1,8 @@
 """The native media plane (services/mediaplane/_mediaplane.c) against an independent SRTP
-peer: pylibsrtp (the libsrtp aiortc bundles) protects what the plane unprotects and the other
-way round, on real loopback UDP sockets. Bad input is dropped and counted, never delivered to
-another session."""
+peer: pylibsrtp (the libsrtp aiortc bundles, on OpenSSL) protects what the plane unprotects and
+the other way round, on real loopback UDP sockets, with each of the plane's SRTP
+implementations (its own AES-GCM, srtp_gcm.c, and Debian's libsrtp2). Bad input is dropped and
+counted, never delivered to another session."""
 from __future__ import annotations
 
 import os
@@ -18,6 +19,11 @@ from services.wire import hop
 
 PROFILES = {"AES128_CM_SHA1_80": (pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_80, 30),
             "AEAD_AES_256_GCM": (pylibsrtp.Policy.SRTP_PROFILE_AEAD_AES_256_GCM, 44)}
+# (profile, master key and salt bytes, the plane's srtp=): every implementation the plane has
+CRYPTO = {"AES128_CM_SHA1_80/libsrtp": (*PROFILES["AES128_CM_SHA1_80"], "openssl"),
+          "AEAD_AES_128_GCM/own": (pylibsrtp.Policy.SRTP_PROFILE_AEAD_AES_128_GCM, 28, "openssl"),
+          "AEAD_AES_256_GCM/own": (*PROFILES["AEAD_AES_256_GCM"], "openssl"),
+          "AEAD_AES_256_GCM/libsrtp": (*PROFILES["AEAD_AES_256_GCM"], "libsrtp")}
 SILENCE = b"\xf8\xff\xfe"
 MID_ID, AST_ID = 1, 3
 
@@ -95,9 +101,10 @@ def test_caller_rtp_reaches_the_agent_batch_and_replies_go_out_as_srtp(server, n
     assert counters["rtp_in"] == 3 and counters["rtp_out"] == 2 and counters["to_python"] == 0
 
 
-def test_rollover_across_the_sequence_wrap_both_ways(server):
-    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
-    plane, peer = Plane(server.fileno(), 4), Peer(profile, key_len)
+@pytest.mark.parametrize("crypto", CRYPTO)
+def test_rollover_across_the_sequence_wrap_both_ways(server, crypto):
+    profile, key_len, srtp = CRYPTO[crypto]
+    plane, peer = Plane(server.fileno(), 4, srtp), Peer(profile, key_len)
     channel = add(plane, peer, profile, seq=65533)
     got = []
     for i in range(8):  # 65530 .. 65535, 0, 1: libsrtp's rollover counter on both sides
@@ -116,9 +123,11 @@ def test_rollover_across_the_sequence_wrap_both_ways(server):
     assert struct.unpack_from("!H", peer.rx.unprotect(peer.sock.recv(2048)), 2)[0] == 2
 
 
-def test_replayed_forged_truncated_and_strangers_packets_are_dropped_and_counted(server):
-    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
-    plane, peer, other = Plane(server.fileno(), 4), Peer(profile, key_len), Peer(profile, key_len)
+@pytest.mark.parametrize("crypto", CRYPTO)
+def test_replayed_forged_truncated_and_strangers_packets_are_dropped_and_counted(server, crypto):
+    profile, key_len, srtp = CRYPTO[crypto]
+    plane = Plane(server.fileno(), 4, srtp)
+    peer, other = Peer(profile, key_len), Peer(profile, key_len)
     channel = add(plane, peer, profile)
     good = peer.tx.protect(rtp(1, 0, 9, b"x"))
     assert plane.process(good, peer.address) is None
@@ -253,15 +262,17 @@ def reports(peer: Peer) -> list:
     return RtcpPacket.parse(peer.rx.unprotect_rtcp(peer.sock.recv(2048)))
 
 
-def test_the_plane_reports_a_peers_stream_as_rfc_3550_says_and_reads_the_rtt_off_its_rr(server):
+@pytest.mark.parametrize("crypto", CRYPTO)
+def test_the_plane_reports_a_peers_stream_as_rfc_3550_says_and_reads_the_rtt_off_its_rr(server,
+                                                                                          crypto):
     """SR with our stream's counts and this instant's NTP/RTP pair, a report block on the
     peer's stream (extended highest sequence across a wrap, cumulative and fractional loss,
     LSR/DLSR answering the peer's SR), SDES CNAME; the peer's RR answering our SR gives the
     RTT (RFC 3550 6.4.1), an RR naming no SR of ours gives none."""
     from aiortc.rtp import (RtcpReceiverInfo, RtcpRrPacket, RtcpSdesPacket, RtcpSenderInfo,
                              RtcpSrPacket)
-    profile, key_len = PROFILES["AEAD_AES_256_GCM"]
-    plane, peer = Plane(server.fileno(), 2), Peer(profile, key_len)
+    profile, key_len, srtp = CRYPTO[crypto]
+    plane, peer = Plane(server.fileno(), 2, srtp), Peer(profile, key_len)
     channel = add_rtcp(plane, peer, profile)
     for seq in (65530, 65531, 65533, 65535, 0, 1):      # 65532 and 65534 lost, then a wrap
         assert plane.process(peer.tx.protect(rtp(seq, 960 * seq, 0xCAFE, b"v")),
@@ -311,13 +322,15 @@ def test_the_plane_reports_a_peers_stream_as_rfc_3550_says_and_reads_the_rtt_off
     assert plane.counters()["rtcp_in"] == 4 and plane.counters()["rtcp_out"] == 1
 
 
-def test_bad_rtcp_is_dropped_and_counted_and_rtcp_of_a_session_without_it_is_pythons(server):
+@pytest.mark.parametrize("crypto", CRYPTO)
+def test_bad_rtcp_is_dropped_and_counted_and_rtcp_of_a_session_without_it_is_pythons(server,
+                                                                                      crypto):
     """Truncated, unauthenticated, replayed and malformed-inside SRTCP: dropped by reason; a
     BYE is seen; remove(bye=True) sends a last report ending in BYE; a session whose RTCP
     aiortc keeps passes its SRTCP up unchanged."""
     from aiortc.rtp import RtcpByePacket, RtcpRrPacket
-    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
-    plane, peer = Plane(server.fileno(), 4), Peer(profile, key_len)
+    profile, key_len, srtp = CRYPTO[crypto]
+    plane, peer = Plane(server.fileno(), 4, srtp), Peer(profile, key_len)
     channel = add_rtcp(plane, peer, profile)
     good = peer.tx.protect_rtcp(bytes(RtcpRrPacket(ssrc=0xCAFE, reports=[])))
     assert plane.process(good, peer.address) is None
@@ -388,3 +401,59 @@ def test_a_peer_that_churns_ssrcs_is_bounded_and_a_bad_padding_count_is_malforme
     assert plane.sessions == 1
     with pytest.raises(RuntimeError):
         plane.__init__(server.fileno(), 2)
+
+
+def replay_order(indices: list[int], rng) -> list[int]:
+    """A receive order of ``indices``: mostly as sent, with local reordering, duplicates,
+    packets far behind (outside the replay window) and repeats of the latest."""
+    order = []
+    for k, index in enumerate(indices):
+        order.append(index)
+        roll = rng.random()
+        if roll < 0.1 and k:
+            order.append(indices[rng.randrange(max(0, k - 8), k)])          # late or repeated
+        elif roll < 0.13 and k > 40:
+            order.append(indices[rng.randrange(0, k - 30)])                # far behind
+        elif roll < 0.16 and k + 3 < len(indices):
+            order[-1:] = [indices[k + 1], index]                           # early
+    return order
+
+
+@pytest.mark.parametrize("profile_name", ["AEAD_AES_128_GCM", "AEAD_AES_256_GCM"])
+def test_the_own_gcm_takes_and_drops_every_packet_as_libsrtp_does(server, profile_name):
+    """The same datagrams, in an order with reordering, replays, packets far behind and
+    sequence jumps across several rollovers, to a plane on its own AES-GCM and one on libsrtp:
+    the same packets delivered, the same drops by reason, RTP and SRTCP."""
+    import random
+
+    from aiortc.rtp import RtcpRrPacket
+    profile = getattr(pylibsrtp.Policy, "SRTP_PROFILE_" + profile_name)
+    key_len = {"AEAD_AES_128_GCM": 28, "AEAD_AES_256_GCM": 44}[profile_name]
+    rng = random.Random(7)
+    peer = Peer(profile, key_len)
+    planes = {srtp: Plane(server.fileno(), 2, srtp) for srtp in ("openssl", "libsrtp")}
+    channels = {srtp: add_rtcp(p, peer, profile) for srtp, p in planes.items()}
+    # packet indices (ROC << 16 | SEQ) as the peer sends them: dense runs and jumps below 2^15,
+    # starting high so the first rollover comes early
+    index, sent = 65000, {}
+    while len(sent) < 3000:
+        sent[index] = peer.tx.protect(rtp(index & 0xFFFF, 960 * index & 0xFFFFFFFF, 0xCAFE,
+                                          index.to_bytes(6, "big")))
+        index += rng.choice((1, 1, 1, 2, 1, 1, 1, 1, 5, 1100, 20000))
+    rtcp = {i: peer.tx.protect_rtcp(bytes(RtcpRrPacket(ssrc=0xCAFE, reports=[])))
+            for i in range(1, 400)}
+    got = {srtp: [] for srtp in planes}
+    for kind, datagrams in (("rtp", sent), ("rtcp", rtcp)):
+        for i in replay_order(sorted(datagrams), rng):
+            for srtp, plane in planes.items():
+                before = plane.counters()
+                assert plane.process(datagrams[i], peer.address) is None
+                after = plane.counters()
+                got[srtp].append((kind, i, {k: after[k] - before[k] for k in after
+                                            if after[k] != before[k]}))
+    assert got["openssl"] == got["libsrtp"]
+    counters = planes["openssl"].counters()
+    assert counters["drop_srtp_replay"] > 100 and counters["drop_rtcp_replay"] > 10
+    assert planes["openssl"].stats(channels["openssl"])["cycles"] >= 3 * 65536
+    payloads = {srtp: [p for _, p in records(plane.take_batch())] for srtp, plane in planes.items()}
+    assert payloads["openssl"] == payloads["libsrtp"] and payloads["openssl"]

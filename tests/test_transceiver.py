@@ -337,6 +337,8 @@ def test_the_media_path_and_agent_codec_options():
     native = cli_config(*base, "--media-path", "native", "--agent-codec", "opus")
     assert (native.media_path, native.agent_codecs) == ("native", ("opus",))
     assert cli_config(*base, "--media-path", "native").agent_codecs == ("opus", "pcm16")
+    assert cli_config(*base, "--media-path", "native").srtp == "openssl"
+    assert cli_config(*base, "--media-path", "native", "--srtp", "libsrtp").srtp == "libsrtp"
     from voiceedge.errors import UserError
     for argv, message in ((("--media-path", "native", "--mode", "port-per-session"),
                            "needs --mode shared"),

@@ -29,12 +29,12 @@ lab = lab_fixture("venative")
 
 
 def _calls(lab, media_path: str, light_path: str, codecs=("opus", "pcm16"),
-           duration_s: float = DURATION_S):
+           duration_s: float = DURATION_S, srtp: str = "openssl"):
     async def scenario():
         async with AgentServer(AgentConfig(port=0)) as agent:
             cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host=EDGE,
                                     control=("127.0.0.1", 0), media_path=media_path,
-                                    agent_codecs=codecs,
+                                    agent_codecs=codecs, srtp=srtp,
                                     agent_url=f"ws://127.0.0.1:{agent.port}")
             async with TransceiverServer(cfg) as server:
                 client = ClientConfig(url=f"http://127.0.0.1:{server.control_port}/sessions",
@@ -86,11 +86,15 @@ def test_both_paths_carry_the_same_calls(both):
 def test_on_the_native_path_the_rtp_never_reaches_python(both):
     (_, python_status, _, _), (_, status, links, codecs) = both
     assert python_status["native"] is None and python_status["media_path"] == "python"
+    assert status["srtp"] == "openssl" and python_status["srtp"] is None
     native = status["native"]
     assert native["sessions"] == 0   # every session left the plane
     assert native["rtp_in"] >= SESSIONS * DURATION_S * 50 * 0.9
     assert native["rtp_out"] >= SESSIONS * DURATION_S * 50 * 0.9
     drops = {k: v for k, v in native.items() if k.startswith(("drop_", "batch_")) and v}
+    # the agent's echo of a session's last frames may still be on its way when the session
+    # leaves the plane: those records name a channel that is gone (seen: 1 in 5 runs)
+    assert drops.pop("batch_unknown_channel", 0) <= SESSIONS, native
     assert not drops, drops
     # the plane keeps the sessions' RTCP: every session reported (0.5-1.5 s apart) and read
     # its client's reports, a last report and BYE as it left
@@ -115,3 +119,15 @@ def test_the_plane_decodes_for_an_agent_that_takes_pcm(lab):
     for r in results:
         assert r.ok and r.echo_verified, (r.client, r.echo_rms, r.echo_voiced_pct)
     assert status["native"]["drop_decode"] == status["native"]["drop_encode"] == 0
+
+
+def test_the_plane_on_libsrtp_the_reference_carries_the_same_calls(lab):
+    """--srtp libsrtp: every session's SRTP on Debian's libsrtp2 instead of the plane's own
+    AES-GCM (docs/mediaplane.md, "SRTP"); the calls as on the default."""
+    results, status, _, _ = _calls(lab, "native", "native", srtp="libsrtp")
+    for r in results:
+        assert r.ok and r.echo_verified and r.loss_pct == 0, (r.client, r.error)
+        assert r.rtt_ms is not None and 0 < r.rtt_ms < 20, r.rtt_ms
+    native = status["native"]
+    assert status["srtp"] == "libsrtp" and native["rtp_in"] >= SESSIONS * DURATION_S * 50 * 0.9
+    assert not {k: v for k, v in native.items() if k.startswith("drop_") and v}, native

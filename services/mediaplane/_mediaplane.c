@@ -43,6 +43,8 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "srtp_gcm.h"
+
 #define HOP_MAGIC 0x0E
 #define HOP_V4_LEN 8
 #define BATCH 64                /* datagrams per recvmmsg / sendmmsg */
@@ -104,7 +106,8 @@ typedef struct {
     int relayed;
     struct sockaddr_in relay;           /* the relay that last delivered the client */
     uint8_t hop[HOP_V4_LEN];            /* the header towards the client */
-    srtp_t rx, tx;
+    srtp_t rx, tx;                      /* libsrtp's, or */
+    GcmSide *grx, *gtx;                 /* the plane's own for the GCM profiles (srtp_gcm.c) */
     int pcm;                            /* pcm16 towards the agent: decode and encode here */
     OpusDecoder *dec;
     OpusEncoder *enc;
@@ -177,6 +180,7 @@ typedef struct {
     uint8_t *sbuf;
     unsigned scount;
     uint64_t rng;                       /* xorshift64*: the RTCP intervals */
+    int own_gcm;                        /* srtp="openssl": GCM profiles on srtp_gcm.c */
 } Plane;
 
 static int srtp_ready = 0;
@@ -376,13 +380,19 @@ static int unprotect(Plane *p, Session *s, uint8_t *pkt, int *len, int rtcp) {
     uint32_t ssrc = be32(pkt + (rtcp ? 4 : 8));
     int known = known_ssrc(s, ssrc);
     if (!known && s->nssrcs == SSRCS) { p->counters[C_DROP_SSRC_LIMIT]++; return 0; }
-    srtp_err_status_t e = rtcp ? srtp_unprotect_rtcp(s->rx, pkt, len)
-                               : srtp_unprotect(s->rx, pkt, len);
-    if (e != srtp_err_status_ok) {
-        /* auth, replay, other: in this order in both families of counters */
-        int reason = e == srtp_err_status_auth_fail ? 0
-                   : e == srtp_err_status_replay_fail || e == srtp_err_status_replay_old ? 1 : 2;
-        p->counters[(rtcp ? C_DROP_RTCP_AUTH : C_DROP_SRTP_AUTH) + reason]++;
+    int reason = 0;   /* auth, replay, other: in this order in both families of counters */
+    if (s->grx) {
+        int e = rtcp ? gcm_unprotect_rtcp(s->grx, pkt, len) : gcm_unprotect_rtp(s->grx, pkt, len);
+        reason = e - GCM_AUTH + 1;
+    } else {
+        srtp_err_status_t e = rtcp ? srtp_unprotect_rtcp(s->rx, pkt, len)
+                                   : srtp_unprotect(s->rx, pkt, len);
+        if (e != srtp_err_status_ok)
+            reason = e == srtp_err_status_auth_fail ? 1
+                   : e == srtp_err_status_replay_fail || e == srtp_err_status_replay_old ? 2 : 3;
+    }
+    if (reason) {
+        p->counters[(rtcp ? C_DROP_RTCP_AUTH : C_DROP_SRTP_AUTH) + reason - 1]++;
         return 0;
     }
     if (!known) s->ssrcs[s->nssrcs++] = ssrc;
@@ -605,7 +615,8 @@ static void send_frame(Plane *p, Session *s, const uint8_t *payload, unsigned pl
     if (off + plen > RTP_MAX) { p->counters[C_DROP_FRAME_TOO_BIG]++; return; }
     memcpy(rtp + off, payload, plen);
     int len = (int)(off + plen);
-    if (srtp_protect(s->tx, rtp, &len) != srtp_err_status_ok) {
+    if (s->gtx ? gcm_protect_rtp(s->gtx, rtp, &len) != GCM_OK
+               : srtp_protect(s->tx, rtp, &len) != srtp_err_status_ok) {
         p->counters[C_SEND_ERRORS]++;
         return;
     }
@@ -697,7 +708,8 @@ static void send_report(Plane *p, Session *s, int64_t now, int bye) {
         n += 8;
     }
     int len = (int)n;
-    if (srtp_protect_rtcp(s->tx, r, &len) != srtp_err_status_ok) {
+    if (s->gtx ? gcm_protect_rtcp(s->gtx, r, &len) != GCM_OK
+               : srtp_protect_rtcp(s->tx, r, &len) != srtp_err_status_ok) {
         p->counters[C_SEND_ERRORS]++;
         return;
     }
@@ -721,6 +733,10 @@ static int codecs_on(Session *s) {
 static void session_free(Session *s) {
     if (s->rx) srtp_dealloc(s->rx);
     if (s->tx) srtp_dealloc(s->tx);
+    if (s->grx) gcm_side_free(s->grx);
+    if (s->gtx) gcm_side_free(s->gtx);
+    PyMem_Free(s->grx);
+    PyMem_Free(s->gtx);
     if (s->dec) opus_decoder_destroy(s->dec);
     if (s->enc) opus_encoder_destroy(s->enc);
     PyMem_Free(s->script);
@@ -745,10 +761,15 @@ static void Plane_dealloc(Plane *p) {
 }
 
 static int Plane_init(Plane *p, PyObject *args, PyObject *kw) {
-    static char *names[] = {"fd", "capacity", NULL};
+    static char *names[] = {"fd", "capacity", "srtp", NULL};
     int fd;
     unsigned capacity = 1024;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|I", names, &fd, &capacity)) return -1;
+    const char *srtp = "openssl";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|Is", names, &fd, &capacity, &srtp)) return -1;
+    if (strcmp(srtp, "openssl") && strcmp(srtp, "libsrtp")) {
+        PyErr_SetString(PyExc_ValueError, "srtp must be 'openssl' or 'libsrtp'");
+        return -1;
+    }
     if (p->sessions) {
         PyErr_SetString(PyExc_RuntimeError, "a plane is initialised once");
         return -1;
@@ -766,6 +787,7 @@ static int Plane_init(Plane *p, PyObject *args, PyObject *kw) {
     }
     p->fd = fd;
     p->capacity = capacity;
+    p->own_gcm = !strcmp(srtp, "openssl");
     p->rng = (uint64_t)mono_ns() ^ (uint64_t)(uintptr_t)p ^ 0x9E3779B97F4A7C15ull;
     p->table_size = 1;
     while (p->table_size < capacity * 2) p->table_size <<= 1;
@@ -850,22 +872,42 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
         PyErr_Format(PyExc_ValueError, "SRTP keys must be %d bytes (key and salt)", need);
         goto done;
     }
-    policy.window_size = 1024;
-    policy.allow_repeat_tx = 1;
-    policy.ssrc.type = ssrc_any_inbound;
-    policy.key = rx_key.buf;
-    if (srtp_create(&s->rx, &policy) != srtp_err_status_ok) {
-        PyErr_SetString(PyExc_ValueError, "srtp_create (inbound) failed");
-        s->rx = NULL;
-        goto done;
-    }
-    policy.ssrc.type = ssrc_any_outbound;
-    policy.key = tx_key.buf;
-    if (srtp_create(&s->tx, &policy) != srtp_err_status_ok) {
-        PyErr_SetString(PyExc_ValueError, "srtp_create (outbound) failed");
-        s->tx = NULL;
-        session_free(s);
-        goto done;
+    int gcm_key_len;
+    if (p->own_gcm && gcm_profile(profile, &gcm_key_len)) {
+        s->grx = PyMem_Malloc(sizeof(GcmSide));
+        s->gtx = PyMem_Malloc(sizeof(GcmSide));
+        if (!s->grx || !s->gtx) {
+            PyMem_Free(s->grx);
+            PyMem_Free(s->gtx);
+            s->grx = s->gtx = NULL;
+            PyErr_NoMemory();
+            goto done;
+        }
+        int rx_ok = gcm_side_init(s->grx, gcm_key_len, rx_key.buf, 0) == 0;
+        int tx_ok = gcm_side_init(s->gtx, gcm_key_len, tx_key.buf, 1) == 0;
+        if (!rx_ok || !tx_ok) {
+            session_free(s);
+            PyErr_SetString(PyExc_RuntimeError, "OpenSSL's AES-GCM could not be keyed");
+            goto done;
+        }
+    } else {
+        policy.window_size = GCM_RTP_WINDOW;   /* the same window on both implementations */
+        policy.allow_repeat_tx = 1;
+        policy.ssrc.type = ssrc_any_inbound;
+        policy.key = rx_key.buf;
+        if (srtp_create(&s->rx, &policy) != srtp_err_status_ok) {
+            PyErr_SetString(PyExc_ValueError, "srtp_create (inbound) failed");
+            s->rx = NULL;
+            goto done;
+        }
+        policy.ssrc.type = ssrc_any_outbound;
+        policy.key = tx_key.buf;
+        if (srtp_create(&s->tx, &policy) != srtp_err_status_ok) {
+            PyErr_SetString(PyExc_ValueError, "srtp_create (outbound) failed");
+            s->tx = NULL;
+            session_free(s);
+            goto done;
+        }
     }
     if (pcm) {
         if (codecs_on(s) < 0) {

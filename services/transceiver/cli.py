@@ -7,7 +7,7 @@ import os
 from services.config import parse_hostport
 from voiceedge.errors import ConfigError
 from services.transceiver import ice
-from services.mediapaths import MEDIA_PATHS, PYTHON
+from services.mediapaths import MEDIA_PATHS, OPENSSL, PYTHON, SRTP_IMPLEMENTATIONS
 from services.transceiver.opus import APPLICATIONS, OpusSettings
 from services.wire.ufrag import MAX_CLUSTER_ID, MAX_TRANSCEIVER_ID, secret_from_env
 from voiceedge.errors import UserError
@@ -43,6 +43,9 @@ def add_parser(sub) -> None:
                    help="who carries an established session's RTP: aiortc in Python (the "
                         "reference), or the native media plane in C (shared mode only; "
                         "docs/transceiver.md)")
+    p.add_argument("--srtp", choices=SRTP_IMPLEMENTATIONS, default=OPENSSL,
+                   help="the native path's SRTP: openssl (its own AES-GCM for the GCM "
+                        "profiles; default) or libsrtp (libsrtp2 for all, the reference)")
     p.add_argument("--agent-codec", choices=("opus", "pcm16", "any"), default="any",
                    help="the frames the native path offers the agent: opus (payloads as they "
                         "came), pcm16 (decoded), or any (the agent chooses; default)")
@@ -75,7 +78,7 @@ def config_from_args(args: argparse.Namespace):
             max_sessions=args.max_sessions, setup_timeout=args.setup_timeout,
             opus=OpusSettings(application=args.opus_application,
                               complexity=args.opus_complexity),
-            media_path=args.media_path,
+            media_path=args.media_path, srtp=args.srtp,
             agent_codecs=("opus", "pcm16") if args.agent_codec == "any" else (args.agent_codec,),
             test_consent_interval_s=max(0.0, args.test_consent_interval))
     except ConfigError as exc:

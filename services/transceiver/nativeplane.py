@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 
 from services.gaps import ArrivalGaps
+from services.mediapaths import OPENSSL
 from services.mediaplane._mediaplane import Plane
 from services.mediaplane.hooks import IdleSender, cname, rtp_parameters, srtp_keys
 from services.transceiver.media import silence_packet
@@ -42,8 +43,9 @@ class NativeMedia:
     ``await stop()``."""
 
     def __init__(self, mux, clock: FrameClock, capacity: int = 4096,
-                 opus: OpusSettings = OpusSettings()) -> None:
+                 opus: OpusSettings = OpusSettings(), srtp: str = OPENSSL) -> None:
         self._mux = mux
+        self._srtp = srtp
         self._clock = clock
         self._capacity = capacity
         self._silence = silence_packet(opus)
@@ -54,7 +56,7 @@ class NativeMedia:
         self._gaps_task: asyncio.Task | None = None
 
     async def start(self, frames=None) -> None:
-        self.plane = Plane(self._mux.fileno(), self._capacity)
+        self.plane = Plane(self._mux.fileno(), self._capacity, self._srtp)
         self._mux.read_through(self.plane)
         self.frames = frames
         if frames is not None:

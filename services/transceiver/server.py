@@ -65,6 +65,7 @@ class TransceiverConfig:
     certificates_ahead: int = 32                # DTLS certificates made before the calls
     opus: OpusSettings = OpusSettings()         # the outbound encoder
     media_path: str = "python"                  # or "native": nativeplane.py (shared mode)
+    srtp: str = "openssl"                       # the native path's SRTP (mediapaths.py)
     agent_codecs: tuple[str, ...] = ("opus", "pcm16")  # native path: offered to the agent
     # Test-only (bench/hostile/hygiene.py's quick run): aioice's consent-check interval in
     # seconds instead of its 5 (0: aioice's), so that a vanished client's session is reaped in
@@ -143,7 +144,8 @@ class TransceiverServer:
         if cfg.media_path == NATIVE:
             if self.mux is None:
                 raise ValueError("the native media path needs the shared socket (mode shared)")
-            self.native = NativeMedia(self.mux, self.clock, max(cfg.max_sessions, 1), cfg.opus)
+            self.native = NativeMedia(self.mux, self.clock, max(cfg.max_sessions, 1), cfg.opus,
+                                      srtp=cfg.srtp)
             await self.native.start(AgentFrames(cfg.agent_url, self._http)
                                     if cfg.agent_url else None)
         app = web.Application(client_max_size=256 * 1024)
@@ -287,6 +289,7 @@ class TransceiverServer:
             "mux": vars(self.mux.counters) if self.mux else None,
             "mux_state": self.mux_state(),
             "media_path": cfg.media_path,
+            "srtp": cfg.srtp if self.native else None,
             "native": ({"sessions": self.native.sessions, **self.native.counters()}
                        if self.native else None),
             "process": introspect.snapshot(collect, trim),
