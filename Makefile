@@ -24,14 +24,14 @@ help:
 	@echo "make browsers               install Debian's chromium, for browser clients (docs/browser.md)"
 	@echo "make compose-test           the edge on docker-compose, end to end (docs/deployment.md)"
 	@echo "make asan-test              the native extensions' tests under AddressSanitizer"
-	@echo "make fuzz                   fuzz the media plane and the impairment core (FUZZ_RUNS=100000 each)"
+	@echo "make fuzz                   fuzz the media plane, the impairment core and the relay's admission (FUZZ_RUNS=100000 each)"
 
 deps:
 	@scripts/install-debian-deps.sh
 
 # Debian's /usr/bin/python3 with its site-packages: that is where Debian's mininet lives
 # (PyPI's mininet has no mnexec). The stamp re-runs pip only when pyproject.toml changes.
-$(BIN)/.installed: pyproject.toml services/relay/_fastpath.c services/mediaplane/_mediaplane.c services/mediaplane/srtp_gcm.c services/mediaplane/srtp_gcm.h | deps
+$(BIN)/.installed: pyproject.toml services/relay/_fastpath.c services/relay/_admission.c services/mediaplane/_mediaplane.c services/mediaplane/srtp_gcm.c services/mediaplane/srtp_gcm.h | deps
 	@test -x $(BIN)/python || $(PY_SYSTEM) -m venv --system-site-packages $(VENV)
 	@$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
 	@touch $@
@@ -117,3 +117,4 @@ fuzz: venv
 	@$(BIN)/pip install -q --disable-pip-version-check 'atheris>=2.3,<4'
 	@$(BIN)/python -m bench.fuzz_mediaplane --runs $(FUZZ_RUNS)
 	@$(BIN)/python -m bench.fuzz_impairment --runs $(FUZZ_RUNS)
+	@$(BIN)/python -m bench.fuzz_admission --runs $(FUZZ_RUNS)

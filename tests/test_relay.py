@@ -72,9 +72,9 @@ def nothing_arrives(sock: socket.socket, wait: float = 0.3) -> bool:
         return True
 
 
-@pytest.fixture
-def world(tmp_path, relay_factory):
-    """Two fake cluster relays and a factory for an ingress relay routing to them."""
+def relay_world(tmp_path, relay_factory, *args: str):
+    """Two fake cluster relays and a factory for an ingress relay routing to them (with
+    ``args`` before each start's own)."""
     hops = {1: udp(), 2: udp()}
     routes = tmp_path / "routes.toml"
     routes.write_text("[routes]\n" + "".join(
@@ -84,11 +84,16 @@ def world(tmp_path, relay_factory):
     def start(*extra: str):
         return relay_factory(["--tier", "ingress", "--routes", str(routes), "--listen",
                               "127.0.0.1", "--port", str(port), "--hop-bind", "127.0.0.1",
-                              *extra])
+                              *args, *extra])
 
     yield {"hops": hops, "vip": ("127.0.0.1", port), "start": start, "routes": routes}
     for s in hops.values():
         s.close()
+
+
+@pytest.fixture
+def world(tmp_path, relay_factory):
+    yield from relay_world(tmp_path, relay_factory)
 
 
 def test_stun_creates_a_flow_to_the_right_next_hop_and_media_follows(world):

@@ -10,7 +10,10 @@ import os
 import socket
 import time
 
+import pytest
+
 from services.relay.admission import FirstPacketLimiter, PendingFlows, source_keys
+from services.relay.nativeadmission import ADMISSIONS
 from services.relay import mmsg
 from services.relay.config import RelayConfig, RouteTable
 from services.relay.worker import RelayWorker
@@ -21,7 +24,13 @@ from tests.logcheck import events, service_records
 from tests import test_relay
 from tests.test_relay import ANSWER, DTLS, RTP, answer, nothing_arrives, recv_hop, stun_for, udp
 
-world = test_relay.world  # the fixture: an ingress relay and two stand-in next hops
+
+
+@pytest.fixture(params=ADMISSIONS)
+def world(request, tmp_path, relay_factory):
+    """An ingress relay and two stand-in next hops; every test here runs on both first-packet
+    admissions (--admission python, the reference, and native)."""
+    yield from test_relay.relay_world(tmp_path, relay_factory, "--admission", request.param)
 
 
 def udp_from(host: str) -> socket.socket:

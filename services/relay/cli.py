@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from services.relay.nativeadmission import ADMISSIONS
 from services.config import parse_hostport
 from voiceedge.errors import ConfigError
 from services.relay.config import RelayConfig, RouteTable
@@ -59,6 +60,10 @@ def add_parser(sub) -> None:
     first.add_argument("--backlog", type=int, default=d["backlog"].default, metavar="N",
                        help="first packets waiting for the slow path per worker; beyond it "
                             "they are dropped unparsed (default %(default)s)")
+    first.add_argument("--admission", choices=ADMISSIONS, default=d["admission"].default,
+                       help="who admits IPv4 first packets: python (the reference) or native "
+                            "(the same rules in C, services/relay/_admission.c; default "
+                            "%(default)s)")
     first.add_argument("--no-pending-flows", dest="pending_flows", action="store_false",
                        help="the unhardened behaviour: a routable first packet opens an "
                             "established flow (for the hostile benchmark's comparison)")
@@ -118,7 +123,7 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
         max_pending=args.max_pending, pending_per_ip=args.pending_per_ip,
         pending_per_prefix=args.pending_per_prefix, first_packet_rate=args.first_packet_rate,
         first_packet_burst=args.first_packet_burst, max_lookups=args.max_lookups,
-        backlog=args.backlog,
+        backlog=args.backlog, admission=args.admission,
         test_processing_delay_ms=max(0.0, args.test_processing_delay_ms))
 
 

@@ -108,7 +108,7 @@ class RelayServer:
             listen=f"{cfg.listen[0]}:{cfg.listen[1]}",
             internal=(f"{cfg.internal[0]}:{cfg.internal[1]}"
                       if cfg.internal and cfg.tier == "cluster" else None),
-            workers=cfg.workers, worker_pids=self.worker_pids(),
+            workers=cfg.workers, worker_pids=self.worker_pids(), admission=cfg.admission,
             cpus=[self._cpu_for(i) for i in range(cfg.workers)], redis=bool(cfg.redis_url),
             metrics=f"http://{cfg.metrics[0]}:{cfg.metrics[1]}/metrics" if cfg.metrics else None,
             ufrag_dev_secret=is_dev_secret(cfg.secret))

@@ -38,10 +38,11 @@ from services.relay.config import RelayConfig
 from services.relay.counters import Drops
 from services.relay.flowcache import FlowCache
 from services.relay.flows import (
-    CLIENT_NAME, CLIENT_NAMELEN, HEADER, HEADER_LEN, Flow, FlowTable, Hop, header_key,
-    sockaddr_key,
+    CLIENT_NAME, CLIENT_NAMELEN, HEADER, HEADER_LEN, UP_BYTES, UP_PACKETS, Flow, FlowTable, Hop,
+    header_key, sockaddr_key,
 )
 from services.relay.lifeline import die_with_parent
+from services.relay.nativeadmission import HEADER_BYTES, NATIVE, NOT_STUN, REASONS, native_admission
 from services.relay.publishing import Publisher
 from services.relay.recovery import Recovery
 from services.relay.routing import Router
@@ -85,6 +86,12 @@ class RelayWorker:
             config.max_pending, config.pending_per_ip, config.pending_per_prefix,
             config.pending_ttl), self.drops)
         self.router = Router(UfragCodec(config.secret), config.routes, self.table.hop)
+        # --admission native: IPv4 first packets and their pending flows in C; its token
+        # buckets become the worker's only ones
+        self.native = None
+        if config.admission == NATIVE and config.pending_flows:
+            self.native, self._native_hops = native_admission(config, self.table.hop)
+            self.admission.limiter = self.native
         if cache is None and config.redis_url:
             cache = FlowCache(config.redis_url, config.name, config.redis_ttl,
                               config.redis_queue)
@@ -107,6 +114,8 @@ class RelayWorker:
         # (IPv6, the cluster tier's upstream datagrams) reads them per datagram.
         self._flows, self._fast, self._hop = self.table.flows, self.table.fast, self.table.hop
         self._misses = bytearray(4 * size)
+        self._native_headers = bytearray(HEADER_BYTES * size)   # one per tx_hop slot
+        self._native_headers_addr = mmsg.address_of(self._native_headers)
         self._misses_ptr = mmsg.address_of(self._misses)
         self._miss_index = memoryview(self._misses).cast("I")
         self.sockets = sockets or WorkerSockets(config)
@@ -269,6 +278,8 @@ class RelayWorker:
         key = sockaddr_key(client_raw)
         if key in self._flows:
             self._public_slow(rx, i, client_raw, key, now)
+        elif self.native is not None and isinstance(key, int):
+            self._native_first(rx, i, client_raw, key, now)
         elif self.recovery is None and (not rx.length(i)
                                         or rx.data[i * rx.slot] > STUN_FIRST_BYTE_MAX):
             # Not STUN (in_stun_range, written out: a view of the slot per datagram cost this
@@ -276,6 +287,28 @@ class RelayWorker:
             self.drops.add("unknown_not_stun")
         elif not self.backlog.push(rx, i, client_raw):
             self.drops.add("overload")
+
+    def _native_first(self, rx, i: int, client_raw: bytes, key: int, now: int) -> None:
+        """An IPv4 client datagram without a flow in Python: the C admission's (a pending flow
+        of its own, or a new one), or, not STUN, Redis's or dropped, as ``_first_packet``."""
+        tx, native = self.tx_hop, self.native
+        if tx.count == tx.size:
+            tx.flush(self._hop_fd)
+        header = self._native_headers_addr + HEADER_BYTES * tx.count
+        datagram = self._datagram(i, rx)
+        hop = native.first(datagram, client_raw, now,
+                           self.table.max_flows - len(self._flows) - len(native), header)
+        if hop >= 0:
+            nxt = self._native_hops[hop]
+            tx.add(nxt.name_ptr, nxt.namelen, header, HEADER_BYTES, rx.data_addr + i * rx.slot,
+                   len(datagram))
+        elif hop != NOT_STUN:
+            self.drops.add(REASONS[-1 - hop])
+        elif self.recovery is None:
+            self.drops.add("unknown_not_stun")
+        else:
+            self.recovery.ask(key, source_keys(client_raw)[0], mmsg.sockaddr_to_tuple(client_raw),
+                              None, bytes(datagram), 0, now)
 
     def _drain_backlog(self) -> None:
         """Up to _BACKLOG_CHUNK first packets, oldest first, sent in one batch."""
@@ -430,7 +463,12 @@ class RelayWorker:
         if header.direction != hopwire.TO_CLIENT:
             self.drops.add("bad_hop_header")
             return
-        flow = self._flows.get(header_key(datagram))
+        key = header_key(datagram)
+        flow = self._flows.get(key)
+        if flow is None and self.native is not None and isinstance(key, int):
+            flow = self._native_answered(key, header.client, sockaddr_key(rx.source(i)), now)
+            if flow is None:
+                return
         if flow is None:
             self.drops.add("return_no_flow")
             return
@@ -447,6 +485,28 @@ class RelayWorker:
             self.tx_hop.add(flow.prev.name_ptr, flow.prev.namelen, rx.data_addr + i * rx.slot,
                             len(datagram))
         flow.count_down(len(payload), now)
+
+    def _native_answered(self, key: int, client: tuple[str, int], source, now: int) -> Flow | None:
+        """The next hop answered a client whose flow is pending in the C admission: it
+        becomes an established ``Flow`` (None, counted, when there is none or the answer
+        came from elsewhere)."""
+        hop = self.native.hop_of(key)
+        if hop < 0:
+            self.drops.add("return_no_flow")
+            return None
+        nxt = self._native_hops[hop]
+        if source != nxt.key:
+            self.drops.add("return_wrong_source")
+            return None
+        _, cluster_id, transceiver_id, created, packets, size = self.native.take(key)
+        flow = self.table.open(key, client, None, nxt, None, cluster_id, transceiver_id, now,
+                               "stun", False)
+        if flow is None:
+            return None
+        flow.created = created
+        flow.words[UP_PACKETS], flow.words[UP_BYTES] = packets, size
+        self.publisher.established(flow)
+        return flow
 
     # ---------------------------------------------------------------- housekeeping
 
@@ -486,6 +546,15 @@ class RelayWorker:
             values.update(redis_writes=cache.writes, redis_writes_dropped=cache.writes_dropped,
                           redis_lookups=cache.lookups, redis_hits=cache.hits,
                           redis_errors=cache.errors, redis_up=int(cache.up))
+        if self.native is not None:   # its pending flows are the worker's too
+            native = self.native.counters()
+            values["packets_to_server"] += native["live_packets"] + native["gone_packets"]
+            values["bytes_to_server"] += native["live_bytes"] + native["gone_bytes"]
+            values["flows_active"] += native["pending"]
+            values["flows_pending"] += native["pending"]
+            values["flows_pending_created"] += native["created"]
+            values["flows_pending_expired"] += native["expired"]
+            values["flows_pending_evicted"] += native["evicted"]
         for reason, count in self.drops.counts.items():
             values[f"drops_{reason}"] = count
         values["drops_send_failed"] += (self._send_failed + self.tx_hop.failed
