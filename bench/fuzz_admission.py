@@ -20,13 +20,10 @@ invariant raises ``Violation``: libFuzzer saves the input and stops.
 """
 from __future__ import annotations
 
-import json
-import os
 import random
-import time
 from pathlib import Path
 
-from bench.fuzzing import ENV_STATS, Harness, Target, command
+from bench.fuzzing import Harness, Tally, Target, command
 
 REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / "build" / "fuzz-admission"
@@ -77,22 +74,16 @@ class World:
         self.clients = [mmsg.sockaddr(*c) for c in CLIENTS]
         self.header = bytearray(8)
         self.header_addr = mmsg.address_of(self.header)
-        self.inputs, self.tally, self._dumped = 0, {}, 0.0
+        self.tally = Tally()
+        self.count = self.tally.add
         rng = random.Random(1)
         from bench.hostile.flood import binding_request
         # routable checks for each route (and one for a route that is not there)
         self.checks = {(c, t): binding_request(self.codec.encode(c, t), rng)
                        for c in (1, 2, 3, 5) for t in (1, 2, 5, 7)}
 
-    def count(self, key: str) -> None:
-        self.tally[key] = self.tally.get(key, 0) + 1
-
     def dump(self, force: bool = False) -> None:
-        if force or time.monotonic() - self._dumped > 5:
-            self._dumped = time.monotonic()
-            stats = os.environ.get(ENV_STATS)
-            if stats:
-                Path(stats).write_text(json.dumps(dict(self.tally, inputs=self.inputs)))
+        self.tally.dump(force)
 
 
 class Case:
@@ -262,7 +253,7 @@ WORLD: World | None = None
 def test_one_input(data: bytes) -> None:
     if data:
         Case(WORLD, data).run()
-    WORLD.inputs += 1
+    WORLD.tally.inputs += 1
     WORLD.dump()
 
 

@@ -22,15 +22,12 @@ counters, the held count and the histogram as the model's. A broken invariant ra
 """
 from __future__ import annotations
 
-import json
-import os
 import random
 import socket
 import struct
-import time
 from pathlib import Path
 
-from bench.fuzzing import ENV_STATS, Harness, Target, command
+from bench.fuzzing import Harness, Tally, Target, command
 
 REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / "build" / "fuzz-impairment"
@@ -158,19 +155,11 @@ class World:
 
         self.module, self.nfq, self.Direction = module, nfqueue, Direction
         self.models = models()
-        self.tally: dict[str, int] = {}
-        self.inputs, self.last_dump = 0, 0.0
-
-    def count(self, key: str, n: int = 1) -> None:
-        self.tally[key] = self.tally.get(key, 0) + n
+        self.tally = Tally()
+        self.count = self.tally.add
 
     def dump(self, force: bool = False) -> None:
-        path, now = os.environ.get(ENV_STATS), time.monotonic()
-        if path and (force or now - self.last_dump > 5):
-            self.last_dump = now
-            with open(path + ".tmp", "w") as f:
-                json.dump(dict(self.tally, inputs=self.inputs), f)
-            os.replace(path + ".tmp", path)
+        self.tally.dump(force)
 
 
 class Case:
@@ -319,7 +308,7 @@ def test_one_input(data: bytes) -> None:
         case.run()
     finally:
         case.close()
-    WORLD.inputs += 1
+    WORLD.tally.inputs += 1
     WORLD.dump()
 
 

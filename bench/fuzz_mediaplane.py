@@ -41,18 +41,16 @@ input (``crash-*``) and stops.
 from __future__ import annotations
 
 import hashlib
-import json
 import operator
 import os
 import select
 import socket
 import struct
 import sys
-import time
 from collections import deque
 from pathlib import Path
 
-from bench.fuzzing import ENV_STATS, Harness, Target, command
+from bench.fuzzing import Harness, Tally, Target, command
 
 REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / "build" / "fuzz-mediaplane"
@@ -183,13 +181,6 @@ class Reader:
         return out
 
 
-class Tally(dict):
-    """What the inputs did, summed over the run (written to ENV_STATS now and then)."""
-
-    def add(self, key: str, n: int = 1) -> None:
-        self[key] = self.get(key, 0) + n
-
-
 class World:
     """What lives across inputs: the sockets (the plane's, the clients', two relays', a
     stranger's, the own sockets of client sessions) and a keeper plane whose one session keeps
@@ -223,8 +214,6 @@ class World:
         self.has_set_pcm = hasattr(module.Plane, "set_pcm")
         self.has_rtcp = hasattr(module.Plane, "report")
         self.tally = Tally()
-        self.inputs = 0
-        self.last_dump = 0.0
 
     def ready(self) -> list[socket.socket]:
         """The sockets with something to read (one poll for all of them)."""
@@ -250,14 +239,7 @@ class World:
         return self.srtp.Session(policy)
 
     def dump(self, force: bool = False) -> None:
-        path = os.environ.get(ENV_STATS)
-        now = time.monotonic()
-        if path and (force or now - self.last_dump > 5):
-            self.last_dump = now
-            tmp = path + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(dict(self.tally, inputs=self.inputs), f)
-            os.replace(tmp, path)
+        self.tally.dump(force)
 
 
 class Session:
@@ -913,7 +895,7 @@ def rtcp_walk(clear: bytes) -> tuple[int, int]:
 
 def test_one_input(data: bytes) -> None:
     world = WORLD
-    world.inputs += 1
+    world.tally.inputs += 1
     case = Case(world, data)
     try:
         case.run()

@@ -184,6 +184,28 @@ def summary(log: list[str], stats: Path, wall: float, rc: int, artifacts: Path, 
     return out
 
 
+class Tally(dict):
+    """What a harness's inputs did, summed over the run: ``add`` as they go, ``inputs``
+    counted by the harness; ``dump`` writes both to $ENV_STATS for the parent's summary (at
+    most every 5 s unless ``force``, replacing the file whole)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs = 0
+        self._dumped = 0.0
+
+    def add(self, key: str, n: int = 1) -> None:
+        self[key] = self.get(key, 0) + n
+
+    def dump(self, force: bool = False) -> None:
+        path, now = os.environ.get(ENV_STATS), time.monotonic()
+        if path and (force or now - self._dumped > 5):
+            self._dumped = now
+            with open(path + ".tmp", "w") as f:
+                json.dump(dict(self, inputs=self.inputs), f)
+            os.replace(path + ".tmp", path)
+
+
 @dataclass(frozen=True)
 class Harness:
     """A fuzzer's own parts: ``python -m MODULE --child fuzz|replay`` loads the build, hands
