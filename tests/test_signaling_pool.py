@@ -49,6 +49,7 @@ class SlowTransceiver:
 
     async def _status(self, request: web.Request) -> web.Response:
         self._peer(request, "status")
+        assert request.query.get("brief") == "1"   # the front's probe reads the load only
         await asyncio.sleep(self.status_delay)
         return web.json_response({"sessions": 0, "capacity": 1000})
 

@@ -270,6 +270,23 @@ def test_the_development_secret_is_flagged_in_status_metrics_and_log(monkeypatch
     assert started.msg.fields["ufrag_dev_secret"] is dev
 
 
+def test_the_brief_status_is_the_load_and_only_the_load():
+    """The front's health probe (/status?brief=1) reads sessions and capacity; the full
+    status's per-session and per-process walks are not in it."""
+    cfg = cli_config("--cluster", "1", "--id", "2", "--media", "127.0.0.1:0", "--control",
+                     f"127.0.0.1:{free_port(socket.SOCK_STREAM)}", "--max-sessions", "7")
+
+    async def scenario():
+        async with TransceiverServer(cfg) as server, aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{server.control_port}"
+            return [await (await http.get(f"{base}/status{q}")).json() for q in ("?brief=1", "")]
+
+    brief, full = asyncio.run(scenario())
+    assert brief == {"cluster_id": 1, "transceiver_id": 2, "mode": full["mode"], "sessions": 0,
+                     "capacity": 7, "media_path": "python"}
+    assert {"session_details", "process", "udp_sockets"} <= set(full)
+
+
 def test_delete_of_an_unknown_session_is_404_and_of_a_live_one_204(caplog):
     caplog.set_level(logging.INFO, "voiceedge.transceiver")
 

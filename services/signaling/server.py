@@ -9,7 +9,7 @@
   the reasons, and the connection-level ones (headers within ``idle_timeout_s``). Refusals
   are logged at most 20 a second (``suppressed`` says how many were not).
 - Geo steering (the regional front): transceivers belong to clusters. Each transceiver's
-  ``/status`` is polled in the background and the polls are timed; the policy in
+  ``/status?brief=1`` is polled in the background and the polls are timed; the policy in
   services/signaling/steering.py ranks clusters by measured RTT (the configured ``rtt_ms``
   only seeds it), health and load, with hysteresis. A call goes to the first cluster of that
   ranking that is healthy and under the load threshold, to its transceiver with the most room,
@@ -332,7 +332,8 @@ class SignalingServer:
                     raise ValueError(f"OPTIONS answered {r.status}")
                 status = {}
         else:
-            async with self._http.get(f"{backend.url}/status", trace_request_ctx=ctx,
+            # brief: the load only (a transceiver that does not know it answers in full)
+            async with self._http.get(f"{backend.url}/status?brief=1", trace_request_ctx=ctx,
                                       timeout=aiohttp.ClientTimeout(total=2)) as r:
                 status = await r.json()
         ms = (time.monotonic() - started) * 1000.0

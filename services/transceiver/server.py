@@ -315,7 +315,18 @@ class TransceiverServer:
             sizes["native_plane_sessions"] = self.native.plane.sessions
         return sizes
 
+    def brief_status(self) -> dict:
+        """What ``/status?brief=1`` says: the front's health probe (once a second per front)
+        reads only the load, so it must not cost what the full status does (every fd, every
+        session, the process: 2.25 ms of CPU at 100 sessions)."""
+        cfg = self.config
+        return {"cluster_id": cfg.cluster_id, "transceiver_id": cfg.transceiver_id,
+                "mode": cfg.mode, "sessions": len(self.sessions), "capacity": cfg.max_sessions,
+                "media_path": cfg.media_path}
+
     async def _status(self, request: web.Request) -> web.Response:
+        if request.query.get("brief") == "1":
+            return web.json_response(self.brief_status())
         return web.json_response(self.status(*introspect.query_flags(request.query)))
 
     async def _metrics(self, request: web.Request) -> web.Response:
