@@ -51,6 +51,7 @@ class DemoConfig:
     media_path: str = PYTHON        # the transceiver's (shared mode): python or native
     light_path: str = PYTHON        # the light clients': aiortc or the native pump
     srtp: str = OPENSSL             # the transceiver's native path's SRTP (mediapaths.py)
+    agent_codec: str = "any"        # the frames the native path offers the agent
 
 
 @dataclass
@@ -134,14 +135,16 @@ def cpu_ms_per_session_second(start: CpuMark, end: CpuMark,
 
 
 def demo_plan(mode: str, netns: str, public: str, internal: str,
-              media_path: str = PYTHON, srtp: str = OPENSSL) -> EdgePlan:
+              media_path: str = PYTHON, srtp: str = OPENSSL,
+              agent_codec: str = "any") -> EdgePlan:
     """The demo's edge: one cluster and its front in one namespace."""
     host = Host("lab", netns)
     cluster = ClusterPlan("demo", 1, host, public=public, internal=internal)
     front = FrontPlan("demo", host, "127.0.0.1", (FrontRoute("demo", 0.0),))
     return EdgePlan("cluster-relay" if mode == SHARED else "port-per-session", (cluster,), (front,),
                     max_sessions=500,
-                    transceiver_args=("--media-path", media_path, "--srtp", srtp))
+                    transceiver_args=("--media-path", media_path, "--srtp", srtp,
+                                      "--agent-codec", agent_codec))
 
 
 def run_demo(config: DemoConfig, say=lambda msg: None, progress=None) -> DemoResult:
@@ -156,7 +159,7 @@ def run_demo(config: DemoConfig, say=lambda msg: None, progress=None) -> DemoRes
     workdir.mkdir(parents=True, exist_ok=True)
     with lab_namespace("vedemo") as ns:
         plan = demo_plan(config.mode, ns.name, *ns.addresses, media_path=config.media_path,
-                         srtp=config.srtp)
+                         srtp=config.srtp, agent_codec=config.agent_codec)
         return in_namespace(ns.name, asyncio.run, _demo(config, plan, workdir, say, progress))
 
 
@@ -323,6 +326,10 @@ def add_parser(sub) -> None:
     e.add_argument("--srtp", choices=SRTP_IMPLEMENTATIONS, default=d.srtp,
                    help="the transceiver's SRTP on the native path: openssl (its own AES-GCM; "
                         "default) or libsrtp (the reference)")
+    e.add_argument("--agent-codec", choices=("opus", "pcm16", "any"), default=d.agent_codec,
+                   help="the frames the native path offers the agent: opus, pcm16 (the plane "
+                        "decodes and encodes), or any (the agent chooses: the echo agent takes "
+                        "opus; default)")
     e.add_argument("--workdir", type=Path, help="where logs and JSON lines go (default: a temp dir)")
     e.add_argument("--json", action="store_true", help="print only JSON")
     e.set_defaults(func=_main)
@@ -343,7 +350,8 @@ def _main(args) -> int:
     cfg = DemoConfig(sessions=args.sessions, mode=args.mode, duration_s=args.duration,
                      start_rate=args.rate, concurrency=args.concurrency,
                      full_clients=args.full_clients, workdir=args.workdir,
-                     media_path=args.media_path, light_path=args.light_path, srtp=args.srtp)
+                     media_path=args.media_path, light_path=args.light_path, srtp=args.srtp,
+                     agent_codec=args.agent_codec)
     bars = ProgressBars(Console(stderr=True), enabled=not args.json)
     with bars:
         try:
