@@ -7,8 +7,9 @@
 Built and run like bench/fuzz_mediaplane.py (bench/fuzzing.py: a clang ASan/UBSan build with
 libFuzzer's instrumentation under build/fuzz-admission/, atheris's runtime preloaded).
 
-An input is a program against one fresh ``Admission``: a first byte picks the limits (pending
-cap, per-IP and per-/24 caps, token rate, TTL) and the tier, then operations: ``first`` with a
+An input is a program against one fresh ``Admission``: two bytes pick the limits (pending
+cap, per-IP and per-/24 caps, token rate and how many sources get a bucket, TTL) and the tier,
+then operations: ``first`` with a
 routable check, a check mutated by the input's bytes, or the input's raw bytes, from one of a
 few clients (some sharing an IP or a /24), with the table's room from the input; ``take``,
 ``hop_of``, ``forget``; ``allow`` with IPv4, IPv6 and odd-sized keys; ``sweep``; the clock
@@ -94,20 +95,22 @@ class Case:
         from services.relay.config import RouteTable
         from services.relay.routing import Router
         self.w, self.r = world, Reader(data)
-        cfg = self.r.byte()
+        cfg, cfg2 = self.r.byte(), self.r.byte()
         self.cap = 1 + (cfg & 7)
-        self.per_ip, self.per_prefix = 1 + (cfg >> 3 & 3), 1 + (cfg >> 3 & 3) + (cfg >> 5 & 3)
+        self.per_ip, self.per_prefix = 1 + (cfg >> 3 & 3), 1 + (cfg >> 3 & 3) + (cfg >> 5 & 1)
         self.rate, burst = (0.0, 1.0) if cfg & 0x80 else (20.0, 3.0)
         ingress = not cfg & 0x40
-        self.ttl = 1_000_000 * (1 + (cfg & 0x38))
+        # few token buckets, so a full limiter lets new sources through untracked
+        max_sources = (1, 3, 16, 65_536)[cfg2 & 3]
+        self.ttl = 1_000_000 * (1 + (cfg2 >> 2))
         routes = RouteTable("ingress" if ingress else "cluster", ROUTES, None if ingress else 2)
         self.hops = list(ROUTES.values())
         self.router = Router(world.codec, routes, lambda addr: addr)
-        self.limiter = FirstPacketLimiter(self.rate, burst)
+        self.limiter = FirstPacketLimiter(self.rate, burst, max_sources)
         self.pending = PendingFlows(self.cap, self.per_ip, self.per_prefix, self.ttl / 1e9)
         self.native = world.module.Admission(
             SECRET, ingress, -1 if ingress else 2, {k: i for i, k in enumerate(ROUTES)},
-            self.rate, burst, 65_536, self.cap, self.per_ip, self.per_prefix, self.ttl)
+            self.rate, burst, max_sources, self.cap, self.per_ip, self.per_prefix, self.ttl)
         self.hop_of: dict[int, int] = {}    # the model's pending flows' next hops
         self.now = 1_000_000_000
         self.counts = {"created": 0, "evicted": 0, "expired": 0, "taken": 0}
@@ -251,7 +254,7 @@ WORLD: World | None = None
 
 
 def test_one_input(data: bytes) -> None:
-    if data:
+    if len(data) >= 2:   # the two config bytes
         Case(WORLD, data).run()
     WORLD.tally.inputs += 1
     WORLD.dump()
@@ -261,7 +264,7 @@ def seeds() -> list[bytes]:
     """A few programs that reach every operation."""
     out = []
     for cfg in (0x00, 0x3F, 0x41, 0x80, 0xC7):
-        out.append(bytes([cfg, 0, 0, 0, 5, 0x40, 1, 0x03, 1, 0x10, 2, 0x05, 1, 9, 0x06, 2,
+        out.append(bytes([cfg, cfg & 0x1F, 0, 0, 0, 5, 0x40, 1, 0x03, 1, 0x10, 2, 0x05, 1, 9, 0x06, 2,
                           0x07, 0x81, 0x48, 0xC8, 0x00, 3, 0x20, 5, 0x11, 0x00, 4, 0x95, 3, 4]))
     return out
 

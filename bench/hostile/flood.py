@@ -82,6 +82,7 @@ class FloodConfig:
     secret: bytes = DEV_SECRET      # the edge's relay runs with the development secret
     max_pending: int | None = None  # --max-pending (None: the relay's default)
     workers: int = 1
+    admission: str | None = None    # the relay's --admission (None: its default)
     relay_args: tuple[str, ...] = ()
     sample_s: float = 0.2           # relay counters
     max_ratio: float = 2.0
@@ -112,6 +113,8 @@ class FloodConfig:
             out += ["--max-pending", str(self.max_pending)]
         if self.workers != 1:
             out += ["--workers", str(self.workers)]
+        if self.admission is not None:
+            out += ["--admission", self.admission]
         return (*out, *self.relay_args)
 
     def __post_init__(self) -> None:
