@@ -83,9 +83,6 @@ class World:
         self.checks = {(c, t): binding_request(self.codec.encode(c, t), rng)
                        for c in (1, 2, 3, 5) for t in (1, 2, 5, 7)}
 
-    def dump(self, force: bool = False) -> None:
-        self.tally.dump(force)
-
 
 class Case:
     """One input against a fresh Admission, with the Python rules beside it."""
@@ -250,14 +247,9 @@ class Entry:
         self.ip_key, self.prefix_key = source_keys(sockaddr)
 
 
-WORLD: World | None = None
-
-
-def test_one_input(data: bytes) -> None:
+def run_input(world: World, data: bytes) -> None:
     if len(data) >= 2:   # the two config bytes
-        Case(WORLD, data).run()
-    WORLD.tally.inputs += 1
-    WORLD.dump()
+        Case(world, data).run()
 
 
 def seeds() -> list[bytes]:
@@ -273,19 +265,8 @@ def regressions() -> dict[str, bytes]:
     return {}
 
 
-def start(module) -> World:
-    global WORLD
-    WORLD = World(module)
-    return WORLD
-
-
 HARNESS = Harness(target=TARGET, module="bench.fuzz_admission", doc=__doc__, seeds=seeds,
-                  regressions=regressions, start=start, test_one_input=test_one_input)
-
-
-def main(argv: list[str] | None = None) -> None:
-    command(HARNESS, argv)
-
+                  regressions=regressions, world=World, run_input=run_input)
 
 if __name__ == "__main__":
-    main()
+    command(HARNESS)

@@ -158,9 +158,6 @@ class World:
         self.tally = Tally()
         self.count = self.tally.add
 
-    def dump(self, force: bool = False) -> None:
-        self.tally.dump(force)
-
 
 class Case:
     """One input's core, its queue and the model beside it."""
@@ -299,17 +296,12 @@ class Case:
         check(s["send_errors"] == 0, "a verdict was not sent", s["send_errors"])
 
 
-WORLD: World | None = None
-
-
-def test_one_input(data: bytes) -> None:
-    case = Case(WORLD, data)
+def run_input(world: World, data: bytes) -> None:
+    case = Case(world, data)
     try:
         case.run()
     finally:
         case.close()
-    WORLD.tally.inputs += 1
-    WORLD.dump()
 
 
 def seeds() -> list[bytes]:
@@ -325,19 +317,8 @@ def regressions() -> dict[str, bytes]:
     return {}
 
 
-def start(module) -> World:
-    global WORLD
-    WORLD = World(module)
-    return WORLD
-
-
 HARNESS = Harness(target=TARGET, module="bench.fuzz_impairment", doc=__doc__, seeds=seeds,
-                  regressions=regressions, start=start, test_one_input=test_one_input)
-
-
-def main(argv: list[str] | None = None) -> None:
-    command(HARNESS, argv)
-
+                  regressions=regressions, world=World, run_input=run_input)
 
 if __name__ == "__main__":
-    main()
+    command(HARNESS)

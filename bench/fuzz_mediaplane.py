@@ -238,9 +238,6 @@ class World:
             policy.allow_repeat_tx = True
         return self.srtp.Session(policy)
 
-    def dump(self, force: bool = False) -> None:
-        self.tally.dump(force)
-
 
 class Session:
     """The model of one session on the plane."""
@@ -893,18 +890,12 @@ def rtcp_walk(clear: bytes) -> tuple[int, int]:
     return 0, byes
 
 
-def test_one_input(data: bytes) -> None:
-    world = WORLD
-    world.tally.inputs += 1
+def run_input(world: World, data: bytes) -> None:
     case = Case(world, data)
     try:
         case.run()
     finally:
         case.plane = None   # the plane goes (Plane_dealloc) with every input
-    world.dump()
-
-
-WORLD: World | None = None
 
 
 # ------------------------------------------------------------------ seeds
@@ -1025,18 +1016,8 @@ def regressions() -> dict[str, bytes]:
 
 # ------------------------------------------------------------------ the child processes
 
-def start(module) -> World:
-    global WORLD
-    WORLD = World(module)
-    return WORLD
-
-
 HARNESS = Harness(target=TARGET, module="bench.fuzz_mediaplane", doc=__doc__, seeds=seeds,
-                  regressions=regressions, start=start, test_one_input=test_one_input)
-
-
-def main(argv: list[str] | None = None) -> None:
-    command(HARNESS, argv)
+                  regressions=regressions, world=World, run_input=run_input)
 
 if __name__ == "__main__":
-    main()
+    command(HARNESS)

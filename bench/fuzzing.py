@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -208,44 +209,50 @@ class Tally(dict):
 
 @dataclass(frozen=True)
 class Harness:
-    """A fuzzer's own parts: ``python -m MODULE --child fuzz|replay`` loads the build, hands
-    it to ``start`` (which returns the harness's world: ``dump(force)`` writes its tallies) and
-    runs ``test_one_input`` on each input; ``seeds`` start an empty corpus; ``regressions``
-    are inputs that once broke an invariant."""
+    """A fuzzer's own parts: ``python -m MODULE --child fuzz|replay`` loads the build, makes
+    the harness's ``world`` of it (what lives across inputs; its ``tally`` is a ``Tally``) and
+    runs ``run_input(world, data)`` on each input; ``seeds`` start an empty corpus;
+    ``regressions`` are inputs that once broke an invariant."""
 
     target: Target
     module: str
     doc: str
     seeds: Callable[[], list[bytes]]
     regressions: Callable[[], dict[str, bytes]]
-    start: Callable[[object], object]
-    test_one_input: Callable[[bytes], None]
+    world: Callable[[object], object]
+    run_input: Callable[[object, bytes], None]
+
+
+def one_input(h: Harness, world, data: bytes) -> None:
+    h.run_input(world, data)
+    world.tally.inputs += 1
+    world.tally.dump()
 
 
 def child_fuzz(h: Harness, libfuzzer_args: list[str]) -> None:
     module = h.target.load(os.environ[ENV_SO])
     import atheris
-    world = h.start(module)
+    world = h.world(module)
     print(f"{h.target.tool}: fuzzing {module.__name__} from {module.__file__}", file=sys.stderr,
           flush=True)
     # libFuzzer ends with exit(), so Python's atexit never runs: the last tallies from libc's
-    final = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: world.dump(force=True))
+    final = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: world.tally.dump(force=True))
     ctypes.CDLL(None).__cxa_atexit(final, None, None)
     child_fuzz.keep = final
-    atheris.Setup([sys.argv[0], *libfuzzer_args], h.test_one_input)
+    atheris.Setup([sys.argv[0], *libfuzzer_args], functools.partial(one_input, h, world))
     atheris.Fuzz()
 
 
 def child_replay(h: Harness, paths: list[str]) -> None:
-    world = h.start(h.target.load(os.environ[ENV_SO]))
+    world = h.world(h.target.load(os.environ[ENV_SO]))
     failed = 0
     for path in paths:
         try:
-            h.test_one_input(Path(path).read_bytes())
+            one_input(h, world, Path(path).read_bytes())
         except Exception as e:   # noqa: BLE001 - every input is run and reported
             failed += 1
             print(f"{path}: {type(e).__name__}: {e}", file=sys.stderr)
-    world.dump(force=True)
+    world.tally.dump(force=True)
     print(f"{h.target.tool}: replayed {len(paths)} inputs, {failed} failed", file=sys.stderr)
     sys.exit(1 if failed else 0)
 
