@@ -268,10 +268,12 @@ def test_redis_lookups_in_flight_are_bounded():
 
 def test_first_packets_wait_in_a_bounded_backlog_and_known_flows_do_not():
     """The socket is drained at fast-path speed: first packets go to the backlog (dropped
-    unparsed when it is full); a known flow's datagram is handled at once."""
+    unparsed when it is full); a known flow's datagram is handled at once. (The Python
+    admission's: the native one handles IPv4 first packets at once, at a third of the cost.)"""
     routes = RouteTable.from_dict({"routes": {"1": "127.0.0.1:9"}}, "ingress")
     worker = RelayWorker(RelayConfig(routes=routes, listen=("127.0.0.1", free_port()),
-                                     hop_bind="127.0.0.1", metrics=None, backlog=4))
+                                     hop_bind="127.0.0.1", metrics=None, backlog=4,
+                                     admission="python"))
     vip = worker.sockets.public.getsockname()
     senders = [udp_from(f"127.0.41.{k}") for k in range(1, 11)]
     try:
@@ -295,7 +297,8 @@ def test_first_packets_wait_in_a_bounded_backlog_and_known_flows_do_not():
         worker.sockets.close()
 
 
-def test_the_datagram_paths_leave_no_reference_cycles():
+@pytest.mark.parametrize("admission", ADMISSIONS)
+def test_the_datagram_paths_leave_no_reference_cycles(admission):
     """A relay worker runs without Python's garbage collector (a collection stalls every
     datagram for tens of ms): every kind of hostile datagram, pending flows opened, evicted,
     established and expired, must leave nothing that only a collection would free."""
@@ -309,7 +312,7 @@ def test_the_datagram_paths_leave_no_reference_cycles():
     routes.routes[1] = next_hop.getsockname()
     worker = RelayWorker(RelayConfig(routes=routes, listen=("127.0.0.1", free_port()),
                                      hop_bind="127.0.0.1", metrics=None, max_pending=40,
-                                     pending_ttl=0.3))
+                                     pending_ttl=0.3, admission=admission))
     vip, relay_hop = worker.sockets.public.getsockname(), worker.sockets.hop.getsockname()
     senders = [udp_from(f"127.0.{50 + k // 8}.{1 + k % 8}") for k in range(64)]
     forge = Forge(cluster_id=1)
@@ -325,7 +328,10 @@ def test_the_datagram_paths_leave_no_reference_cycles():
                 except OSError:  # jumbo
                     pass
             time.sleep(0.02)
-            worker._on_public()
+            batches = -1
+            while batches != worker.receive_batches:   # until the public socket is drained
+                batches = worker.receive_batches
+                worker._on_public()
             while worker.backlog:
                 worker._drain_backlog()
             next_hop.settimeout(0.0)
@@ -341,8 +347,9 @@ def test_the_datagram_paths_leave_no_reference_cycles():
             worker._sweep(time.monotonic_ns())
             worker.counters()
         worker._sweep(time.monotonic_ns() + 60 * 10**9)  # every flow idle: all go
-        table = worker.table
-        assert table.pending_created > 40 and table.pending_evicted and table.pending_expired
+        table, c = worker.table, worker.counters()
+        assert (c["flows_pending_created"] > 40 and c["flows_pending_evicted"]
+                and c["flows_pending_expired"])
         assert table.created and table.expired
         assert gc.collect() == 0
     finally:

@@ -61,8 +61,8 @@ def add_parser(sub) -> None:
                        help="first packets waiting for the slow path per worker; beyond it "
                             "they are dropped unparsed (default %(default)s)")
     first.add_argument("--admission", choices=ADMISSIONS, default=d["admission"].default,
-                       help="who admits IPv4 first packets: python (the reference) or native "
-                            "(the same rules in C, services/relay/_admission.c; default "
+                       help="who admits IPv4 first packets: native (the Python rules in C, "
+                            "services/relay/_admission.c) or python (the reference; default "
                             "%(default)s)")
     first.add_argument("--no-pending-flows", dest="pending_flows", action="store_false",
                        help="the unhardened behaviour: a routable first packet opens an "

@@ -96,7 +96,7 @@ class RelayConfig:
     first_packet_burst: float = 200.0
     max_lookups: int = 256           # Redis lookups in flight per worker
     backlog: int = 1024              # first packets waiting for the slow path (backlog.py)
-    admission: str = "python"        # or "native": IPv4 first packets in C (nativeadmission.py)
+    admission: str = "native"        # IPv4 first packets in C (nativeadmission.py), or "python"
     redis_ttl: float = 120.0
     redis_queue: int = 10_000
     metrics: tuple[str, int] | None = ("127.0.0.1", 9478)
