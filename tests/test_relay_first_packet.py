@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from services.relay.nativeadmission import ADMISSIONS
+from services.relay.config import ADMISSIONS
 from services.logs import Event
 from services.relay.config import RelayConfig, RouteTable
 from services.relay.worker import RelayWorker

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from services.relay.admission import FirstPacketLimiter, PendingFlows, source_keys
-from services.relay.nativeadmission import ADMISSIONS
+from services.relay.config import ADMISSIONS
 from services.relay import mmsg
 from services.relay.config import RelayConfig, RouteTable
 from services.relay.worker import RelayWorker

@@ -240,14 +240,19 @@ static void pending_unlink(Admission *a, int32_t idx, int gone) {
     a->free_slots[a->nfree++] = idx;
 }
 
-/* The server ufrag's (cluster, transceiver), or a drop reason (negative, -1 - reason). */
-static int route_of(Admission *a, const uint8_t *d, Py_ssize_t n, int *cluster, int *transceiver) {
-    if (n < STUN_HEADER || (d[0] & 0xC0)) return -1 - R_STUN_MALFORMED;
+/* Whether ``d`` is framed as a STUN message (services/wire/stun.py's is_stun): header and
+ * cookie, a length that is a multiple of 4 and fits. */
+static int is_stun(const uint8_t *d, Py_ssize_t n) {
+    if (n < STUN_HEADER || (d[0] & 0xC0)) return 0;
     unsigned length = (unsigned)d[2] << 8 | d[3];
     uint32_t cookie = (uint32_t)d[4] << 24 | (uint32_t)d[5] << 16 | (uint32_t)d[6] << 8 | d[7];
-    if (cookie != STUN_COOKIE || length % 4 || STUN_HEADER + (Py_ssize_t)length > n)
-        return -1 - R_STUN_MALFORMED;
-    Py_ssize_t end = STUN_HEADER + length, pos = STUN_HEADER;
+    return cookie == STUN_COOKIE && length % 4 == 0 && STUN_HEADER + (Py_ssize_t)length <= n;
+}
+
+/* The server ufrag's (cluster, transceiver), or a drop reason (negative, -1 - reason). */
+static int route_of(Admission *a, const uint8_t *d, Py_ssize_t n, int *cluster, int *transceiver) {
+    if (!is_stun(d, n)) return -1 - R_STUN_MALFORMED;
+    Py_ssize_t end = STUN_HEADER + ((d[2] << 8) | d[3]), pos = STUN_HEADER;
     const uint8_t *user = NULL;
     Py_ssize_t user_len = 0;
     while (pos + 4 <= end) {
@@ -390,13 +395,10 @@ static PyObject *Admission_first(Admission *a, PyObject *args) {
     for (int i = 7; i >= 2; i--) key = key << 8 | c[i];
     uint32_t ip = (uint32_t)c[4] << 24 | (uint32_t)c[5] << 16 | (uint32_t)c[6] << 8 | c[7];
     uint32_t prefix = ip >> 8;
-    int stun = data.len > 0 && d[0] <= 3;
     int32_t *known = map_get(&a->by_key, key);
     if (known) {   /* a pending flow: STUN only, within the source's rate */
         Pending *p = &a->pending[*known];
-        if (data.len < STUN_HEADER || (d[0] & 0xC0) ||   /* framed as STUN (is_stun) */
-            ((uint32_t)d[4] << 24 | (uint32_t)d[5] << 16 | (uint32_t)d[6] << 8 | d[7]) != STUN_COOKIE ||
-            ((unsigned)d[2] << 8 | d[3]) % 4 || STUN_HEADER + ((d[2] << 8) | d[3]) > data.len) {
+        if (!is_stun(d, data.len)) {
             result = -1 - R_PENDING_NOT_STUN;
             goto done;
         }
@@ -407,7 +409,7 @@ static PyObject *Admission_first(Admission *a, PyObject *args) {
         a->live_bytes += (uint64_t)data.len;
         result = p->hop;
     } else {
-        if (!stun) { result = NOT_STUN; goto done; }
+        if (data.len == 0 || d[0] > 3) { result = NOT_STUN; goto done; }   /* RFC 7983 */
         if (!limiter_allow(a, ip, now)) { result = -1 - R_RATE_LIMITED; goto done; }
         int cluster = 0, transceiver = 0;
         int e = route_of(a, d, data.len, &cluster, &transceiver);

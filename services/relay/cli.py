@@ -4,10 +4,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from services.relay.nativeadmission import ADMISSIONS
 from services.config import parse_hostport
 from voiceedge.errors import ConfigError
-from services.relay.config import RelayConfig, RouteTable
+from services.relay.config import ADMISSIONS, RelayConfig, RouteTable
 from services.wire.ufrag import secret_from_env
 from voiceedge.errors import UserError
 

@@ -6,11 +6,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.config import parse_hostport
+from services.mediapaths import NATIVE, PYTHON
 from services.wire.ufrag import DEV_SECRET
 from voiceedge.errors import ConfigError
 
 TIERS = ("ingress", "cluster")
 
+
+# Who admits first packets (RelayConfig.admission): the Python rules, or the same in C.
+ADMISSIONS = (PYTHON, NATIVE)
 
 @dataclass(frozen=True)
 class RouteTable:
@@ -96,7 +100,7 @@ class RelayConfig:
     first_packet_burst: float = 200.0
     max_lookups: int = 256           # Redis lookups in flight per worker
     backlog: int = 1024              # first packets waiting for the slow path (backlog.py)
-    admission: str = "native"        # IPv4 first packets in C (nativeadmission.py), or "python"
+    admission: str = NATIVE          # IPv4 first packets in C (nativeadmission.py), or PYTHON
     redis_ttl: float = 120.0
     redis_queue: int = 10_000
     metrics: tuple[str, int] | None = ("127.0.0.1", 9478)

@@ -14,8 +14,6 @@ from services.relay import _admission
 from services.relay.config import RelayConfig
 from services.relay.flows import Hop
 
-PYTHON, NATIVE = "python", "native"
-ADMISSIONS = (PYTHON, NATIVE)
 REASONS = _admission.REASONS          # drop reason of first()'s result -1 - index
 NOT_STUN = _admission.NOT_STUN        # not STUN and no pending flow: the Python path's
 HEADER_BYTES = 8                      # the IPv4 hop header first() writes

@@ -34,6 +34,7 @@ from services.logs import log_event
 from services.relay import _fastpath, mmsg
 from services.relay.admission import Admission, PendingFlows, source_keys
 from services.relay.backlog import Backlog
+from services.mediapaths import NATIVE
 from services.relay.config import RelayConfig
 from services.relay.counters import Drops
 from services.relay.flowcache import FlowCache
@@ -42,7 +43,7 @@ from services.relay.flows import (
     header_key, sockaddr_key,
 )
 from services.relay.lifeline import die_with_parent
-from services.relay.nativeadmission import HEADER_BYTES, NATIVE, NOT_STUN, REASONS, native_admission
+from services.relay.nativeadmission import HEADER_BYTES, NOT_STUN, REASONS, native_admission
 from services.relay.publishing import Publisher
 from services.relay.recovery import Recovery
 from services.relay.routing import Router
