@@ -32,6 +32,7 @@ from services.client.runner import run_sessions
 from services.lag import LoopLagMonitor
 from services.procfs import precise_cpu_seconds, processes
 from services.logs import JsonFormatter
+from services.eventloops import EVENT_LOOPS, UVLOOP
 from services.mediapaths import MEDIA_PATHS, OPENSSL, PYTHON, SRTP_IMPLEMENTATIONS
 from services.transceiver.ice import MODES, SHARED
 from topology.netns import in_namespace, lab_namespace
@@ -52,6 +53,7 @@ class DemoConfig:
     light_path: str = PYTHON        # the light clients': aiortc or the native pump
     srtp: str = OPENSSL             # the transceiver's native path's SRTP (mediapaths.py)
     agent_codec: str = "any"        # the frames the native path offers the agent
+    event_loop: str = UVLOOP        # the transceiver's (services/eventloops.py)
 
 
 @dataclass
@@ -81,6 +83,7 @@ class DemoResult:
     # front, agent, redis
     services_cpu_ms_per_session_second: dict = field(default_factory=dict)
     srtp: str | None = None          # the transceiver's native path's SRTP (None: python path)
+    event_loop: str | None = None    # the transceiver's, as its /status says
     relay: dict = field(default_factory=dict)
     logs: str = ""
 
@@ -136,7 +139,7 @@ def cpu_ms_per_session_second(start: CpuMark, end: CpuMark,
 
 def demo_plan(mode: str, netns: str, public: str, internal: str,
               media_path: str = PYTHON, srtp: str = OPENSSL,
-              agent_codec: str = "any") -> EdgePlan:
+              agent_codec: str = "any", event_loop: str = UVLOOP) -> EdgePlan:
     """The demo's edge: one cluster and its front in one namespace."""
     host = Host("lab", netns)
     cluster = ClusterPlan("demo", 1, host, public=public, internal=internal)
@@ -144,7 +147,8 @@ def demo_plan(mode: str, netns: str, public: str, internal: str,
     return EdgePlan("cluster-relay" if mode == SHARED else "port-per-session", (cluster,), (front,),
                     max_sessions=500,
                     transceiver_args=("--media-path", media_path, "--srtp", srtp,
-                                      "--agent-codec", agent_codec))
+                                      "--agent-codec", agent_codec,
+                                      "--event-loop", event_loop))
 
 
 def run_demo(config: DemoConfig, say=lambda msg: None, progress=None) -> DemoResult:
@@ -159,7 +163,8 @@ def run_demo(config: DemoConfig, say=lambda msg: None, progress=None) -> DemoRes
     workdir.mkdir(parents=True, exist_ok=True)
     with lab_namespace("vedemo") as ns:
         plan = demo_plan(config.mode, ns.name, *ns.addresses, media_path=config.media_path,
-                         srtp=config.srtp, agent_codec=config.agent_codec)
+                         srtp=config.srtp, agent_codec=config.agent_codec,
+                         event_loop=config.event_loop)
         return in_namespace(ns.name, asyncio.run, _demo(config, plan, workdir, say, progress))
 
 
@@ -238,7 +243,9 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
 
     return DemoResult(
         mode=cfg.mode, media_path=cfg.media_path, light_path=cfg.light_path,
-        srtp=cfg.srtp if cfg.media_path != PYTHON else None, sessions=cfg.sessions, ok=len(ok),
+        srtp=cfg.srtp if cfg.media_path != PYTHON else None,
+        event_loop=status.get("event_loop") if status else None,
+        sessions=cfg.sessions, ok=len(ok),
         failed=len(results) - len(ok),
         failures=failures,
         setup_ms_p50=pct("setup_ms", 50), setup_ms_p95=pct("setup_ms", 95),
@@ -326,6 +333,9 @@ def add_parser(sub) -> None:
     e.add_argument("--srtp", choices=SRTP_IMPLEMENTATIONS, default=d.srtp,
                    help="the transceiver's SRTP on the native path: openssl (its own AES-GCM; "
                         "default) or libsrtp (the reference)")
+    e.add_argument("--event-loop", choices=EVENT_LOOPS, default=d.event_loop,
+                   help="the transceiver's event loop: uvloop (default) or asyncio (the "
+                        "reference)")
     e.add_argument("--agent-codec", choices=("opus", "pcm16", "any"), default=d.agent_codec,
                    help="the frames the native path offers the agent: opus, pcm16 (the plane "
                         "decodes and encodes), or any (the agent chooses: the echo agent takes "
@@ -351,7 +361,7 @@ def _main(args) -> int:
                      start_rate=args.rate, concurrency=args.concurrency,
                      full_clients=args.full_clients, workdir=args.workdir,
                      media_path=args.media_path, light_path=args.light_path, srtp=args.srtp,
-                     agent_codec=args.agent_codec)
+                     agent_codec=args.agent_codec, event_loop=args.event_loop)
     bars = ProgressBars(Console(stderr=True), enabled=not args.json)
     with bars:
         try:

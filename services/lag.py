@@ -140,6 +140,17 @@ class LoopLagMonitor:
                 pass
         self.watch.close()
 
+    def follow(self, clock) -> None:
+        """Take the samples from ``clock``'s beats instead of a timer of the monitor's own: a
+        service whose loop already wakes every ``tick`` seconds (the transceiver's FrameClock,
+        services/transceiver/pacing.py) is not woken twice as often to be watched. The clock
+        says how late each beat ran (``late_s``), the same lateness of the same kind of
+        timer."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        clock.subscribe(self, lambda _tick: self.watch.note(clock.late_s))
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         due = loop.time() + self._tick

@@ -187,6 +187,43 @@ def test_a_removed_session_matches_nothing_and_its_channel_is_not_reused(server)
     assert plane.counters()["batch_bad_record"] == 1
 
 
+def test_the_tick_and_the_batch_walk_exactly_the_live_sessions_as_they_come_and_go(server):
+    """The per-tick loops walk the live sessions' slots, packed (not every slot of the
+    capacity): after removals in the middle and new sessions in the freed slots, a tick sends
+    one packet to each live session and none to a removed one, and the agent's batch holds
+    each live session's frame."""
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    plane = Plane(server.fileno(), 8)
+    peers = [Peer(profile, key_len) for _ in range(6)]
+    channels = [add(plane, peer, profile) for peer in peers[:5]]
+    for k in (1, 3):
+        plane.remove(channels[k])
+    channels.append(add(plane, peers[5], profile))         # takes a freed slot
+
+    def ticked(live: set[int]) -> None:
+        assert plane.tick() == len(live) == plane.sessions
+        for k, peer in enumerate(peers):
+            peer.sock.settimeout(0.2 if k in live else 0.05)
+            try:
+                got = peer.sock.recv(2048)
+            except socket.timeout:
+                got = None
+            assert (got is not None) == (k in live), k
+
+    ticked({0, 2, 4, 5})
+    plane.remove(channels[4])          # the session whose slot moved when 1 was removed
+    ticked({0, 2, 5})
+    channels[4] = add(plane, peers[4], profile)
+    live = {0, 2, 4, 5}
+    ticked(live)
+    for k in live:
+        packet = peers[k].tx.protect(rtp(1, 0, 0xA0 + k, b"frame%d" % k))
+        assert plane.process(packet, peers[k].address) is None
+    assert sorted(records(plane.take_batch())) == sorted(
+        (channels[k], b"frame%d" % k) for k in live)
+    assert plane.take_batch() is None
+
+
 def test_pcm_sessions_decode_for_the_agent_and_encode_its_frames(server):
     profile, key_len = PROFILES["AES128_CM_SHA1_80"]
     plane, peer = Plane(server.fileno(), 2), Peer(profile, key_len)

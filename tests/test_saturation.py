@@ -78,6 +78,32 @@ def test_the_loop_monitor_sees_a_blocked_event_loop(captured):
     assert lags and max(e["max_ms"] for e in lags) >= 140, events
 
 
+def test_the_loop_monitor_following_a_clock_sees_a_blocked_loop_without_a_timer_of_its_own(
+        captured):
+    """A service with a 20 ms clock of its own (the transceiver's FrameClock) lends its beats
+    to the monitor: a stall shows as the beat's lateness, and the monitor runs no task."""
+    from services.transceiver.pacing import FrameClock
+
+    logger, events = captured
+
+    async def main() -> tuple:
+        clock = FrameClock(period=0.01)
+        async with LoopLagMonitor(logger, tick=0.01) as monitor:
+            monitor.follow(clock)
+            own_task = monitor._task
+            await asyncio.sleep(0.1)
+            time.sleep(0.15)  # the loop is blocked: the next beat runs 150 ms late
+            await asyncio.sleep(0.1)
+            samples = monitor.watch._samples
+        clock.close()
+        return own_task, samples
+
+    own_task, samples = asyncio.run(main())
+    assert own_task is None and samples > 0
+    lags = [e for e in events if e["event"] == "loop_lag"]
+    assert lags and max(e["max_ms"] for e in lags) >= 140, events
+
+
 def test_a_stall_that_is_a_garbage_collection_says_so(captured):
     """A full collection of a big object graph stalls the loop: the lagged second carries how
     long the collections in it took, and the summary the longest."""

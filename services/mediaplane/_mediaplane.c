@@ -158,6 +158,7 @@ typedef struct {
     unsigned script_n, script_pos;
     Arrival *arrivals;                  /* logged arrivals (client sessions) */
     unsigned narrivals;
+    unsigned order_pos;                 /* where its slot is in Plane.order */
 } Session;
 
 typedef struct {
@@ -168,6 +169,9 @@ typedef struct {
     int32_t *table;                     /* open addressing: index into sessions, -1 empty */
     unsigned table_size;
     unsigned live, tombstones;
+    uint16_t *order;                    /* the live sessions' slots, packed: the per-tick loops
+                                           walk these, not every slot of ``capacity`` (a
+                                           Session is ~31 KB: a slot is a page apart) */
     uint64_t counters[C_COUNTERS];
     /* receive batch */
     struct mmsghdr rmsgs[BATCH];
@@ -755,6 +759,7 @@ static void Plane_dealloc(Plane *p) {
         PyMem_Free(p->sessions);
     }
     PyMem_Free(p->table);
+    PyMem_Free(p->order);
     PyMem_Free(p->rbuf);
     PyMem_Free(p->sbuf);
     Py_TYPE(p)->tp_free((PyObject *)p);
@@ -793,9 +798,13 @@ static int Plane_init(Plane *p, PyObject *args, PyObject *kw) {
     while (p->table_size < capacity * 2) p->table_size <<= 1;
     p->sessions = PyMem_Calloc(capacity, sizeof(Session));
     p->table = PyMem_Malloc(p->table_size * sizeof(int32_t));
+    p->order = PyMem_Malloc(capacity * sizeof(uint16_t));
     p->rbuf = PyMem_Malloc((size_t)BATCH * SLOT_BYTES);
     p->sbuf = PyMem_Malloc((size_t)BATCH * SLOT_BYTES);
-    if (!p->sessions || !p->table || !p->rbuf || !p->sbuf) { PyErr_NoMemory(); return -1; }
+    if (!p->sessions || !p->table || !p->order || !p->rbuf || !p->sbuf) {
+        PyErr_NoMemory();
+        return -1;
+    }
     for (unsigned i = 0; i < p->table_size; i++) p->table[i] = -1;
     for (unsigned i = 0; i < capacity; i++) p->sessions[i].channel = i;
     for (int i = 0; i < BATCH; i++) {
@@ -976,7 +985,8 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
     }
     s->next_rtcp_ns = next_report_ns(p, mono_ns());
     if (fd < 0) table_insert(p, slot);   /* own sockets are read by channel, not looked up */
-    p->live++;
+    s->order_pos = p->live;
+    p->order[p->live++] = (uint16_t)slot;
     result = PyLong_FromUnsignedLong(s->channel);
 done:
     PyBuffer_Release(&rx_key);
@@ -1037,8 +1047,10 @@ static PyObject *Plane_remove(Plane *p, PyObject *args) {
     if (!s) Py_RETURN_FALSE;
     if (bye && s->rtcp) report_now(p, s, 1);
     if (s->fd < 0) table_remove(p, s->key);
+    unsigned last = p->order[--p->live];  /* the last live slot takes this one's place */
+    p->order[s->order_pos] = (uint16_t)last;
+    p->sessions[last].order_pos = s->order_pos;
     session_free(s);
-    p->live--;
     Py_RETURN_TRUE;
 }
 
@@ -1139,9 +1151,8 @@ static PyObject *Plane_process(Plane *p, PyObject *args) {
 
 static PyObject *Plane_take_batch(Plane *p, PyObject *noargs) {
     size_t total = 0;
-    for (unsigned i = 0; i < p->capacity; i++) {
-        Session *s = &p->sessions[i];
-        if (!s->used) continue;
+    for (unsigned i = 0; i < p->live; i++) {
+        Session *s = &p->sessions[p->order[i]];
         for (unsigned k = 0; k < s->in.count; k++)
             total += 6 + s->in.frames[(s->in.head + k) % RING].len;
     }
@@ -1149,9 +1160,8 @@ static PyObject *Plane_take_batch(Plane *p, PyObject *noargs) {
     PyObject *blob = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (!blob) return NULL;
     uint8_t *w = (uint8_t *)PyBytes_AS_STRING(blob);
-    for (unsigned i = 0; i < p->capacity; i++) {
-        Session *s = &p->sessions[i];
-        if (!s->used) continue;
+    for (unsigned i = 0; i < p->live; i++) {
+        Session *s = &p->sessions[p->order[i]];
         Frame *f;
         while ((f = ring_pop(&s->in))) {
             uint32_t ch = htonl(s->channel);
@@ -1208,17 +1218,16 @@ static PyObject *Plane_tick(Plane *p, PyObject *args) {
     if (frames > OUT_KEEP) frames = OUT_KEEP;
     long sent = 0;
     int64_t now = mono_ns();
-    for (unsigned i = 0; i < p->capacity; i++) {
-        Session *s = &p->sessions[i];
-        if (s->used && s->rtcp && now >= s->next_rtcp_ns) {
+    for (unsigned i = 0; i < p->live; i++) {
+        Session *s = &p->sessions[p->order[i]];
+        if (s->rtcp && now >= s->next_rtcp_ns) {
             send_report(p, s, now, 0);
             s->next_rtcp_ns = next_report_ns(p, now);
         }
     }
     for (int f = 0; f < frames; f++) {
-        for (unsigned i = 0; i < p->capacity; i++) {
-            Session *s = &p->sessions[i];
-            if (!s->used) continue;
+        for (unsigned i = 0; i < p->live; i++) {
+            Session *s = &p->sessions[p->order[i]];
             Frame *fr = ring_pop(&s->out);
             if (fr) send_frame(p, s, fr->data, fr->len);
             else if (s->script_n) {

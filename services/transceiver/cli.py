@@ -5,6 +5,7 @@ import argparse
 import os
 
 from services.config import parse_hostport
+from services.eventloops import EVENT_LOOPS, UVLOOP, loop_factory
 from voiceedge.errors import ConfigError
 from services.transceiver import ice
 from services.mediapaths import MEDIA_PATHS, OPENSSL, PYTHON, SRTP_IMPLEMENTATIONS
@@ -46,6 +47,8 @@ def add_parser(sub) -> None:
     p.add_argument("--srtp", choices=SRTP_IMPLEMENTATIONS, default=OPENSSL,
                    help="the native path's SRTP: openssl (its own AES-GCM for the GCM "
                         "profiles; default) or libsrtp (libsrtp2 for all, the reference)")
+    p.add_argument("--event-loop", choices=EVENT_LOOPS, default=UVLOOP,
+                   help="the event loop: uvloop (default) or asyncio's own (the reference)")
     p.add_argument("--agent-codec", choices=("opus", "pcm16", "any"), default="any",
                    help="the frames the native path offers the agent: opus (payloads as they "
                         "came), pcm16 (decoded), or any (the agent chooses; default)")
@@ -65,6 +68,8 @@ def config_from_args(args: argparse.Namespace):
         if not 0 <= args.opus_complexity <= 10:
             raise ConfigError("--opus-complexity must be 0..10")
         media = parse_hostport(args.media, "--media", allow_zero=True)
+        if args.agent and not args.agent.startswith(("ws://", "wss://")):
+            raise ConfigError("--agent takes a ws:// or wss:// URL")
         if args.media_path != PYTHON and args.mode != ice.SHARED:
             raise ConfigError("--media-path native needs --mode shared (one socket for all)")
         if args.media_path != PYTHON and ":" in media[0]:
@@ -93,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     from services.lifecycle import serve_until_signal
 
     try:
-        serve_until_signal(lambda: TransceiverServer(config))
+        serve_until_signal(lambda: TransceiverServer(config),
+                           loop_factory=loop_factory(args.event_loop))
     except OSError as exc:
         raise UserError(f"cannot open the transceiver's sockets: {exc}") from None
     return 0

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import aioice
 import aiortc.rtcicetransport
 import aiortc.rtcpeerconnection
+from aioice import stun
 from aioice.candidate import Candidate, candidate_foundation, candidate_priority
 from aioice.ice import StunProtocol
 from aiortc.rtcdtlstransport import SRTP_PROFILES, RTCCertificate
@@ -214,7 +215,7 @@ class _MuxTransport:
             self._mux.sendto(self._protocol, data, addr)
 
     def get_extra_info(self, name: str, default=None):
-        return self._mux.transport.get_extra_info(name, default)
+        return self._mux.get_extra_info(name, default)
 
     def is_closing(self) -> bool:
         return self._closing
@@ -236,6 +237,16 @@ class MuxStunProtocol(StunProtocol):
     def media_received(self, data: bytes) -> None:
         # DTLS/SRTP: skip StunProtocol's attempt to parse it as STUN (an exception per packet).
         self.receiver.data_received(data, self.local_candidate.component)
+
+    def stun_received(self, message: stun.Message, data: bytes, addr: tuple[str, int]) -> None:
+        """StunProtocol.datagram_received for a message the mux has parsed already: aioice's
+        dispatch, without parsing the same bytes a second time."""
+        if message.message_class in (stun.Class.RESPONSE, stun.Class.ERROR):
+            transaction = self.transactions.get(message.transaction_id)
+            if transaction is not None:
+                transaction.response_received(message, addr)
+        elif message.message_class == stun.Class.REQUEST:
+            self.receiver.request_received(message, addr, self)
 
     @property
     def ufrag(self) -> str:

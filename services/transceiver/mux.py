@@ -48,8 +48,8 @@ _SO_RCVBUFFORCE, _SO_SNDBUFFORCE = 33, 32
 # Datagrams read per readiness event. asyncio's datagram transport reads one per turn of the
 # event loop, and a turn runs every ready callback of every session: under the hostile flood
 # (~6,000 checks a second for no session, besides the calls' media) the socket's queue
-# overflowed while the loop turned. So the mux reads on, from the same socket, after the
-# transport's datagram; the bound keeps the sessions' own callbacks running between batches.
+# overflowed while the loop turned. So the mux reads a batch per readiness event; the bound
+# keeps the sessions' own callbacks running between batches.
 _READ_BATCH = 64
 _MAX_DATAGRAM = 65535
 
@@ -57,8 +57,9 @@ _MAX_DATAGRAM = 65535
 class MuxPort:
     """What the mux needs of a session: its ufrag/password and two sinks.
 
-    ``datagram_received`` takes STUN (aioice's StunProtocol, subclassed in ice.py);
-    ``media_received`` takes everything else, which the mux has already told from STUN.
+    ``datagram_received`` takes STUN (aioice's StunProtocol, subclassed in ice.py), through
+    ``stun_received`` with the message the mux has already parsed; ``media_received`` takes
+    everything else, which the mux has already told from STUN.
     """
 
     ufrag: str
@@ -69,6 +70,12 @@ class MuxPort:
 
     def media_received(self, data: bytes) -> None:  # pragma: no cover
         raise NotImplementedError
+
+    def stun_received(self, message: stun.Message, data: bytes,
+                      addr: tuple[str, int]) -> None:
+        """A STUN message the mux parsed (a request: authenticated too); by default its bytes
+        go to ``datagram_received``. A port that can take the parsed message saves a parse."""
+        self.datagram_received(data, addr)
 
 
 @dataclass
@@ -96,6 +103,7 @@ class MuxCounters:
     parked_expired: int = 0        # never sent: its TTL passed or its session ended first
     parked_dropped: int = 0        # not parked: its session had _PARK_LIMIT parked already
     send_unregistered: int = 0     # a send from a session no longer registered
+    send_failed: int = 0           # the kernel refused a send (buffer full, unreachable): lost
     addresses_evicted: int = 0     # learned addresses forgotten for a session's newer ones
     kernel_drops: int = 0  # datagrams the kernel dropped for this socket (receive buffer full)
 
@@ -113,12 +121,21 @@ class _Parked:
     items: list[tuple[float, bytes, tuple[str, int]]] = field(default_factory=list)
 
 
-class SharedSocket(asyncio.DatagramProtocol):
-    """The transceiver's single UDP socket. Use ``await SharedSocket.open(host, port)``."""
+class SharedSocket:
+    """The transceiver's single UDP socket. Use ``await SharedSocket.open(host, port)``.
 
-    def __init__(self) -> None:
-        self.transport: asyncio.DatagramTransport | None = None
-        self._sock: socket.socket | None = None  # the transport's, for batched reads
+    The mux owns the socket itself rather than through an asyncio transport: the event loop
+    says when it is readable and the mux reads up to _READ_BATCH datagrams (or the native
+    plane does, ``read_through``); it sends with ``sendto`` at once, and a send the kernel
+    refuses is lost as a datagram on a full link is (``send_failed``). Owning the fd is what
+    lets the plane read it, on asyncio's own loop and on uvloop alike (uvloop's transports
+    keep their fd to themselves)."""
+
+    def __init__(self, sock: socket.socket | None = None) -> None:
+        """``sock``: bound and non-blocking, read from the running loop. Without one (tests,
+        fuzzers) the mux demultiplexes what ``datagram_received`` gives it and sends nothing."""
+        self._sock: socket.socket | None = sock
+        self._loop = asyncio.get_running_loop() if sock is not None else None
         self.counters = MuxCounters()
         self._by_ufrag: dict[str, MuxPort] = {}
         self._by_addr: dict[tuple[str, int], _Learned] = {}
@@ -132,6 +149,8 @@ class SharedSocket(asyncio.DatagramProtocol):
         # clients must neither grow this nor push the real clients out.
         self._hop_clients: dict[bytes, tuple[str, int]] = {}
         self._plane = None  # the native media plane, once it reads the socket (nativeplane.py)
+        if sock is not None:
+            self._loop.add_reader(sock.fileno(), self._on_readable)
 
     @classmethod
     async def open(cls, host: str, port: int, buffer_bytes: int = _BUFFER_BYTES) -> "SharedSocket":
@@ -146,36 +165,40 @@ class SharedSocket(asyncio.DatagramProtocol):
                     sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)  # up to rmem_max
             sock.bind((host, port))
             sock.setblocking(False)
+            return cls(sock)
         except BaseException:
             sock.close()
             raise
-        loop = asyncio.get_running_loop()
-        _, mux = await loop.create_datagram_endpoint(cls, sock=sock)
-        mux._sock = sock
-        return mux
 
     @property
     def address(self) -> tuple[str, int]:
-        return self.transport.get_extra_info("sockname")[:2]
+        return self._sock.getsockname()[:2]
+
+    def get_extra_info(self, name: str, default=None):
+        """What an asyncio transport would say of the socket (aioice asks for ``sockname``)."""
+        if self._sock is None:
+            return default
+        if name == "socket":
+            return self._sock
+        if name == "sockname":
+            return self._sock.getsockname()
+        return default
 
     def close(self) -> None:
-        self._sock = None
-        if self.transport is not None:
-            self.transport.close()
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            self._loop.remove_reader(sock.fileno())
+            sock.close()
 
     def read_kernel_drops(self) -> int:
         """Update ``counters.kernel_drops`` from the kernel (SO_MEMINFO) and return it."""
-        sock = self.transport.get_extra_info("socket") if self.transport else None
-        if sock is not None and sock.fileno() >= 0:
+        if self._sock is not None:
             try:
-                raw = sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, 9 * 4)
+                raw = self._sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, 9 * 4)
                 self.counters.kernel_drops = struct.unpack("9I", raw)[_SK_MEMINFO_DROPS]
             except OSError:
                 pass
         return self.counters.kernel_drops
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -183,13 +206,10 @@ class SharedSocket(asyncio.DatagramProtocol):
     def read_through(self, plane) -> None:
         """Hand the socket's reads to ``plane``, the native media plane: it reads in batches,
         keeps its sessions' RTP and returns everything else, which is received here as
-        before (the transport still sends)."""
-        # The selector loop's own transport-level calls: its public add/remove_reader refuse
-        # an fd that a transport owns (this transport keeps sending, and closes the fd).
-        loop = asyncio.get_running_loop()
-        loop._remove_reader(self._sock.fileno())
+        before (sends still go out here)."""
         self._plane = plane
-        loop._add_reader(self._sock.fileno(), self._read_plane)
+        self._loop.remove_reader(self._sock.fileno())
+        self._loop.add_reader(self._sock.fileno(), self._read_plane)
 
     def _read_plane(self) -> None:
         if self._sock is None:
@@ -238,18 +258,21 @@ class SharedSocket(asyncio.DatagramProtocol):
     # ------------------------------------------------------------ receive
 
     def datagram_received(self, data: bytes, addr: tuple) -> None:
-        """The transport's datagram, then up to _READ_BATCH - 1 more read at once."""
+        """One datagram, as if read off the socket."""
         self._receive(data, addr)
-        sock, transport = self._sock, self.transport
-        for _ in range(_READ_BATCH - 1):
-            if sock is None or transport.is_closing():
+
+    def _on_readable(self) -> None:
+        """Up to _READ_BATCH datagrams per readiness event: a batch, then the sessions'
+        callbacks get their turn."""
+        for _ in range(_READ_BATCH):
+            sock = self._sock
+            if sock is None:
                 return
             try:
                 data, addr = sock.recvfrom(_MAX_DATAGRAM)
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # an ICMP error queued on the socket, as the transport does
-                self.error_received(exc)
+            except OSError:  # an ICMP error queued on the socket (reading it clears it)
                 continue
             self._receive(data, addr)
 
@@ -314,7 +337,7 @@ class SharedSocket(asyncio.DatagramProtocol):
             return
         self._learn(port, client, relay)
         self.counters.delivered += 1
-        port.datagram_received(data, client)
+        port.stun_received(message, data, client)
 
     def _session_named(self, data: bytes) -> MuxPort | None:
         """The session a STUN request's USERNAME names, read with a walk to it (counted as a
@@ -334,14 +357,15 @@ class SharedSocket(asyncio.DatagramProtocol):
     def _stun_from_peer(self, data: bytes, client) -> None:
         """A STUN response or indication (or bytes too short to say): delivered by the address
         it came from."""
-        if self._parse(data) is None:
+        message = self._parse(data)
+        if message is None:
             return
         learned = self._by_addr.get(client)
         if learned is None:
             self.counters.stun_unknown_address += 1
             return
         self.counters.delivered += 1
-        learned.port.datagram_received(data, client)
+        learned.port.stun_received(message, data, client)
 
     def _parse(self, data: bytes) -> stun.Message | None:
         try:
@@ -420,15 +444,18 @@ class SharedSocket(asyncio.DatagramProtocol):
                 del self._parked[key]
 
     def _send(self, data: bytes, client: tuple[str, int], relay, learned=None) -> None:
-        if self.transport is None or self.transport.is_closing():
+        sock = self._sock
+        if sock is None:
             return
         self.counters.datagrams_out += 1
-        if relay is None:
-            self.transport.sendto(data, client)
-            return
-        if learned is None:
-            header = hop.encode(client, hop.TO_CLIENT)
-        else:
-            header = learned.header or hop.encode(client, hop.TO_CLIENT)
-            learned.header = header
-        self.transport.sendto(header + data, relay)
+        if relay is not None:
+            if learned is None:
+                header = hop.encode(client, hop.TO_CLIENT)
+            else:
+                header = learned.header or hop.encode(client, hop.TO_CLIENT)
+                learned.header = header
+            data, client = header + data, relay
+        try:
+            sock.sendto(data, client)
+        except OSError:  # a full send buffer, an ICMP error: the datagram is lost
+            self.counters.send_failed += 1

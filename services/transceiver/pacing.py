@@ -25,6 +25,8 @@ class FrameClock:
         self._timer: asyncio.TimerHandle | None = None
         self._subscribers: dict[object, object] = {}  # key -> callback(tick)
         self._beat: asyncio.TimerHandle | None = None
+        self._due = 0.0    # when the next beat is due (event-loop time)
+        self.late_s = 0.0  # how late the event loop ran the current beat
 
     def current(self) -> int:
         """The last tick that has passed (0 at the first use)."""
@@ -70,13 +72,14 @@ class FrameClock:
         self._subscribers.pop(key, None)
 
     def _next_beat(self, tick: int) -> None:
-        self._beat = asyncio.get_running_loop().call_at(
-            self._origin + (tick + 1) * self.period, self._on_beat)
+        self._due = self._origin + (tick + 1) * self.period
+        self._beat = asyncio.get_running_loop().call_at(self._due, self._on_beat)
 
     def _on_beat(self) -> None:
         self._beat = None
         if not self._subscribers:
             return
+        self.late_s = asyncio.get_running_loop().time() - self._due
         tick = self.current()
         for key, callback in list(self._subscribers.items()):
             try:

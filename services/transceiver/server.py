@@ -36,6 +36,7 @@ from services.logs import log_event
 from services.transceiver import ice
 from services.transceiver.opus import OpusSettings
 from services.transceiver.agentframes import AgentFrames
+from services.eventloops import running_loop_name
 from services.transceiver.mux import SharedSocket
 from services.mediapaths import NATIVE
 from services.transceiver.nativeplane import NativeMedia
@@ -127,6 +128,11 @@ class TransceiverServer:
         return is_dev_secret(self.config.secret)
 
     @property
+    def lag_clock(self) -> FrameClock:
+        """The loop-lag monitor samples this clock's beats (services/lifecycle.py)."""
+        return self.clock
+
+    @property
     def media_address(self) -> tuple[str, int] | None:
         return self.mux.address if self.mux else None
 
@@ -146,7 +152,7 @@ class TransceiverServer:
                 raise ValueError("the native media path needs the shared socket (mode shared)")
             self.native = NativeMedia(self.mux, self.clock, max(cfg.max_sessions, 1), cfg.opus,
                                       srtp=cfg.srtp)
-            await self.native.start(AgentFrames(cfg.agent_url, self._http)
+            await self.native.start(AgentFrames(cfg.agent_url)
                                     if cfg.agent_url else None)
         app = web.Application(client_max_size=256 * 1024)
         app.router.add_post("/sessions", self._post_session)
@@ -290,6 +296,7 @@ class TransceiverServer:
             "mux_state": self.mux_state(),
             "media_path": cfg.media_path,
             "srtp": cfg.srtp if self.native else None,
+            "event_loop": running_loop_name(),
             "native": ({"sessions": self.native.sessions, **self.native.counters()}
                        if self.native else None),
             "process": introspect.snapshot(collect, trim),
