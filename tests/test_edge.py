@@ -62,6 +62,7 @@ def test_audio_and_data_channel_both_ways_through_relay_transceiver_and_agent(la
     assert counters["flows_created"] == 1
     assert counters["packets_to_server"] > 50 and counters["packets_to_client"] > 50
     assert status["sessions"] == 0  # the client's DELETE ended it
+    assert status["event_loop"] == "uvloop"  # the transceiver's default (services/eventloops.py)
 
 
 async def _call_with_arrivals(http: aiohttp.ClientSession, edge: Edge):
