@@ -11,8 +11,9 @@ The link is the one WebSocket of the transceiver that carries a message every 20
 so its client end is this module's own (RFC 6455, the client's part: the opening handshake,
 masked binary frames out, frames in) on a plain asyncio protocol: a message in is one
 ``data_received`` call and a message out one ``transport.write``, where aiohttp's client
-spent a task wake-up, an async iterator and its writer's coroutine on each (about 5% of the
-transceiver's CPU at 100 sessions, docs/benchmarks.md). The agent's end stays aiohttp's.
+spent a task wake-up, an async iterator and its writer's coroutine on each (the replies' task
+steps alone were 3% of the transceiver's CPU at 100 sessions, docs/benchmarks.md). The
+agent's end stays aiohttp's.
 """
 from __future__ import annotations
 
