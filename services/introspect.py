@@ -82,10 +82,15 @@ def trim_heap() -> bool:
 def snapshot(collect: bool = False, trim: bool = False) -> dict[str, int | None]:
     """This process now: ``open_fds``, ``asyncio_tasks`` (None outside a running loop),
     ``rss_bytes``, ``rss_peak_bytes``, ``threads``, ``python_blocks`` (after a full garbage
-    collection with ``collect``), ``heap_in_use_bytes``, ``heap_free_bytes`` (None without
-    glibc); ``trim``: after ``trim_heap()``."""
+    collection with ``collect``, frozen objects included: services/gcpolicy.py),
+    ``heap_in_use_bytes``, ``heap_free_bytes`` (None without glibc); ``trim``: after
+    ``trim_heap()``."""
     if collect:
+        frozen = gc.get_freeze_count()
+        gc.unfreeze()
         gc.collect()
+        if frozen:
+            gc.freeze()
     if trim:
         trim_heap()
     try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -9,6 +10,9 @@ from pathlib import Path
 from services.client.config import FULL, LIGHT, ClientConfig
 from services.client.results import JsonLines, SessionResult
 from services.client.session import CallSession
+from services.gcpolicy import SessionCollections
+
+log = logging.getLogger("voiceedge.client")
 
 
 def kinds(n: int, full: int | None) -> list[str]:
@@ -34,6 +38,7 @@ async def run_sessions(config: ClientConfig, n: int, *,
     Each result is written (and ``on_result`` called) as soon as its session ends. A session
     never raises, so one failure cannot disturb the others; if this coroutine is cancelled,
     the running sessions are cancelled and torn down (DELETE, close) before it returns.
+    The process's oldest-generation collections follow the sessions (services/gcpolicy.py).
     """
     out = JsonLines(results_path, samples_path, arrivals_path)
     pump = None
@@ -49,6 +54,7 @@ async def run_sessions(config: ClientConfig, n: int, *,
     kind_of = kinds(n, config.full_sessions)
 
     async def one(i: int) -> None:
+        gc_policy.session_started()
         try:
             result = await CallSession(config, index_base + i, kind=kind_of[i],
                                        pump=pump).run()
@@ -56,10 +62,13 @@ async def run_sessions(config: ClientConfig, n: int, *,
             if slots is not None:
                 slots.release()
         results.append(result)
+        gc_policy.session_ended(live=len(tasks) - len(results))
         out.write(result)
         if on_result is not None:
             on_result(result)
 
+    gc_policy = SessionCollections(log)
+    gc_policy.start()
     t0 = time.monotonic()
     try:
         for i in range(n):
@@ -77,4 +86,5 @@ async def run_sessions(config: ClientConfig, n: int, *,
         if pump is not None:
             await pump.stop()
         out.close()
+        gc_policy.stop()
     return sorted(results, key=lambda r: r.index)

@@ -37,6 +37,7 @@ from services.transceiver import ice
 from services.transceiver.opus import OpusSettings
 from services.transceiver.agentframes import AgentFrames
 from services.eventloops import running_loop_name
+from services.gcpolicy import SessionCollections
 from services.transceiver.mux import SharedSocket
 from services.mediapaths import NATIVE
 from services.transceiver.nativeplane import NativeMedia
@@ -114,6 +115,7 @@ class TransceiverServer:
         self.certificates = ice.CertificatePool(config.certificates_ahead)
         self.clock = FrameClock()  # paces every session's outgoing audio
         self.native: NativeMedia | None = None
+        self.gc_policy = SessionCollections(log)  # from start on (services/gcpolicy.py)
 
     async def __aenter__(self) -> "TransceiverServer":
         await self.start()
@@ -166,6 +168,7 @@ class TransceiverServer:
         site = web.TCPSite(self._runner, cfg.control[0], cfg.control[1])
         await site.start()
         self.control_port = site._server.sockets[0].getsockname()[1]
+        self.gc_policy.start()
         log_event(log, "transceiver_started", cluster=cfg.cluster_id,
                   transceiver=cfg.transceiver_id, mode=cfg.mode, media_path=cfg.media_path,
                   media=f"{self.media_address[0]}:{self.media_address[1]}" if self.mux else None,
@@ -194,6 +197,7 @@ class TransceiverServer:
                   native=self.native.counters() if self.native else None)
         if self.mux is not None:
             self.mux.close()
+        self.gc_policy.stop()
 
     # ------------------------------------------------------------ sessions
 
@@ -235,6 +239,7 @@ class TransceiverServer:
                               self.config.setup_timeout, self._forget, self.config.opus,
                               self.clock, self.native, self.config.agent_codecs)
         self.sessions[session_id] = session
+        self.gc_policy.session_started()
         try:
             answer = await session.start(offer)
         except Exception:
@@ -249,7 +254,8 @@ class TransceiverServer:
         return session, answer
 
     def _forget(self, session: Session) -> None:
-        self.sessions.pop(session.id, None)
+        if self.sessions.pop(session.id, None) is not None:
+            self.gc_policy.session_ended(len(self.sessions))
 
     async def _post_session(self, request: web.Request) -> web.Response:
         received = time.monotonic()
