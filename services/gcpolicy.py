@@ -22,8 +22,8 @@ collection a session. So ``SessionCollections``:
   was frozen keeps its few hundred objects of cycles. A full collection asked for from
   outside (services/introspect.py, ``?gc=1``) includes the frozen objects too.
 
-Each collection is logged (``gc_freeze``, ``gc_full``: what it freed, how long it took); the
-loop-lag monitor (services/lag.py) times them as it times any. (Not how many objects are
+Each collection is logged (``gc_full``; ``gc_freeze`` at debug level, one every 16 sessions:
+what it freed, how long it took); the loop-lag monitor (services/lag.py) times them as it times any. (Not how many objects are
 frozen: ``gc.get_freeze_count`` walks them all, 20-100 ms at a few hundred sessions.)
 """
 from __future__ import annotations
@@ -159,5 +159,6 @@ class SessionCollections:
             self.ended = 0
         else:
             self.freezes += 1
-            log_event(self.logger, "gc_freeze", freed=freed, ms=ms, sessions_started=self.started)
+            log_event(self.logger, "gc_freeze", level=logging.DEBUG, freed=freed, ms=ms,
+                      sessions_started=self.started)
         self.started = 0
