@@ -2,10 +2,11 @@
 
 CPython collects its oldest generation when the objects promoted since the last such
 collection reach a quarter of those that survived it, and that collection walks every object
-the collector tracks: about 0.5 us each on the reference VM, and a live aiortc session is
-thousands of them. With hundreds of live sessions it stops the event loop for 100-200 ms (the
-transceiver at 400 sessions: 133 ms, 2026-12-05), every session's media waiting behind it,
-and growth triggers it (every quarter more sessions) as churn does.
+the collector tracks: about 0.5 us each on the reference VM, ~400 for each live session in the
+transceiver (what a freeze adds per session) beside the ~60,000 of its start. With hundreds
+of live sessions it stops the event loop for 100-200 ms (the transceiver at 400 sessions:
+133 ms, 2026-12-05), every session's media waiting behind it, and growth triggers it (every
+quarter more sessions) as churn does.
 
 What a session leaves that only the collector frees (reference cycles) is small: about 350
 objects (lists, deques, asyncio events and tasks, SDP and parameter objects), 0.17 ms of
@@ -23,8 +24,9 @@ collection a session. So ``SessionCollections``:
   outside (services/introspect.py, ``?gc=1``) includes the frozen objects too.
 
 Each collection is logged (``gc_full``; ``gc_freeze`` at debug level, one every 16 sessions:
-what it freed, how long it took); the loop-lag monitor (services/lag.py) times them as it times any. (Not how many objects are
-frozen: ``gc.get_freeze_count`` walks them all, 20-100 ms at a few hundred sessions.)
+what it freed, how long it took); the loop-lag monitor (services/lag.py) times them as it
+times any. (Not how many objects are frozen: ``gc.get_freeze_count`` walks them all, 20-100
+ms at a few hundred sessions.)
 """
 from __future__ import annotations
 
@@ -60,7 +62,8 @@ class SessionCollections:
     process; call ``session_started()`` and ``session_ended(live)`` as sessions come and go.
     ``stop`` restores the collector's thresholds and unfreezes what was frozen."""
 
-    def __init__(self, logger: logging.Logger, policy: CollectionPolicy = CollectionPolicy()) -> None:
+    def __init__(self, logger: logging.Logger,
+                 policy: CollectionPolicy = CollectionPolicy()) -> None:
         self.policy = policy
         self.logger = logger
         self.started = 0     # sessions started since the last freeze
