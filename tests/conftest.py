@@ -259,8 +259,9 @@ class RelayProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "RelayProcess":
-        cmd = [sys.executable, "-m", "voiceedge", "relay", *self.args,
-               "--metrics", f"127.0.0.1:{self.metrics_port}", "--cpus", "none"]
+        # unpinned unless the test's own args say otherwise (they come after)
+        cmd = [sys.executable, "-m", "voiceedge", "relay", "--cpus", "none", *self.args,
+               "--metrics", f"127.0.0.1:{self.metrics_port}"]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=REPO)
         deadline = time.monotonic() + 15

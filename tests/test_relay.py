@@ -396,6 +396,9 @@ def test_the_development_secret_is_a_warning_and_a_gauge(world, monkeypatch, sec
     (["--tier", "cluster", "--routes", "ROUTES"], "needs cluster_id"),
     (["--tier", "ingress", "--routes", "ROUTES", "--port", "70000"], "not a UDP port"),
     (["--tier", "ingress", "--routes", "ROUTES", "--cpus", "x"], "not a list"),
+    (["--tier", "ingress", "--routes", "ROUTES", "--cpus", "4096"], "does not have online"),
+    (["--tier", "ingress", "--routes", "ROUTES", "--realtime", "0"], "not a real-time priority"),
+    (["--tier", "ingress", "--routes", "ROUTES", "--realtime", "100"], "not a real-time priority"),
 ])
 def test_cli_errors_are_one_clear_line(tmp_path, args, message):
     routes = tmp_path / "routes.toml"

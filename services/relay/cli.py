@@ -7,6 +7,7 @@ import os
 from services.config import parse_hostport
 from voiceedge.errors import ConfigError
 from services.relay.config import ADMISSIONS, RelayConfig, RouteTable
+from services.relay.scheduling import check_realtime, online_cpus
 from services.wire.ufrag import secret_from_env
 from voiceedge.errors import UserError
 
@@ -32,6 +33,10 @@ def add_parser(sub) -> None:
     p.add_argument("--workers", type=int, default=1, help="worker processes on the port (SO_REUSEPORT)")
     p.add_argument("--cpus", metavar="LIST",
                    help="CPUs to pin workers to, e.g. 0,1 (default: worker i on CPU i; 'none' to not pin)")
+    p.add_argument("--realtime", type=int, metavar="PRIO",
+                   help="run each worker at real-time priority PRIO (SCHED_FIFO, 1-99), so no "
+                        "ordinary process on its CPU delays a datagram; needs root or "
+                        "CAP_SYS_NICE (default: ordinary scheduling)")
     p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds before an idle flow expires")
     p.add_argument("--max-flows", type=int, default=100_000, help="flow table cap per worker")
     d = RelayConfig.__dataclass_fields__
@@ -107,8 +112,12 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
                 cpus = tuple(int(c) for c in args.cpus.split(","))
             except ValueError:
                 raise ConfigError(f"--cpus {args.cpus!r} is not a list like 0,1") from None
-            if not set(cpus) <= os.sched_getaffinity(0):
-                raise ConfigError(f"--cpus {args.cpus} names CPUs this process may not use")
+            # the host's CPUs, not this process's affinity: a launcher that keeps itself off
+            # the relay's CPU starts the relay with its own narrower mask
+            if not set(cpus) <= online_cpus():
+                raise ConfigError(f"--cpus {args.cpus} names CPUs this host does not have online")
+        if args.realtime is not None:
+            check_realtime(args.realtime)
         metrics = None if args.metrics == "none" else parse_hostport(args.metrics, "--metrics")
     except ConfigError as exc:
         raise UserError(str(exc)) from None
@@ -116,7 +125,7 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
         routes=routes, listen=(args.listen, args.port), internal=internal,
         hop_bind=args.hop_bind, hop_port=args.hop_port, relay_id=args.relay_id,
         secret=secret_from_env(os.environ.get("VOICEEDGE_UFRAG_SECRET")),
-        redis_url=args.redis, workers=args.workers, cpus=cpus,
+        redis_url=args.redis, workers=args.workers, cpus=cpus, realtime=args.realtime,
         idle_timeout=args.idle_timeout, max_flows=args.max_flows, metrics=metrics,
         pending_flows=args.pending_flows, pending_ttl=args.pending_ttl,
         max_pending=args.max_pending, pending_per_ip=args.pending_per_ip,

@@ -86,6 +86,7 @@ class RelayConfig:
     redis_url: str | None = None
     workers: int = 1
     cpus: tuple[int, ...] | None = None  # None: pin worker i to CPU i mod ncpu; () no pinning
+    realtime: int | None = None       # SCHED_FIFO priority of the workers (scheduling.py)
     idle_timeout: float = 30.0
     max_flows: int = 100_000
     # First packets (services/relay/admission.py). pending_flows=False is the unhardened

@@ -47,6 +47,7 @@ from services.relay.nativeadmission import HEADER_BYTES, NOT_STUN, REASONS, nati
 from services.relay.publishing import Publisher
 from services.relay.recovery import Recovery
 from services.relay.routing import Router
+from services.relay.scheduling import place_worker
 from services.relay.sockets import WorkerSockets
 from services.wire import hop as hopwire
 from services.wire.stun import STUN_FIRST_BYTE_MAX, in_stun_range
@@ -585,14 +586,14 @@ def run_worker(config: RelayConfig, index: int, shared, cpu: int | None,
     # killed relay by more than the 0.5 s the fault scenarios wait before the restart.
     die_with_parent(parent_pid, signal.SIGKILL)
     try:
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})
+        place_worker(cpu, config.realtime)
         worker = RelayWorker(config, index, shared, sockets)
         gc.disable()  # see _GC_YOUNG_LIMIT
         gc.freeze()   # what exists now lives as long as the worker: out of every collection
         signal.signal(signal.SIGTERM, lambda *_: worker.stop())
         signal.signal(signal.SIGINT, lambda *_: worker.stop())
-        log_event(log, "worker_started", relay=config.name, worker=index, cpu=cpu)
+        log_event(log, "worker_started", relay=config.name, worker=index, cpu=cpu,
+                  realtime=config.realtime)
         try:
             worker.run()
         finally:
