@@ -19,7 +19,7 @@ from analysis.pcap.reader import Datagram
 from services.wire import hop as hopwire
 from services.wire.stun import read_username, server_ufrag
 from services.wire.ufrag import DEV_SECRET, UfragCodec
-from tests.conftest import needs
+from tests.conftest import REPO, needs
 
 
 def test_binding_request_routes_and_does_not_authenticate():
@@ -116,7 +116,8 @@ def test_the_relay_core_keeps_this_process_and_its_children_off_the_relays_cpu_u
     with RelayCore(10) as core:
         assert (core.cpu, core.others) == (cpus[-1], set(cpus[:-1]))
         assert core.relay_args() == ("--cpus", str(cpus[-1]), "--realtime", "10")
-        assert core.describe() == {"cpu": cpus[-1], "realtime": 10, "others": cpus[:-1]}
+        assert core.describe() == {"cpu": cpus[-1], "realtime": 10, "others": cpus[:-1],
+                                   "realtime_refused": None}
         assert set(map(frozenset, _affinities().values())) == {frozenset(cpus[:-1])}
         child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
                                capture_output=True, text=True, timeout=30)
@@ -130,6 +131,20 @@ def test_the_relay_core_keeps_this_process_and_its_children_off_the_relays_cpu_u
     with RelayCore(None) as shared:
         assert shared.cpu is None and shared.relay_args() == () and shared.describe() is None
         assert _affinities() == {t: a for t, a in before.items() if t in _affinities()}
+
+
+def test_without_the_right_to_real_time_the_relay_core_pins_only_and_says_why(as_nobody):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    code = ("from bench.hostile.flood import RelayCore\n"
+            "with RelayCore(10) as core:\n"
+            "    print(core.relay_args(), core.describe()['realtime_refused'])")
+    proc = subprocess.run([*as_nobody, sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    last = max(os.sched_getaffinity(0))
+    assert proc.stdout.strip() == (f"('--cpus', '{last}') --realtime 10 needs root or "
+                                   "CAP_SYS_NICE")
 
 
 TRANSIT = "relay transit p99"  # the violations of the 2x p99 rule start so

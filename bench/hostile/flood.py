@@ -50,6 +50,8 @@ from analysis.stats import percentile
 from analysis.pcap.reader import read_udp
 from topology.capture import Capture
 from services.relay.config import RelayConfig
+from services.relay.scheduling import check_realtime
+from voiceedge.errors import ConfigError
 from services.wire import hop as hopwire
 from services.wire.stun import ATTR_USERNAME, MAGIC_COOKIE
 from services.wire.ufrag import DEV_SECRET, UfragCodec
@@ -401,6 +403,7 @@ class RelayCore:
         self.realtime = realtime
         self.cpu: int | None = None
         self.others: set[int] = set()
+        self.refused: str | None = None  # why real-time priority was not available
         self._saved: dict[int, set[int]] = {}
 
     def __enter__(self) -> "RelayCore":
@@ -408,6 +411,10 @@ class RelayCore:
         if self.realtime is None or len(cpus) < 2:
             return self
         self.cpu, self.others = cpus[-1], set(cpus[:-1])
+        try:
+            check_realtime(self.realtime)
+        except ConfigError as exc:  # pinned only; the result says why
+            self.realtime, self.refused = None, str(exc)
         for tid in _threads():
             try:
                 self._saved[tid] = os.sched_getaffinity(tid)
@@ -429,12 +436,14 @@ class RelayCore:
     def relay_args(self) -> tuple[str, ...]:
         if self.cpu is None:
             return ()
-        return ("--cpus", str(self.cpu), "--realtime", str(self.realtime))
+        priority = () if self.realtime is None else ("--realtime", str(self.realtime))
+        return ("--cpus", str(self.cpu), *priority)
 
     def describe(self) -> dict | None:
         if self.cpu is None:
             return None
-        return {"cpu": self.cpu, "realtime": self.realtime, "others": sorted(self.others)}
+        return {"cpu": self.cpu, "realtime": self.realtime, "others": sorted(self.others),
+                "realtime_refused": self.refused}
 
 
 def _threads() -> list[int]:
@@ -454,8 +463,10 @@ def run(config: FloodConfig, say=lambda m: None, progress=None) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     with RelayCore(config.relay_realtime) as core, lab_namespace("veflood") as ns:
         if core.cpu is not None:
-            say(f"the relay's worker on CPU {core.cpu} at real-time priority {core.realtime}, "
-                f"the rest on CPU {','.join(map(str, sorted(core.others)))}")
+            say(f"the relay's worker on CPU {core.cpu} "
+                + (f"at real-time priority {core.realtime}" if core.realtime else
+                   f"at ordinary priority: {core.refused}")
+                + f", the rest on CPU {','.join(map(str, sorted(core.others)))}")
         plan = dataclasses.replace(demo_plan(SHARED, ns.name, *ns.addresses, config.media_path),
                                    relay_args=config.relay_options() + core.relay_args())
         result = in_namespace(ns.name, asyncio.run,
@@ -825,10 +836,13 @@ def lines(result: dict) -> list[str]:
            f"({s['cpu_us_per_packet']:g} us/packet)",
            "relay transit (us)      quiet p50 / p99 / max      flood p50 / p99 / max    p99 x"]
     core = result.get("relay_core")
-    out.insert(1, "relay's worker: " + (
-        f"CPU {core['cpu']} of its own at real-time priority {core['realtime']}, everything "
-        f"else on CPU {','.join(map(str, core['others']))}" if core else
-        "sharing the CPUs with everything else"))
+    if core:
+        priority = (f"at real-time priority {core['realtime']}" if core["realtime"] else
+                    f"at ordinary priority ({core.get('realtime_refused')})")
+        out.insert(1, f"relay's worker: CPU {core['cpu']} of its own {priority}, everything "
+                      f"else on CPU {','.join(map(str, core['others']))}")
+    else:
+        out.insert(1, "relay's worker: sharing the CPUs with everything else")
     def us(v):  # us up to 10 ms, then ms, then s
         return "-" if v is None else (f"{v:.0f}" if v < 1e4 else f"{v / 1e3:.0f} ms"
                                       if v < 1e6 else f"{v / 1e6:.1f} s")
