@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +16,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+# A shell that starts a command in the background without job control (`make test &` in a
+# script, `nohup ... &`) starts it with SIGINT ignored, and an ignored signal stays ignored
+# across exec: every command the tests start would then shrug off the Ctrl-C the stop tests
+# send it (4 of them failed so, 2026-12-05). A handled signal is reset to its default at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # ------------------------------------------------------------------ tiers (docs/contributing.md)
