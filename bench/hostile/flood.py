@@ -446,6 +446,16 @@ class RelayCore:
                 "realtime_refused": self.refused}
 
 
+def relay_core_text(core: dict | None) -> str:
+    """``RelayCore.describe()`` in words."""
+    if not core:
+        return "relay's worker: sharing the CPUs with everything else"
+    priority = (f"at real-time priority {core['realtime']}" if core["realtime"] else
+                f"at ordinary priority ({core['realtime_refused']})")
+    return (f"relay's worker: CPU {core['cpu']} of its own {priority}, everything else on "
+            f"CPU {','.join(map(str, core['others']))}")
+
+
 def _threads() -> list[int]:
     return [int(t) for t in os.listdir("/proc/self/task")]
 
@@ -462,11 +472,7 @@ def run(config: FloodConfig, say=lambda m: None, progress=None) -> dict:
     workdir = config.workdir or temp_dir("voiceedge-flood-")
     workdir.mkdir(parents=True, exist_ok=True)
     with RelayCore(config.relay_realtime) as core, lab_namespace("veflood") as ns:
-        if core.cpu is not None:
-            say(f"the relay's worker on CPU {core.cpu} "
-                + (f"at real-time priority {core.realtime}" if core.realtime else
-                   f"at ordinary priority: {core.refused}")
-                + f", the rest on CPU {','.join(map(str, sorted(core.others)))}")
+        say(relay_core_text(core.describe()))
         plan = dataclasses.replace(demo_plan(SHARED, ns.name, *ns.addresses, config.media_path),
                                    relay_args=config.relay_options() + core.relay_args())
         result = in_namespace(ns.name, asyncio.run,
@@ -835,14 +841,7 @@ def lines(result: dict) -> list[str]:
            f"(target {cfg['rate']:,}/s), sender CPU {s['cpu_pct']:g}% of a core "
            f"({s['cpu_us_per_packet']:g} us/packet)",
            "relay transit (us)      quiet p50 / p99 / max      flood p50 / p99 / max    p99 x"]
-    core = result.get("relay_core")
-    if core:
-        priority = (f"at real-time priority {core['realtime']}" if core["realtime"] else
-                    f"at ordinary priority ({core.get('realtime_refused')})")
-        out.insert(1, f"relay's worker: CPU {core['cpu']} of its own {priority}, everything "
-                      f"else on CPU {','.join(map(str, core['others']))}")
-    else:
-        out.insert(1, "relay's worker: sharing the CPUs with everything else")
+    out.insert(1, relay_core_text(result.get("relay_core")))
     def us(v):  # us up to 10 ms, then ms, then s
         return "-" if v is None else (f"{v:.0f}" if v < 1e4 else f"{v / 1e3:.0f} ms"
                                       if v < 1e6 else f"{v / 1e6:.1f} s")
