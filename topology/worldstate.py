@@ -333,7 +333,6 @@ class WorldHold:
         self._extra = list(extra_pids)
         self._lock = _Lock(self.state_dir)
         self._saved: dict[int, object] = {}
-        self._stopped = threading.Event()
         self._waiting = False
 
     # -------------------------------------------------------- lifecycle
@@ -452,8 +451,10 @@ class WorldHold:
     def _on_signal(self, signum, frame) -> None:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
+        # No lock here (an Event's set takes one): the handler runs in the main thread, which
+        # may be holding that very lock inside wait() when the signal lands; the world's
+        # holder then deadlocked, deaf to every further signal (seen once in make test).
         self.stop_signal = signal.Signals(signum).name
-        self._stopped.set()
         if not self._waiting:
             raise KeyboardInterrupt
 
@@ -461,8 +462,8 @@ class WorldHold:
         """Block until SIGINT, SIGTERM or SIGHUP; return its name (e.g. "SIGINT")."""
         self._waiting = True
         try:
-            while not self._stopped.wait(0.2):
-                pass
+            while self.stop_signal is None:
+                time.sleep(0.2)  # a signal's handler runs within it, then the loop sees it
         finally:
             self._waiting = False
         return self.stop_signal

@@ -5,7 +5,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import threading
 import time
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -51,7 +50,9 @@ class RelayServer:
         self.config = config
         self._shared = shared_block(config.workers)
         self._procs: list[multiprocessing.Process] = []
-        self._stopping = threading.Event()
+        # a plain flag, not an Event: a signal handler must not take the lock the main
+        # thread may hold inside Event.wait when the signal lands (topology/worldstate.py)
+        self._stopping = False
 
     def _cpu_for(self, index: int) -> int | None:
         cpus = self.config.cpus
@@ -120,7 +121,7 @@ class RelayServer:
         return [p.pid for p in self._procs]
 
     def stop(self) -> None:
-        self._stopping.set()
+        self._stopping = True
         for proc in self._procs:
             if proc.is_alive():
                 proc.terminate()
@@ -133,12 +134,13 @@ class RelayServer:
     def run(self) -> None:
         """Start, supervise (restart a worker that died), stop on a signal."""
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: self._stopping.set())
+            signal.signal(sig, lambda *_: setattr(self, "_stopping", True))
         self.start()
         try:
-            while not self._stopping.wait(0.5):
+            while not self._stopping:
+                time.sleep(0.5)  # a signal's handler runs within it
                 for i, proc in enumerate(self._procs):
-                    if not proc.is_alive() and not self._stopping.is_set():
+                    if not proc.is_alive() and not self._stopping:
                         log_event(log, "worker_died", level=logging.WARNING, worker=i,
                                   worker_pid=proc.pid, exitcode=proc.exitcode)
                         time.sleep(0.2)
