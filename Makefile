@@ -31,7 +31,7 @@ deps:
 
 # Debian's /usr/bin/python3 with its site-packages: that is where Debian's mininet lives
 # (PyPI's mininet has no mnexec). The stamp re-runs pip only when pyproject.toml changes.
-$(BIN)/.installed: pyproject.toml services/relay/_fastpath.c services/relay/_admission.c services/mediaplane/_mediaplane.c services/mediaplane/srtp_gcm.c services/mediaplane/srtp_gcm.h | deps
+$(BIN)/.installed: pyproject.toml services/relay/_fastpath.c services/relay/_admission.c services/mediaplane/_mediaplane.c services/mediaplane/srtp_gcm.c services/mediaplane/srtp_gcm.h topology/impairment/_engine.c | deps
 	@test -x $(BIN)/python || $(PY_SYSTEM) -m venv --system-site-packages $(VENV)
 	@$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
 	@touch $@
@@ -60,9 +60,10 @@ sweep: venv
 # The tiers (docs/contributing.md). `make check`: the unit and component tests (loopback, real
 # redis-server), on both cores; no root needed. `make test`: everything, as CI runs it; the
 # same tier first, on both cores, then the native extensions' tests under AddressSanitizer
-# (scripts/asan-test), then the tests that need a world, a namespace, Chromium or dockerd one
-# at a time (they measure latency and CPU: side by side they would skew each
-# other). With PYTEST_ARGS, one pytest run of what they select, e.g. PYTEST_ARGS=tests/test_x.py.
+# (scripts/asan-test), then the tests that need a world, a namespace, Chromium or dockerd: the
+# `shareable` files (behaviour only, in namespaces of their own; mostly waiting) two at a
+# time, the others one at a time (they measure latency and CPU, or look at the whole
+# machine: side by side they would skew each other). With PYTEST_ARGS, one pytest run of what they select, e.g. PYTEST_ARGS=tests/test_x.py.
 CHECK_MARKERS := not world and not netns and not browser and not docker
 
 check: venv
@@ -77,7 +78,10 @@ ifeq ($(strip $(PYTEST_ARGS)),)
 	@status=0; \
 	$(BIN)/python -m pytest -q -n 2 -m "$(CHECK_MARKERS)" || status=$$?; \
 	scripts/asan-test || status=$$?; \
-	$(BIN)/python -m pytest --durations=15 -m "not ($(CHECK_MARKERS))" || status=$$?; \
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "shareable and not ($(CHECK_MARKERS))" \
+		|| status=$$?; \
+	$(BIN)/python -m pytest --durations=15 -m "not shareable and not ($(CHECK_MARKERS))" \
+		|| status=$$?; \
 	exit $$status
 else
 	@$(BIN)/python -m pytest $(PYTEST_ARGS)

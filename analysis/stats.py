@@ -186,11 +186,23 @@ class Difference:
     hi: float
     n_a: int
     n_b: int
+    se: float = math.nan  # the bootstrap's standard deviation of the difference
 
     @property
     def significant(self) -> bool:
         """True when the interval excludes zero."""
         return self.lo > 0 or self.hi < 0
+
+    @property
+    def p_value(self) -> float:
+        """Two-sided p-value of 'no difference', from the estimate over its bootstrap standard
+        error (normal approximation: unlike counting resamples, it resolves the small values
+        a family of many comparisons needs). NaN without a standard error."""
+        if math.isnan(self.estimate) or math.isnan(self.se):
+            return math.nan
+        if self.se == 0:
+            return 1.0 if self.estimate == 0 else 0.0
+        return 2 * NormalDist().cdf(-abs(self.estimate) / self.se)
 
 
 def _by_stratum(values, strata) -> dict[str, np.ndarray]:
@@ -230,7 +242,8 @@ def bootstrap_diff_ci(a, b, q: float = 50, boot: Bootstrap = Bootstrap(), strata
                                    rng)[0])
     tail = 100 * (1 - boot.level) / 2
     lo, hi = np.percentile(diffs, [tail, 100 - tail], method="linear")
-    return Difference(float(point), float(lo), float(hi), n_a, n_b)
+    se = float(diffs.std(ddof=1)) if diffs.size > 1 else math.nan
+    return Difference(float(point), float(lo), float(hi), n_a, n_b, se)
 
 
 def wilson_interval(successes: int, trials: int, level: float = 0.95) -> tuple[float, float]:

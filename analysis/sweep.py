@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -24,6 +24,7 @@ import numpy as np
 
 from analysis.jsonout import plain
 from analysis import archinfo
+from analysis.family import MARGINS, Family, holm
 from analysis.load import Results, ResultsError, load_results
 from analysis.mos import EModel
 from analysis.stats import METRIC_BY_NAME, Bootstrap, Difference, Stats, compute_stats
@@ -225,20 +226,35 @@ class Cell:
     n: int
     saturated: int  # successful sessions left out: measured while the host lagged
     diff: Difference | None
+    p_adjusted: float | None = None  # Holm over the sweep's family (analyse_sweep)
 
     @property
     def state(self) -> str | None:
-        return state_of(self.diff, self.metric)
+        return state_of(self.diff, self.metric, self.p_adjusted)
 
 
-def state_of(diff: Difference | None, metric: str) -> str | None:
-    """BETTER or WORSE when the difference's CI excludes zero (lower is better, but for MOS),
-    NONE when it does not; None without a difference."""
+def state_of(diff: Difference | None, metric: str, p_adjusted: float | None = None,
+             alpha: float = 0.05) -> str | None:
+    """BETTER or WORSE (lower is better, but for MOS) when the difference is significant and
+    larger than the metric's margin, NONE when not; None without a difference. Significant:
+    ``p_adjusted`` under ``alpha`` where the family was adjusted, else the CI excludes zero."""
     if diff is None or math.isnan(diff.estimate):
         return None
-    if not diff.significant:
+    significant = (diff.significant if p_adjusted is None
+                   else not math.isnan(p_adjusted) and p_adjusted < alpha)
+    if not significant or abs(diff.estimate) < MARGINS.get(metric, 0.0):
         return NONE
-    return BETTER if (diff.lo > 0) == METRIC_BY_NAME[metric].higher_is_better else WORSE
+    return BETTER if (diff.estimate > 0) == METRIC_BY_NAME[metric].higher_is_better else WORSE
+
+
+def adjusted(cells: dict[tuple[str, str, str], "Cell"]) -> tuple[dict, Family]:
+    """The cells with Holm-adjusted p-values over every difference among them, and the family."""
+    keys = [k for k, c in cells.items() if c.diff is not None and not math.isnan(c.diff.p_value)]
+    ps = holm([cells[k].diff.p_value for k in keys])
+    out = dict(cells)
+    for k, p in zip(keys, ps):
+        out[k] = replace(cells[k], p_adjusted=p)
+    return out, Family(comparisons=len(keys))
 
 
 def _cells(point: Point, stats: Stats, architectures: list[str], baseline: str) -> list[Cell]:
@@ -336,8 +352,11 @@ class Crossover:
     xs: tuple[float, ...]
     states: tuple[str, ...]
     transitions: tuple[Transition, ...]
-    zeros: tuple[float, ...]
+    zeros: tuple[float, ...]  # where the estimate crosses zero, inside a crossing only
     spans: tuple[tuple[float | None, float | None], ...]
+    # significantly better at one value, significantly worse at the next value where it is
+    # significant (or the other way round): the only changes called a crossover
+    crossings: tuple[Transition, ...] = ()
 
     def _x(self, x: float | None, side: str) -> str:
         return f"{side} the swept range" if x is None else f"≈{x:.3g}"
@@ -354,7 +373,7 @@ class Crossover:
 
     def zero_text(self) -> str:
         if not self.zeros:
-            return BEYOND
+            return BEYOND if self.crossings else "-"
         return ", ".join(f"≈{z:.3g}" for z in self.zeros)
 
     def span_text(self) -> str:
@@ -374,11 +393,18 @@ class Crossover:
             return (f"{head}: {STATE_WORDS[self.states[0]]} at every measured point "
                     f"({p.show(self.xs[0])} to {p.show(self.xs[-1])}); no crossover in the "
                     f"swept range.")
+        if not self.crossings:
+            where = {st: [p.show(x) for x, s in zip(self.xs, self.states) if s == st]
+                     for st in (BETTER, WORSE)}
+            said = "; ".join(f"{STATE_WORDS[st]} at {', '.join(xs)}"
+                             for st, xs in where.items() if xs)
+            return (f"{head}: {said}, no significant difference elsewhere; no crossover (that "
+                    f"needs significantly better at one value and significantly worse at "
+                    f"another).")
         parts = [f"{STATE_WORDS[t.before]} at {p.show(t.start)}, {STATE_WORDS[t.after]} at "
-                 f"{p.show(t.end)} (crossover between them)" for t in self.transitions]
+                 f"{p.show(t.end)}: a crossover between them" for t in self.crossings]
         return (f"{head}: " + "; ".join(parts) + f". The difference of medians crosses zero "
-                f"at {p.label} {self.zero_text()}; its 95% CI includes zero "
-                f"{self.span_text()}.")
+                f"at {p.label} {self.zero_text()}.")
 
     def to_dict(self) -> dict:
         return {"architecture": self.architecture, "baseline": self.baseline,
@@ -386,23 +412,47 @@ class Crossover:
                 "states": [{"value": x, "state": s} for x, s in zip(self.xs, self.states)],
                 "transitions": [{"between": [t.start, t.end], "from": t.before, "to": t.after}
                                 for t in self.transitions],
-                "estimate_zero": list(self.zeros),  # empty: beyond the swept range
+                "crossings": [{"between": [t.start, t.end], "from": t.before, "to": t.after}
+                              for t in self.crossings],
+                "estimate_zero": list(self.zeros),  # empty: no crossing
                 "ci_includes_zero": [{"from": s, "to": e} for s, e in self.spans],
                 "sentence": self.sentence()}
 
 
+def crossings(xs, states) -> tuple[Transition, ...]:
+    """Sign changes between significant states: from the last point significantly better
+    (worse) to the next one significantly worse (better), points without a significant
+    difference between them skipped."""
+    out, last = [], None
+    for x, st in zip(xs, states):
+        if st not in (BETTER, WORSE):
+            continue
+        if last is not None and last[1] != st:
+            out.append(Transition(last[0], x, last[1], st))
+        last = (x, st)
+    return tuple(out)
+
+
 def crossover(parameter: Parameter, architecture: str, baseline: str, metric: str,
-              points: list[tuple[float, Difference]]) -> Crossover:
-    """The crossover of one architecture and metric from (parameter value, difference) pairs
-    (points without a difference are left out)."""
-    pts = sorted(((x, d) for x, d in points if d is not None and not math.isnan(d.estimate)),
-                 key=lambda t: t[0])
-    xs = tuple(float(x) for x, _ in pts)
-    states = tuple(state_of(d, metric) for _, d in pts)
+              points: list[tuple[float, Cell | Difference]]) -> Crossover:
+    """The crossover of one architecture and metric from (parameter value, cell) pairs (a
+    bare difference is judged by its CI alone; points without a difference are left out)."""
+    judged = []
+    for x, c in points:
+        diff, p_adj = (c, None) if isinstance(c, Difference) else (c.diff, c.p_adjusted)
+        if diff is not None and not math.isnan(diff.estimate):
+            judged.append((float(x), diff, state_of(diff, metric, p_adj)))
+    judged.sort(key=lambda t: t[0])
+    xs = tuple(x for x, _, _ in judged)
+    states = tuple(st for _, _, st in judged)
+    found = crossings(xs, states)
+    zeros = zero_crossings(xs, [d.estimate for _, d, _ in judged])
+    inside = tuple(z for z in zeros if any(t.start <= z <= t.end for t in found))
     return Crossover(architecture, baseline, metric, parameter, xs, states,
-                     transitions(xs, states), zero_crossings(xs, [d.estimate for _, d in pts]),
-                     insignificant_spans(xs, [d.lo for _, d in pts], [d.hi for _, d in pts])
-                     if pts else ())
+                     transitions(xs, states), inside,
+                     insignificant_spans(xs, [d.lo for _, d, _ in judged],
+                                         [d.hi for _, d, _ in judged]) if judged else (),
+                     found)
 
 
 # ------------------------------------------------------------------ the analysis
@@ -417,10 +467,11 @@ class Conclusion:
     baseline: str
     metric: str
     diff: Difference
+    p_adjusted: float | None = None
 
     @property
     def state(self) -> str | None:
-        return state_of(self.diff, self.metric)
+        return state_of(self.diff, self.metric, self.p_adjusted)
 
     def sentence(self) -> str:
         d, m = self.diff, self.metric
@@ -438,6 +489,8 @@ class Conclusion:
                     f"{'below' if below else 'above'} {self.baseline}'s")
         verdict = {BETTER: "significant (better)", WORSE: "significant (worse)",
                    NONE: "not significant"}[self.state]
+        if self.p_adjusted is not None and not math.isnan(self.p_adjusted):
+            verdict += f", adjusted p {self.p_adjusted:.2g}"
         return f"{text}: {verdict}"
 
 
@@ -463,6 +516,7 @@ class SweepAnalysis:
     bootstrap: Bootstrap
     model: EModel
     stats: dict[str, Stats] = field(default_factory=dict)  # per analysed point
+    family: Family = field(default_factory=lambda: Family(comparisons=0))
 
     def cell(self, point: str, architecture: str, metric: str) -> Cell | None:
         return self.cells.get((point, architecture, metric))
@@ -493,7 +547,8 @@ class SweepAnalysis:
                     c = self.cell(p.id, arch, metric)
                     if c is not None and c.diff is not None:
                         out.append(Conclusion(p.id, self.sweep.where(p), arch,
-                                              self.sweep.baseline, metric, c.diff))
+                                              self.sweep.baseline, metric, c.diff,
+                                              c.p_adjusted))
         return out
 
     def grid(self, architecture: str, metric: str = "mos") -> Grid | None:
@@ -516,7 +571,7 @@ class SweepAnalysis:
                 continue
             labels[i][j] = ""
             est[i, j], lo[i, j], hi[i, j] = c.diff.estimate, c.diff.lo, c.diff.hi
-            sig[i, j] = c.diff.significant
+            sig[i, j] = c.state in (BETTER, WORSE)
         return Grid(x, y, est, lo, hi, sig, labels)
 
     def stats_rows(self) -> list[dict]:
@@ -534,7 +589,8 @@ class SweepAnalysis:
                         "point": p.id, **values, "architecture": arch, "metric": metric,
                         "p50": c.p50, "lo": c.lo, "hi": c.hi, "n": c.n, "saturated": c.saturated,
                         "diff": d.estimate if d else None, "diff_lo": d.lo if d else None,
-                        "diff_hi": d.hi if d else None}, 4))
+                        "diff_hi": d.hi if d else None, "p": d.p_value if d else None,
+                        "p_adjusted": c.p_adjusted, "state": c.state}, 4))
         return rows
 
     def summary(self) -> dict:
@@ -551,11 +607,13 @@ class SweepAnalysis:
             "parameters": [{"name": p.name, "values": list(p.values)} for p in s.parameters],
             "metrics": list(SWEEP_METRICS),
             "bootstrap": {"resamples": b.resamples, "level": b.level, "seed": b.seed},
+            "family": self.family.to_dict(),
             "points": [_point_entry(p, s) for p in s.points],
             "crossovers": crossovers,
             "conclusions": [{"point": c.point, "architecture": c.architecture,
                              "metric": c.metric, "difference_p50": c.diff.estimate,
-                             "ci": [c.diff.lo, c.diff.hi], "significant": c.diff.significant,
+                             "ci": [c.diff.lo, c.diff.hi], "p_adjusted": c.p_adjusted,
+                             "significant": c.state in (BETTER, WORSE),
                              "state": c.state, "sentence": c.sentence()}
                             for c in self.conclusions()],
             "warnings": warnings(self)}, 4)
@@ -601,22 +659,24 @@ def point_sessions(results: Results) -> dict[str, dict]:
 def analyse_sweep(directory: str | Path | Sweep, boot: Bootstrap = Bootstrap(),
                   model: EModel = EModel()) -> SweepAnalysis:
     """Each analysed point's statistics (analysis.stats.compute_stats: successful sessions
-    measured while the host kept up), a Cell per (point, architecture, metric), and for a
-    sweep of one numeric parameter a Crossover per (architecture but the baseline, metric)."""
+    measured while the host kept up), a Cell per (point, architecture, metric) judged within
+    the sweep's family (analysis/family.py), and for a sweep of one numeric parameter a
+    Crossover per (architecture but the baseline, metric)."""
     sweep = directory if isinstance(directory, Sweep) else load_sweep(directory)
     cells, stats = {}, {}
     for p in sweep.analysed_points:
         stats[p.id] = compute_stats(p.results, boot, model)
         for c in _cells(p, stats[p.id], sweep.architectures, sweep.baseline):
             cells[(c.point, c.architecture, c.metric)] = c
-    analysis = SweepAnalysis(sweep, cells, [], boot, model, stats)
+    cells, family = adjusted(cells)
+    analysis = SweepAnalysis(sweep, cells, [], boot, model, stats, family)
     param = sweep.parameters[0]
     if len(sweep.parameters) == 1 and param.numeric:
         for arch in sweep.architectures:
             if arch == sweep.baseline:
                 continue
             for metric in SWEEP_METRICS:
-                pts = [(x, c.diff) for x, c in analysis.series(arch, metric)]
+                pts = list(analysis.series(arch, metric))
                 analysis.crossovers.append(crossover(param, arch, sweep.baseline, metric, pts))
     return analysis
 

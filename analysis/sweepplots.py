@@ -96,7 +96,7 @@ def _panel(analysis: SweepAnalysis, metric: str, top, bottom, fixed) -> None:
         if c is None:
             continue
         colour = s.archinfo.colour(arch, archs)
-        for t in c.transitions:
+        for t in c.crossings:
             for ax in (top, bottom):
                 ax.axvspan(t.start, t.end, color=colour, alpha=0.1, lw=0,
                            gid=f"crossover-{arch}")

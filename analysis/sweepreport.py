@@ -59,9 +59,10 @@ def crossover_table(analysis: SweepAnalysis) -> Table:
     label = analysis.sweep.parameters[0].label
     table = Table(["metric", "architecture", "state at each point", "changes between points",
                    "estimate crosses zero", "CI includes zero"],
-                  note=f"Against {analysis.sweep.baseline}, along {label}; better/worse: the "
-                       f"95% CI of the difference of medians excludes zero; none: it does not. "
-                       f"Crossings interpolated linearly between neighbouring measured points.")
+                  note=f"Against {analysis.sweep.baseline}, along {label}; "
+                       f"{analysis.family.text()}; none: not both. A crossover: significantly "
+                       f"better at one value and significantly worse at another; the "
+                       f"estimate's zero is interpolated linearly inside it.")
     for c in analysis.crossovers:
         states = ", ".join(f"{c.parameter.show(x)} {s}" for x, s in zip(c.xs, c.states))
         table.rows.append([METRIC_BY_NAME[c.metric].label, c.architecture, states or "-",
@@ -100,25 +101,27 @@ def _digits(metric: str) -> int:
 def _method(analysis: SweepAnalysis) -> list[str]:
     from analysis.report import _method as run_method
 
-    n = len(analysis.conclusions())
+    f = analysis.family
     return run_method(analysis.bootstrap, analysis.model) + [
         "Each point is a run of its own: every architecture in the same world, the world "
         "calibrated again at the point (a point that does not calibrate measures nothing), the "
         "architectures in an order rotated from point to point (sweep.json's order).",
         "A point's figures are the medians over its successful sessions measured while the host "
-        "kept up (saturated sessions are counted, never used); its difference from the baseline "
-        "is significant when the 95% CI of the difference excludes zero; better means lower, "
-        "but higher for MOS.",
-        "Crossover (a sweep of one numeric parameter): where an architecture's state against "
-        "the baseline (better / none / worse) changes between neighbouring measured points; "
-        "also where the difference's estimate crosses zero and where its CI includes zero, both "
-        "interpolated linearly between neighbouring measured points ('beyond the swept range' "
-        "when it does not happen inside it). The interpolation assumes the difference changes "
-        "smoothly between points; it is no measurement.",
-        f"Multiple comparisons: this report makes {n} statements at 95% (points x architectures "
-        f"x metrics); about one in twenty can be chance. A crossover that rests on one point "
-        f"whose neighbours disagree is weak evidence; one the neighbouring points agree on is "
-        f"not.",
+        "kept up (saturated sessions are counted, never used); better means lower, but higher "
+        "for MOS.",
+        f"Multiple comparisons: the report makes {f.comparisons} comparisons with the baseline "
+        f"(points x architectures x metrics). Each difference's p-value comes from its "
+        f"bootstrap standard error; Holm's step-down adjustment over all of them keeps the "
+        f"chance of even one false 'significantly better/worse' in this report at "
+        f"{f.alpha:.0%}. A difference smaller than its metric's practical margin ("
+        + ", ".join(f"{m} {v:g}" for m, v in f.margins.items())
+        + ") is 'no significant difference' however small its p-value.",
+        "Crossover (a sweep of one numeric parameter): only where the architecture is "
+        "significantly better at one value and significantly worse at another (points without "
+        "a significant difference between them skipped); the difference's estimate is then "
+        "interpolated linearly for where it crosses zero between them. A change between "
+        "'no significant difference' and better or worse is an onset, not a crossover; the "
+        "table lists every state.",
         "Points whose status is 'measured' or 'failed' (measured, with an architecture below "
         "min_success_pct) are analysed; 'not calibrated' and 'pending' points are listed, "
         "never plotted or used.",
@@ -181,10 +184,11 @@ def render_html(analysis: SweepAnalysis, plots: dict[str, Path]) -> str:
 
 def _crossings(analysis: SweepAnalysis) -> list[str]:
     """The crossovers that happen, in words (or that none does)."""
-    found = [c.sentence() for c in analysis.crossovers if c.transitions]
-    return found or [f"No architecture's state against {analysis.sweep.baseline} (better, no "
-                     f"significant difference, worse) changes within the swept range, for any "
-                     f"metric: see the table."]
+    found = [c.sentence() for c in analysis.crossovers if c.crossings]
+    return found or [f"No crossover: no architecture is significantly better than "
+                     f"{analysis.sweep.baseline} at one value and significantly worse at "
+                     f"another, for any metric ({analysis.family.comparisons} comparisons, "
+                     f"Holm-adjusted, with practical margins): see the table."]
 
 
 def _no_crossovers(s: Sweep) -> str:

@@ -34,6 +34,8 @@ from tests.conftest import REPO, needs
 from tests.logcheck import service_records
 from voiceedge.errors import UserError
 
+pytestmark = pytest.mark.shareable  # make test runs it beside another (pyproject)
+
 CALL_S = 2.0
 FAULT_AFTER_S = 1.0   # the echo peer's faults (EchoPeerServer)
 

@@ -27,7 +27,7 @@ from services.client.session import run_session
 from tests.conftest import REPO
 from topology.netns import in_namespace, lab_namespace
 
-pytestmark = [pytest.mark.netns]
+pytestmark = [pytest.mark.netns, pytest.mark.shareable]
 
 TRANSPORT_LINES = ("a=candidate:", "a=end-of-candidates")
 

@@ -26,6 +26,8 @@ from tests.conftest import needs
 from topology.netns import in_namespace, lab_namespace
 from voiceedge.errors import UserError
 
+pytestmark = pytest.mark.shareable  # make test runs it beside another (pyproject)
+
 CALL_S = 4.0  # long enough for RTCP: a sender report, then the receiver report with its RTT
 
 

@@ -25,6 +25,8 @@ from services.client.session import CallSession, run_session
 from tests.conftest import lab_fixture, until
 from topology.netns import in_namespace
 
+pytestmark = pytest.mark.shareable  # make test runs it beside another (pyproject)
+
 lab = lab_fixture("vereconn")
 
 

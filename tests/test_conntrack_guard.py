@@ -30,7 +30,7 @@ import pytest
 from tests.conftest import REPO, lab_fixture
 from topology.netns import in_namespace
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.shareable]
 
 GUARD = REPO / "deploy" / "compose" / "conntrack_guard.py"
 PUBLIC, RELAY, OTHER, CLIENT = "10.77.0.1", "10.77.0.2", "10.77.0.3", "10.77.0.2"

@@ -16,6 +16,8 @@ from scenarios.spec import Scenario, ScenarioError
 from services.procfs import alive
 from tests.conftest import lab_fixture
 
+pytestmark = pytest.mark.shareable  # make test runs it beside another (pyproject)
+
 lab = lab_fixture("vefault")
 
 BASE = """name: t

@@ -17,6 +17,7 @@ import signal
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -629,3 +630,25 @@ def test_bench_refuses_an_unknown_core(capsys):
     bench.add_parser(parser.add_subparsers())
     with pytest.raises(UserError, match="unknown engine core 'rust'"):
         bench.run(parser.parse_args(["impairment", "--core", "native,rust"]))
+
+
+def test_the_seed_variable_seeds_the_userspace_backend_and_a_bad_one_is_refused(monkeypatch):
+    from topology.impairment.factory import SEED_ENV
+
+    monkeypatch.setenv(SEED_ENV, "41")
+    assert make_backend("userspace").seed == 41
+    assert make_backend("userspace", seed=7).seed == 7  # an explicit seed wins
+    monkeypatch.setenv(SEED_ENV, "")
+    assert make_backend("userspace").seed is None
+    monkeypatch.setenv(SEED_ENV, "forty-one")
+    with pytest.raises(ValueError, match="must be an integer"):
+        make_backend("userspace")
+
+
+def test_a_bad_seed_variable_is_one_line_before_anything_runs():
+    proc = subprocess.run([sys.executable, "-m", "voiceedge", "calibrate", "--regions", "apac-se"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "VOICEEDGE_IMPAIRMENT_SEED": "x"})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("voiceedge calibrate: VOICEEDGE_IMPAIRMENT_SEED must be an "
+                                   "integer, not 'x'")

@@ -208,3 +208,54 @@ def test_a_short_read_still_decides_the_packet_whose_tail_it_lost():
     core.feed(index, whole[:100], 1.0)              # the same bytes, not cut: malformed
     stats = core.stats()
     assert stats["queues"][0][0] == 1 and stats["held"] == 1 and stats["malformed"] == 1
+
+
+@pytest.mark.parametrize("tick_s", [0.0, 0.0005])
+def test_busy_mode_reads_and_releases_on_the_tick_within_half_a_tick(tick_s):
+    """A stream of a packet every 0.2 ms: with a 0.5 ms tick the core goes busy (ticks
+    counted), releases every packet, none more than half a tick early, and leaves busy mode
+    once the stream has stopped and nothing is held; without a tick it never ticks."""
+    import threading
+    import time
+
+    twin = Direction(Impairment(delay_ms=5), random.Random(3))
+    engine_end, kernel_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    kernel_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    control_r, control_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    core = Core(tick_s=tick_s)
+    core.add(engine_end.fileno(), 3, twin.params(), twin.random_state())
+    count = 1500
+
+    def stream():
+        start = time.monotonic()
+        for pid in range(1, count + 1):
+            while time.monotonic() < start + pid * 0.0002:
+                pass
+            kernel_end.send(packet_message(3, pid, b"p" * 64))
+        time.sleep(0.1)  # every delay (5 ms) over, the stream long gone
+        control_w.send(b"x")
+
+    got, done = [], threading.Event()
+
+    def drain():  # as the kernel does: a datagram socket holds only a few verdict sends
+        while not done.is_set():
+            got.extend(verdicts(kernel_end))
+            time.sleep(0.001)
+        got.extend(verdicts(kernel_end))
+
+    threads = [threading.Thread(target=stream), threading.Thread(target=drain)]
+    for t in threads:
+        t.start()
+    while not core.run((control_r.fileno(),), 0.5):
+        pass
+    done.set()
+    for t in threads:
+        t.join()
+    stats = core.stats()
+    assert sorted(pid for _, pid in got) == list(range(1, count + 1))
+    assert {v for v, _ in got} == {nfq.NF_ACCEPT} and stats["held"] == 0
+    if tick_s:
+        assert stats["ticks"] > 0 and stats["busy"] == 0
+        assert stats["early_max_s"] <= tick_s / 2 + 1e-9
+    else:
+        assert stats["ticks"] == 0 and stats["early_max_s"] == 0

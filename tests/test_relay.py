@@ -424,3 +424,17 @@ def test_busy_port_is_a_clear_error(tmp_path):
     port = holder.getsockname()[1]
     assert (f"cannot start the relay: UDP 127.0.0.1:{port} is already held by pid "
             f"{os.getpid()}") in proc.stderr, proc.stderr
+
+
+def test_a_turn_serves_the_next_hops_before_first_packets():
+    """Under a flood of first packets both kinds are ready at once; calls' datagrams from the
+    next hops go first (docs/relay.md, "Under a flood")."""
+    from services.relay.worker import established_first
+
+    public, hop, internal, cache = 5, 6, 7, 8
+    assert established_first([(public, 1), (hop, 1), (internal, 1)], public) == [hop, internal,
+                                                                                   public]
+    assert established_first([(cache, 1), (public, 1), (hop, 1)], public) == [cache, hop, public]
+    assert established_first([(public, 1)], public) == [public]
+    assert established_first([(internal, 1), (hop, 1)], public) == [internal, hop]
+    assert established_first([], public) == []

@@ -21,6 +21,8 @@ from scenarios.edge import Edge
 from scenarios.target import Target
 from tests.conftest import REPO, lab_fixture
 
+pytestmark = pytest.mark.shareable  # make test runs it beside another (pyproject)
+
 lab = lab_fixture("vetarget")
 SESSIONS = 4
 SCENARIO = f"""\

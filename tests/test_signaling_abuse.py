@@ -40,6 +40,8 @@ from tests.offers import STATIC_OFFER
 from tests.test_signaling import metrics
 from voiceedge.errors import ConfigError
 
+pytestmark = pytest.mark.shareable  # make test runs it beside another (pyproject)
+
 
 def run(coro, timeout: float = 30.0):
     return asyncio.run(asyncio.wait_for(coro, timeout))

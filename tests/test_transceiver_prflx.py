@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack
 
@@ -17,6 +18,8 @@ from services.transceiver.ice import selected_remote_address
 from services.transceiver.server import TransceiverConfig, TransceiverServer
 from tests.conftest import lab_fixture
 from topology.netns import in_namespace
+
+pytestmark = pytest.mark.shareable  # make test runs it beside another (pyproject)
 
 lab = lab_fixture("veprflx")
 

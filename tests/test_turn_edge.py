@@ -21,6 +21,8 @@ from topology.netns import in_namespace
 from voiceedge.cli import build_parser
 from voiceedge.errors import UserError
 
+pytestmark = pytest.mark.shareable  # make test runs it beside another (pyproject)
+
 lab = lab_fixture("veturn")
 RELAY_PORTS = (49152, 49160)
 SESSIONS = 2

@@ -24,7 +24,7 @@ import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -99,6 +99,9 @@ class PathResult:
     sd_ok: bool
     loss_ok: bool
     reordered: int
+    # where the losses were: (first lost sequence number, run length); a run far longer than
+    # the loss model's bursts points at the testbed (a stalled probe or engine), not the model
+    lost_runs: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -128,7 +131,8 @@ FAMILY_TAIL = 0.001  # chance per run that a correct world fails its loss checks
 
 
 def judge(exp: Expectation, sent: int, delays: list[float], reordered: int, kind: str, src: str,
-          dst: str, sender: str, receiver: str, paths: int = 1) -> PathResult:
+          dst: str, sender: str, receiver: str, paths: int = 1,
+          lost_runs: list[tuple[int, int]] | None = None) -> PathResult:
     """Compare one probe's measurements with what the configuration implies."""
     received = len(delays)
     loss_pct = 100.0 * (sent - received) / sent if sent else 100.0
@@ -139,8 +143,7 @@ def judge(exp: Expectation, sent: int, delays: list[float], reordered: int, kind
                       sent, received, None if mean is None else round(mean, 3),
                       None if sd is None else round(sd, 3),
                       None if robust is None else round(robust, 3), round(loss_pct, 2), mean_ok,
-                      sd_ok,
-                      loss_ok, reordered)
+                      sd_ok, loss_ok, reordered, list(lost_runs or []))
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,6 @@ def calibrate(world: World, count: int = 200, rate: float = 100.0, parallel: int
         probe = future.result()
         results.append(judge(job.expectation, count, probe.first_delays_ms, probe.reordered,
                              job.kind, job.src, job.dst, job.sender, job.receiver,
-                             paths=len(jobs)))
+                             paths=len(jobs), lost_runs=probe.lost_runs))
     return CalibrationReport(backend=world.backend.name, paths=results,
                              baseline_ms=results[-1].mean_ms)

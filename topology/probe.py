@@ -76,20 +76,23 @@ class ProbeResult:
         return count
 
     @property
-    def loss_bursts(self) -> list[int]:
-        """Lengths of the runs of consecutive lost sequence numbers."""
+    def lost_runs(self) -> list[tuple[int, int]]:
+        """The runs of consecutive lost sequence numbers: (first lost, length)."""
         got = {s for s, _ in self.arrivals}
-        runs, run = [], 0
+        runs: list[tuple[int, int]] = []
         for seq in range(self.sent):
             if seq in got:
-                if run:
-                    runs.append(run)
-                run = 0
+                continue
+            if runs and runs[-1][0] + runs[-1][1] == seq:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
             else:
-                run += 1
-        if run:
-            runs.append(run)
+                runs.append((seq, 1))
         return runs
+
+    @property
+    def loss_bursts(self) -> list[int]:
+        """Lengths of the runs of consecutive lost sequence numbers."""
+        return [n for _, n in self.lost_runs]
 
     def summary(self) -> dict:
         bursts = self.loss_bursts

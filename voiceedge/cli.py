@@ -101,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
                 logging.getLogger(name).setLevel(logging.WARNING)
     if args.command in _SERVICES:  # they stop on SIGTERM by themselves (services/lifecycle.py)
         return _run(args)
+    from topology.impairment.factory import seed_from_env
+    try:  # read where a world is built, deep inside a run: a bad value is refused up front
+        seed_from_env()
+    except ValueError as exc:
+        print(f"voiceedge {args.command}: {exc}", file=sys.stderr)
+        return 2
     # Every other command: SIGTERM and SIGHUP unwind as Ctrl-C does, and what the command
     # started is reaped even if it is killed (docs/logs.md, "Stopping a command").
     from voiceedge.reaper import reaping

@@ -37,6 +37,7 @@ class BenchConfig:
     floor_seconds: float = 1.0
     spin_us: float = 0.0
     core: str = NATIVE
+    tick_us: float | None = None  # None: the backend's default
 
     def __post_init__(self) -> None:
         check_core(self.core)
@@ -44,6 +45,8 @@ class BenchConfig:
             raise ValueError("rate and seconds must be positive")
         if self.spin_us < 0:
             raise ValueError("spin must not be negative")
+        if self.tick_us is not None and not 0 <= self.tick_us <= 10000:
+            raise ValueError("tick must be 0..10000 us")
         if not 12 <= self.size <= 1400:
             raise ValueError("size must be 12..1400 bytes")
         Impairment(delay_ms=self.delay_ms, jitter_ms=self.jitter_ms)  # validates
@@ -68,6 +71,9 @@ class BenchResult:
     lateness_p99_us: float | None
     lateness_max_us: float | None
     kernel_dropped: int
+    tick_us: float = 0.0  # the native core's busy-mode tick in this run (0: on every event)
+    early_max_us: float | None = None
+    ticks: int = 0
 
     @property
     def within_targets(self) -> bool:
@@ -91,7 +97,9 @@ def run_bench(cfg: BenchConfig, say=lambda msg: None) -> BenchResult:
         floor = probe(cfg.floor_seconds) if cfg.floor_seconds else None
         floor_mean = floor.mean_ms if floor else 0.0
         say(f"floor: {floor_mean:.3f} ms one way without impairment")
-        with UserspaceBackend(spin_us=cfg.spin_us, core=cfg.core) as backend:
+        with UserspaceBackend(spin_us=cfg.spin_us, core=cfg.core,
+                              tick_us=cfg.tick_us if cfg.core == NATIVE else 0.0) as backend:
+            tick_us = backend.tick_us
             backend.apply(lab.b, lab.if_b, Impairment(delay_ms=cfg.delay_ms,
                                                       jitter_ms=cfg.jitter_ms))
             before = backend.stats()
@@ -117,13 +125,17 @@ def run_bench(cfg: BenchConfig, say=lambda msg: None) -> BenchResult:
             cpu_pct_per_1000pps=round(per_packet * 1000 * 100, 2),
             lateness_p50_us=after["lateness_p50_us"], lateness_p99_us=after["lateness_p99_us"],
             lateness_max_us=after["lateness_max_us"],
+            tick_us=tick_us, early_max_us=after.get("early_max_us"),
+            ticks=(after.get("ticks") or 0) - (before.get("ticks") or 0),
             kernel_dropped=kernel.get("queue_dropped", 0) + kernel.get("user_dropped", 0))
 
 
 def format_result(r: BenchResult) -> str:
     c = r.config
     rows = [
-        ("engine core", c.core),
+        ("engine core", c.core + ("" if c.core != NATIVE else
+                                  f" (busy-mode tick {r.tick_us:g} us, {r.ticks} ticks)"
+                                  if r.tick_us else " (on every event)")),
         ("configured delay", f"{c.delay_ms:g} +- {c.jitter_ms:g} ms"),
         ("floor (no impairment)", f"{r.floor_mean_ms:.3f} ms"),
         ("measured mean / sd / p99", f"{r.mean_ms:.3f} / {r.sd_ms:.3f} / {r.p99_ms:.3f} ms"),
@@ -135,7 +147,9 @@ def format_result(r: BenchResult) -> str:
                                  f"(target <= {CPU_TARGET_PCT_PER_1000PPS:g}%)"),
         ("release lateness p50 / p99 / max", f"{r.lateness_p50_us} / {r.lateness_p99_us} / "
                                              f"{r.lateness_max_us} us "
-                                             f"(target p50 < {LATENESS_P50_TARGET_US:g})"),
+                                             f"(target p50 < {LATENESS_P50_TARGET_US:g})"
+                                             + (f"; released up to {r.early_max_us} us early"
+                                                if r.early_max_us else "")),
         ("within targets", "yes" if r.within_targets else "NO"),
     ]
     width = max(len(k) for k, _ in rows)
@@ -156,6 +170,8 @@ def add_parser(sub) -> None:
                    help="unimpaired phase measuring the floor (default 1; 0 to skip)")
     p.add_argument("--spin-us", type=float, default=0.0,
                    help="engine wakes this early and waits the rest awake (default 0)")
+    p.add_argument("--tick-us", type=float, default=None,
+                   help="native core's busy-mode tick (default: the backend's; 0: off)")
     p.add_argument("--core", default="python,native", metavar="LIST",
                    help="engine cores to measure, one after the other in this run "
                         "(default python,native)")
@@ -170,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfgs = [BenchConfig(delay_ms=args.delay_ms, jitter_ms=args.jitter_ms, rate=args.rate,
                             seconds=args.seconds, size=args.size,
-                            floor_seconds=args.floor_seconds, spin_us=args.spin_us, core=core)
+                            floor_seconds=args.floor_seconds, spin_us=args.spin_us, core=core,
+                            tick_us=args.tick_us)
                 for core in cores]
     except ValueError as exc:
         raise UserError(str(exc)) from None

@@ -395,13 +395,14 @@ class NativeEngine(Engine):
     """The same engine with its per-packet work in C (``_engine.Core``): reads, decisions, the
     heap and verdicts; the control protocol, binding and signals stay here."""
 
-    def __init__(self, control_in: int, control_out: int, spin_us: float = 0.0) -> None:
+    def __init__(self, control_in: int, control_out: int, spin_us: float = 0.0,
+                 tick_us: float = 0.0) -> None:
         from topology.impairment._engine import Core
 
         super().__init__(control_in, control_out, spin_us)
         self.core = Core(buckets=LATENESS_BUCKETS, lagged_s=LAGGED_S, lagged_share=LAGGED_SHARE,
                          lagged_stall_s=LAGGED_STALL_S, unix_offset=self._unix_offset,
-                         spin_s=self.spin)
+                         spin_s=self.spin, tick_s=tick_us / 1e6)
 
     def add(self, spec: dict) -> None:
         super().add(spec)
@@ -426,7 +427,9 @@ class NativeEngine(Engine):
         core = self.core.stats()
         return self._stats_reply(NATIVE, sorted(core["hist"].items()), core["late_max_s"],
                                  core["lagged"], core["verdict_errors"], core["queues"],
-                                 malformed=core["malformed"], truncated=core["truncated"])
+                                 malformed=core["malformed"], truncated=core["truncated"],
+                                 early_max_us=round(core["early_max_s"] * 1e6, 1),
+                                 ticks=core["ticks"])
 
     def shutdown(self) -> None:
         self.core.shutdown()
@@ -461,12 +464,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m topology.impairment.engine")
     parser.add_argument("--spin-us", type=float, default=0.0,
                         help="wake this early for a release and wait the rest awake")
+    parser.add_argument("--tick-us", type=float, default=0.0,
+                        help="native core: while packets arrive within this of each other, "
+                             "read and release on a tick of this period (0: on every event)")
     parser.add_argument("--core", choices=CORES, default=NATIVE,
                         help="where the per-packet work runs: C (native, the default) or the "
                              "Python reference (python)")
     args = parser.parse_args()
-    kind = NativeEngine if args.core == NATIVE else Engine
-    engine = kind(sys.stdin.fileno(), sys.stdout.fileno(), spin_us=args.spin_us)
+    if args.tick_us < 0 or args.tick_us > 10000 or (args.tick_us and args.core != NATIVE):
+        parser.error("--tick-us is 0..10000 and needs the native core")
+    if args.core == NATIVE:
+        engine = NativeEngine(sys.stdin.fileno(), sys.stdout.fileno(), spin_us=args.spin_us,
+                              tick_us=args.tick_us)
+    else:
+        engine = Engine(sys.stdin.fileno(), sys.stdout.fileno(), spin_us=args.spin_us)
     os.set_blocking(engine.control_in, False)
     gc.freeze()  # what exists now is never garbage; keep collections short
     try:

@@ -32,6 +32,7 @@ from voiceedge import reaper
 log = logging.getLogger("voiceedge.impairment")
 
 RULE_COMMENT = "voiceedge-impair"
+DEFAULT_TICK_US = 100.0  # the native core's busy-mode tick (docs/impairment.md, "Busy mode")
 _REPO = Path(__file__).resolve().parents[2]
 
 
@@ -45,7 +46,7 @@ class EngineChannel:
     """The engine process and its JSON-lines pipe."""
 
     def __init__(self, python: str, timeout: float, spin_us: float = 0.0,
-                 core: str = NATIVE) -> None:
+                 core: str = NATIVE, tick_us: float = 0.0) -> None:
         self.timeout = timeout
         self._lock = threading.Lock()
         self._buf = b""
@@ -53,7 +54,8 @@ class EngineChannel:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), env.get("PYTHONPATH")]))
         self.proc = subprocess.Popen([python, "-m", "topology.impairment.engine",
-                                      "--spin-us", str(spin_us), "--core", core],
+                                      "--spin-us", str(spin_us), "--core", core,
+                                      "--tick-us", str(tick_us)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._stderr, env=env)
         reaper.track_process(self.proc.pid)
@@ -160,14 +162,19 @@ class UserspaceBackend(ImpairmentBackend):
     ``spin_us``: the engine wakes this much before a release and waits the rest awake (less
     lateness under load, more CPU; see docs/impairment.md). ``core``: where the engine's
     per-packet work runs, "native" (C, topology/impairment/_engine.c) or "python" (the
-    reference, engine.py); both make the same decisions."""
+    reference, engine.py); both make the same decisions. ``tick_us``: the native core reads and
+    releases on a tick of this period while packets arrive within it of each other (busy
+    mode: fewer wake-ups, each delay off by at most half a tick either way; docs/impairment.md);
+    None for the default, 0 for never."""
 
     name = "userspace"
 
     def __init__(self, queue_base: int = 4200, seed: int | None = None, ipv6: bool = True,
                  python: str = sys.executable, timeout: float = 10.0,
-                 spin_us: float = 0.0, core: str = NATIVE) -> None:
+                 spin_us: float = 0.0, core: str = NATIVE,
+                 tick_us: float | None = None) -> None:
         self.spin_us = spin_us
+        self.tick_us = (DEFAULT_TICK_US if core == NATIVE else 0.0) if tick_us is None else tick_us
         self.core = check_core(core)
         self.queue_base = queue_base
         self.seed = seed
@@ -216,7 +223,8 @@ class UserspaceBackend(ImpairmentBackend):
         if self._engine is not None:
             return
         try:
-            self._engine = EngineChannel(self.python, self.timeout, self.spin_us, self.core)
+            self._engine = EngineChannel(self.python, self.timeout, self.spin_us, self.core,
+                                         self.tick_us)
             for key, app in self._applied.items():
                 self._install(key, app)
         except BaseException:
@@ -278,5 +286,7 @@ class UserspaceBackend(ImpairmentBackend):
                 "lateness_max_us": lateness["max"], "releases": lateness["count"],
                 "lateness_hist": {int(k): v for k, v in lateness.get("hist", {}).items()},
                 "verdict_errors": raw["verdict_errors"], "interfaces": interfaces,
+                # busy mode (native core with a tick): releases before their due time, ticks
+                "early_max_us": raw.get("early_max_us"), "ticks": raw.get("ticks"),
                 # wall-clock second -> worst release lateness (ms), where it reached 2 ms
                 "lagged_seconds": raw.get("lagged_seconds", {})}
