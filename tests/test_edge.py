@@ -24,8 +24,6 @@ from services.client.session import run_session
 from tests.conftest import lab_fixture
 from topology.netns import in_namespace
 
-pytestmark = pytest.mark.shareable  # make test runs it beside another (pyproject)
-
 
 lab = lab_fixture("veedge")
 

@@ -8,7 +8,6 @@ import time
 
 import aiohttp
 import pylibsrtp
-import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, clock
 
 from services.logs import Event
@@ -19,8 +18,6 @@ from tests.conftest import lab_fixture, until
 from tests.offers import STATIC_OFFER, offer_answer
 from tests.test_transceiver_media import EDGE, ToneTrack
 from topology.netns import in_namespace
-
-pytestmark = pytest.mark.shareable  # make test runs it beside another (pyproject)
 
 lab = lab_fixture("vegaps")
 

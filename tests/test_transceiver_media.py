@@ -29,8 +29,6 @@ from tests.conftest import lab_fixture
 from tests.offers import offer_answer
 from topology.netns import in_namespace
 
-pytestmark = pytest.mark.shareable  # make test runs it beside another (pyproject)
-
 EDGE = "10.77.0.1"
 
 

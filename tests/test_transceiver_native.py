@@ -19,7 +19,7 @@ from services.transceiver.server import TransceiverConfig, TransceiverServer
 from tests.conftest import lab_fixture
 from topology.netns import in_namespace
 
-pytestmark = [pytest.mark.netns, pytest.mark.shareable]
+pytestmark = pytest.mark.netns
 
 EDGE = "10.77.0.1"
 SESSIONS, FULL = 3, 1
