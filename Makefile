@@ -61,7 +61,7 @@ sweep: venv
 # redis-server), on both cores; no root needed. `make test`: everything, as CI runs it; the
 # same tier first, on both cores, then the native extensions' tests under AddressSanitizer
 # (scripts/asan-test), then the tests that need a world, a namespace, Chromium or dockerd: the
-# `shareable` files (behaviour only, in namespaces of their own; mostly waiting) three at a
+# `shareable` files (behaviour only, in namespaces of their own; mostly waiting) two at a
 # time, the others one at a time (they measure latency and CPU, or look at the whole
 # machine: side by side they would skew each other). With PYTEST_ARGS, one pytest run of what they select, e.g. PYTEST_ARGS=tests/test_x.py.
 CHECK_MARKERS := not world and not netns and not browser and not docker
@@ -78,7 +78,7 @@ ifeq ($(strip $(PYTEST_ARGS)),)
 	@status=0; \
 	$(BIN)/python -m pytest -q -n 2 -m "$(CHECK_MARKERS)" || status=$$?; \
 	scripts/asan-test || status=$$?; \
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile -m "shareable and not ($(CHECK_MARKERS))" \
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "shareable and not ($(CHECK_MARKERS))" \
 		|| status=$$?; \
 	$(BIN)/python -m pytest --durations=15 -m "not shareable and not ($(CHECK_MARKERS))" \
 		|| status=$$?; \

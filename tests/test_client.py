@@ -373,8 +373,10 @@ def test_a_stalled_stream_is_a_lost_connection_and_the_call_goes_on(echo_peer):
     assert first["location"] != second["location"]
     assert second["location"].rsplit("/", 1)[1] in echo_peer.deleted  # the old one DELETEd too
     assert first["location"].rsplit("/", 1)[1] in echo_peer.deleted
-    # The gap across the reconnection: the old connection's last packet -> the new one's first.
-    across = [g for g in r.rx_gaps if g[2] == 1]
+    # The gap across the reconnection: the old connection's last packet -> the new one's first
+    # (it starts before the new connection is up; a later gap inside the new connection, as a
+    # busy host makes now and then, is not this one).
+    across = [g for g in r.rx_gaps if g[2] == 1 and g[0] < second["connected_unix"]]
     assert len(across) == 1 and across[0][1] >= cfg.media_timeout_s * 1000, r.rx_gaps
     assert r.first_rx_unix < across[0][0] < second["connected_unix"] < r.last_rx_unix
     # The call keeps its end: first connected + duration_s.
