@@ -10,6 +10,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+ALPHA = 0.05  # the family-wise error: the chance of any false "significantly better/worse"
+
 # The smallest difference of medians worth a statement, per sweep metric: below it two
 # architectures are "no different" however significant (docs/sweeps.md, "Statistics").
 MARGINS = {
@@ -42,7 +44,7 @@ class Family:
     """How a sweep's statements are controlled, for the report and the JSON."""
 
     comparisons: int
-    alpha: float = 0.05
+    alpha: float = ALPHA
     method: str = "holm"
     margins: dict[str, float] = field(default_factory=lambda: dict(MARGINS))
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from analysis.jsonout import plain
 from analysis import archinfo
-from analysis.family import MARGINS, Family, holm
+from analysis.family import ALPHA, MARGINS, Family, holm
 from analysis.load import Results, ResultsError, load_results
 from analysis.mos import EModel
 from analysis.stats import METRIC_BY_NAME, Bootstrap, Difference, Stats, compute_stats
@@ -234,7 +234,7 @@ class Cell:
 
 
 def state_of(diff: Difference | None, metric: str, p_adjusted: float | None = None,
-             alpha: float = 0.05) -> str | None:
+             alpha: float = ALPHA) -> str | None:
     """BETTER or WORSE (lower is better, but for MOS) when the difference is significant and
     larger than the metric's margin, NONE when not; None without a difference. Significant:
     ``p_adjusted`` under ``alpha`` where the family was adjusted, else the CI excludes zero."""

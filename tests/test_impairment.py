@@ -633,7 +633,7 @@ def test_bench_refuses_an_unknown_core(capsys):
 
 
 def test_the_seed_variable_seeds_the_userspace_backend_and_a_bad_one_is_refused(monkeypatch):
-    from topology.impairment.factory import SEED_ENV
+    from topology.impairment.seed import SEED_ENV
 
     monkeypatch.setenv(SEED_ENV, "41")
     assert make_backend("userspace").seed == 41

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 logging.getLogger(name).setLevel(logging.WARNING)
     if args.command in _SERVICES:  # they stop on SIGTERM by themselves (services/lifecycle.py)
         return _run(args)
-    from topology.impairment.factory import seed_from_env
+    from topology.impairment.seed import seed_from_env
     try:  # read where a world is built, deep inside a run: a bad value is refused up front
         seed_from_env()
     except ValueError as exc:

@@ -2,31 +2,14 @@
 from __future__ import annotations
 
 import logging
-import os
 
 from topology.impairment.backend import (BACKENDS, BackendUnavailable, ImpairmentBackend,
                                          detect)
 from topology.impairment.netem import NetemBackend
+from topology.impairment.seed import seed_from_env
 from topology.impairment.userspace import UserspaceBackend
 
 log = logging.getLogger("voiceedge.impairment")
-
-# Repeatable loss and delay draws for the userspace engine (each queue's stream seeded from
-# this plus its queue number): a test suite or a CI gate sets it so that a correct world cannot
-# fail its calibration by the draw's chance (docs/impairment.md, "Repeatable draws").
-SEED_ENV = "VOICEEDGE_IMPAIRMENT_SEED"
-
-
-def seed_from_env() -> int | None:
-    """The seed that ``SEED_ENV`` sets, or None; ValueError when it is not an integer."""
-    text = os.environ.get(SEED_ENV, "").strip()
-    if not text:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{SEED_ENV} must be an integer, not {text!r}") from None
-
 
 def make_backend(name: str | None = None, **options) -> ImpairmentBackend:
     """The backend called ``name``, or the one this kernel supports when ``name`` is None
