@@ -610,6 +610,7 @@ class SweepAnalysis:
             "family": self.family.to_dict(),
             "points": [_point_entry(p, s) for p in s.points],
             "crossovers": crossovers,
+            "measuring_limits": [m.to_dict() for m in measuring_limits(s)],
             "conclusions": [{"point": c.point, "architecture": c.architecture,
                              "metric": c.metric, "difference_p50": c.diff.estimate,
                              "ci": [c.diff.lo, c.diff.hi], "p_adjusted": c.p_adjusted,
@@ -654,6 +655,74 @@ def point_sessions(results: Results) -> dict[str, dict]:
                 "ok": int((s.ok & (s.architecture == a)).sum()),
                 "saturated": int((s.ok & s.saturated & (s.architecture == a)).sum())}
             for a in results.architectures}
+
+
+@dataclass(frozen=True)
+class LoadStep:
+    """One architecture at one point: is the testbed still measuring the network there?"""
+
+    point: str
+    live_max: int | None    # live sessions at the peak while the world was probed at load
+    live_mean: float | None
+    ok: int
+    saturated: int          # successful sessions measured while a process on their path lagged
+    calibration_ok: bool | None  # calibration at load; None: not run
+
+    @property
+    def measuring(self) -> bool:
+        return self.ok > 0 and self.saturated == 0 and self.calibration_ok is not False
+
+
+@dataclass(frozen=True)
+class MeasuringLimit:
+    """Where an architecture stops measuring the network along a sweep's (first) parameter:
+    the first point with a saturated session or a failed calibration at load, and the last
+    point before it."""
+
+    architecture: str
+    steps: tuple[LoadStep, ...]
+
+    @property
+    def first_off(self) -> LoadStep | None:
+        return next((st for st in self.steps if not st.measuring), None)
+
+    @property
+    def last_clean(self) -> LoadStep | None:
+        clean = None
+        for st in self.steps:
+            if not st.measuring:
+                break
+            clean = st
+        return clean
+
+    def to_dict(self) -> dict:
+        last, off = self.last_clean, self.first_off
+        return {"architecture": self.architecture,
+                "last_measuring_point": last.point if last else None,
+                "last_measuring_live_max": last.live_max if last else None,
+                "first_point_off": off.point if off else None,
+                "steps": [{"point": st.point, "live_max": st.live_max,
+                           "live_mean": st.live_mean, "ok": st.ok,
+                           "saturated": st.saturated, "calibration_at_load_ok": st.calibration_ok,
+                           "measuring": st.measuring} for st in self.steps]}
+
+
+def measuring_limits(sweep: Sweep) -> list[MeasuringLimit]:
+    """Per architecture, the analysed points in the sweep's order as LoadSteps."""
+    limits = []
+    for arch in sweep.architectures:
+        steps = []
+        for p in sweep.analysed_points:
+            n = point_sessions(p.results).get(arch)
+            if n is None:
+                continue
+            cal = p.results.calibration_at_load.get(arch)
+            steps.append(LoadStep(p.id, None if cal is None else cal.get("live_sessions_max"),
+                                  None if cal is None else cal.get("live_sessions_mean"),
+                                  n["ok"], n["saturated"],
+                                  None if cal is None else bool(cal.get("ok"))))
+        limits.append(MeasuringLimit(arch, tuple(steps)))
+    return limits
 
 
 def analyse_sweep(directory: str | Path | Sweep, boot: Bootstrap = Bootstrap(),

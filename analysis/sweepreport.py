@@ -15,7 +15,8 @@ from analysis.jsonout import dumps
 from analysis.mos import EModel
 from analysis.stats import METRIC_BY_NAME, Bootstrap
 from analysis.sweep import (SWEEP_METRICS, Sweep, SweepAnalysis, analyse_sweep,
-                            calibration_status, point_sessions, warnings)
+                            calibration_status, measuring_limits, point_sessions,
+                            warnings)
 from analysis.tables import Table, fmt, to_html, to_markdown
 
 
@@ -52,6 +53,40 @@ def sessions_table(analysis: SweepAnalysis) -> Table:
             cells.append("-" if n is None else f"{n['ok']}/{n['sessions']}"
                          + (f", {n['saturated']} saturated" if n["saturated"] else ""))
         table.rows.append([p.id, *(q.show(p.values[q.name]) for q in s.parameters), *cells])
+    return table
+
+
+def measuring_table(analysis: SweepAnalysis) -> Table:
+    """Per architecture and point: the peak live sessions, saturated sessions and calibration
+    at load; and the last point where the testbed still measured the network."""
+    s = analysis.sweep
+    points = s.analysed_points
+    table = Table(["architecture", *(f"{p.id} ({s.where(p)})" for p in points),
+                   "measures the network up to"],
+                  note="Each cell: live sessions at the peak while the world was probed at "
+                       "load (mean); saturated sessions; calibration at load. The testbed "
+                       "stops measuring the network at the first point with a saturated "
+                       "session or a failed calibration at load.")
+    for limit in measuring_limits(s):
+        by_point = {st.point: st for st in limit.steps}
+        cells = []
+        for p in points:
+            st = by_point.get(p.id)
+            if st is None:
+                cells.append("-")
+                continue
+            live = "-" if st.live_max is None else f"{st.live_max} live ({st.live_mean:g})"
+            cal = {None: "no calibration at load", True: "held", False: "FAILED"}[
+                st.calibration_ok]
+            cells.append(f"{live}; {st.saturated} saturated; {cal}")
+        last, off = limit.last_clean, limit.first_off
+        if off is None:
+            upto = f"every point (to {last.point}, {last.live_max} live)" if last else "-"
+        elif last is None:
+            upto = f"no point (off from {off.point})"
+        else:
+            upto = f"{last.point}, {last.live_max} live at the peak (off from {off.point})"
+        table.rows.append([limit.architecture, *cells, upto])
     return table
 
 
@@ -161,6 +196,8 @@ def render_html(analysis: SweepAnalysis, plots: dict[str, Path]) -> str:
         parts.append(f"<p>{e(_no_crossovers(s))}</p>")
     parts += ["<h2 id='points'>Parameters and points</h2>", to_html(points_table(analysis)),
               "<h2 id='sessions'>Sessions per point</h2>", to_html(sessions_table(analysis)),
+              "<h2 id='measuring'>Where the testbed stops measuring</h2>",
+              to_html(measuring_table(analysis)),
               "<h2 id='plots'>Plots</h2>", f"<p>{e(intro(analysis))}</p>"]
     for name, path in plots.items():
         parts.append(f"<figure id='{e(name)}'>{_img(path)}<figcaption>"
@@ -213,7 +250,8 @@ def render_markdown(analysis: SweepAnalysis, plots: dict[str, Path], base: Path)
     else:
         lines += [_no_crossovers(s), ""]
     lines += ["## Parameters and points", "", to_markdown(points_table(analysis)),
-              "## Sessions per point", "", to_markdown(sessions_table(analysis)), "## Plots", "",
+              "## Sessions per point", "", to_markdown(sessions_table(analysis)),
+              "## Where the testbed stops measuring", "", to_markdown(measuring_table(analysis)), "## Plots", "",
               intro(analysis), ""]
     for name, path in plots.items():
         rel = path.relative_to(base) if path.is_relative_to(base) else path

@@ -14,10 +14,15 @@ A parameter is one of:
 - ``last_mile``: the last-mile profile's name. Only the impairments change.
 - ``clusters``: lists of cluster regions. Each value is another world.
 - ``sessions_per_region``: aiortc sessions per client region. The world does not change.
+- ``live_per_region``: the load, as calls live at once per client region. A point starts
+  calls at ``live / call_duration_s`` per second in each client region, and runs at least
+  ``3 x live`` of them (the scenario's ``sessions_per_region`` if more), so the load holds
+  for about two call lengths. The world does not change (scenarios/sweep-load.yaml).
 """
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,6 +30,8 @@ from scenarios.clients import parse_mix
 from services.clienttypes import AIORTC
 
 LAST_MILE, CLUSTERS, SESSIONS = "last_mile", "clusters", "sessions_per_region"
+LIVE = "live_per_region"
+LIVE_CALLS = 3          # a load point's calls per client region, in call lengths of starts
 MAX_PARAMETERS = 2
 MAX_POINTS = 64
 
@@ -138,9 +145,13 @@ class SweepSpec:
                 if not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 200
                            for v in param.values):
                     raise ValueError(f"{at}: session counts 1..200")
+            elif name == LIVE:
+                if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                           and 0.5 <= v <= 60 for v in param.values):
+                    raise ValueError(f"{at}: live calls per client region 0.5..60")
             else:
                 raise ValueError(f"{at}: not a parameter: PROFILE.KEY, {LAST_MILE}, "
-                                 f"{CLUSTERS} or {SESSIONS}")
+                                 f"{CLUSTERS}, {SESSIONS} or {LIVE}")
             parsed.append(param)
         limit = doc.get("max_minutes")
         if limit is not None and (not isinstance(limit, (int, float)) or isinstance(limit, bool)
@@ -168,4 +179,8 @@ def scenario_at(scenario, point: SweepPoint):
         elif name == SESSIONS:
             changes["clients"] = parse_mix({**scenario.clients, AIORTC: value})
             changes["full_clients_per_region"] = min(scenario.full_clients_per_region, value)
+        elif name == LIVE:
+            calls = max(scenario.clients.get(AIORTC, 0), math.ceil(LIVE_CALLS * value))
+            changes["clients"] = parse_mix({**scenario.clients, AIORTC: min(calls, 200)})
+            changes["start_rate"] = value / scenario.call_duration_s
     return replace(scenario, profiles=profiles, **changes)

@@ -17,7 +17,8 @@ from matplotlib.collections import PathCollection
 from analysis.cli import add_parser, run as cli_run
 from analysis.stats import Bootstrap
 from analysis.sweep import (BEYOND, BETTER, NONE, WORSE, Transition, SweepError,
-                            analyse_sweep, insignificant_spans, load_sweep, transitions,
+                            analyse_sweep, insignificant_spans, load_sweep, measuring_limits,
+                            transitions,
                             zero_crossings)
 from analysis.sweepreport import sweep_report
 from analysis.sweepplots import heatmap_figure, metric_figure
@@ -56,7 +57,7 @@ def _sessions(arch: str, setup_over: float, ice: float, rtt: float, loss_pct: fl
 
 
 def write_point(directory: Path, figures: dict[str, tuple], calibrated: bool = True,
-                sessions: bool = True) -> None:
+                sessions: bool = True, at_load: dict | None = None) -> None:
     """A point's results folder like scenarios/runner.py's; ``figures``: per architecture,
     the arguments of _sessions after it. ``sessions=False``: config and calibration only
     (a point that did not calibrate)."""
@@ -66,6 +67,11 @@ def write_point(directory: Path, figures: dict[str, tuple], calibrated: bool = T
         "architectures": list(ARCHS), "baseline": BASE, "client_regions": ["apac-se"],
         "clusters": ["eu-west"], "backend": "userspace", "commit": "abc1234"}))
     (directory / "calibration.json").write_text(json.dumps({"ok": calibrated, "paths": []}))
+    if at_load is not None:  # architecture -> (ok, live max, live mean)
+        (directory / "calibration_at_load.json").write_text(json.dumps({
+            a: {"architecture": a, "ok": ok, "live_sessions_min": 0, "live_sessions_max": top,
+                "live_sessions_mean": mean, "paths": []}
+            for a, (ok, top, mean) in at_load.items()}))
     if not sessions:
         return
     with open(directory / "sessions.csv", "w", newline="") as f:
@@ -91,7 +97,7 @@ def write_sweep(directory: Path, parameters: list[tuple[str, list]], points: lis
         if "figures" in p:
             record.update(directory=f"points/{pid}", order=list(ARCHS), seconds=100.0 + i)
             write_point(directory / "points" / pid, p["figures"], p.get("calibrated", True),
-                        p.get("sessions", True))
+                        p.get("sessions", True), p.get("at_load"))
         records.append(record)
     (directory / "sweep.json").write_text(json.dumps({
         "scenario": "sweep", "source": "scenarios/sweep.yaml", "region": "apac",
@@ -506,3 +512,39 @@ def test_holm_adjusts_step_down_and_leaves_nothing_measured_out():
     out = holm([0.2, math.nan, 0.9])  # m = 2: NaN is no comparison
     assert out[0] == pytest.approx(0.4) and math.isnan(out[1]) and out[2] == pytest.approx(0.9)
     assert holm([0.6, 0.7]) == [1.0, 1.0]  # capped
+
+
+# A load sweep: cluster-relay measures at every point; global-relay has saturated sessions from
+# 10 live per region on; the baseline's calibration at load fails at 20.
+def _load_point(live: float, top: int, global_saturated: int, base_calibrated: bool) -> dict:
+    return {"values": {"live_per_region": live}, "status": "measured",
+            "figures": {**_same(100, 200, 200), GLOBAL: (60, 180, 180, 0.0, global_saturated)},
+            "at_load": {BASE: (base_calibrated, top, top / 2), CLUSTER: (True, top, top / 2),
+                        GLOBAL: (True, top, top / 2)}}
+
+
+def test_a_load_sweep_says_where_each_architecture_stops_measuring(tmp_path):
+    directory = write_sweep(tmp_path / "sweep-load-apac-20261206-060000",
+                            [("live_per_region", [2, 10, 20])],
+                            [_load_point(2, 6, 0, True), _load_point(10, 31, 4, True),
+                             _load_point(20, 62, 9, False)])
+    limits = {m.architecture: m for m in measuring_limits(load_sweep(directory))}
+    assert [(st.point, st.live_max, st.saturated, st.calibration_ok)
+            for st in limits[GLOBAL].steps] == [("p00", 6, 0, True), ("p01", 31, 4, True),
+                                                 ("p02", 62, 9, True)]
+    assert (limits[GLOBAL].last_clean.point, limits[GLOBAL].first_off.point) == ("p00", "p01")
+    assert (limits[BASE].last_clean.point, limits[BASE].first_off.point) == ("p01", "p02")
+    assert limits[CLUSTER].first_off is None and limits[CLUSTER].last_clean.live_max == 62
+
+    sweep_report(directory, tmp_path / "out", BOOT)
+    md = (tmp_path / "out" / "sweep_report.md").read_text()
+    assert "## Where the testbed stops measuring" in md
+    row = next(line for line in md.splitlines() if line.startswith(f"| {GLOBAL} |"))
+    assert "31 live (15.5); 4 saturated; held" in row
+    assert row.rstrip(" |").endswith("p00, 6 live at the peak (off from p01)")
+    base = next(line for line in md.splitlines() if line.startswith(f"| {BASE} |"))
+    assert "62 live (31); 0 saturated; FAILED" in base
+    summary = json.loads((tmp_path / "out" / "sweep_summary.json").read_text())
+    assert {m["architecture"]: (m["last_measuring_point"], m["first_point_off"])
+            for m in summary["measuring_limits"]} == {
+        BASE: ("p01", "p02"), CLUSTER: ("p02", None), GLOBAL: ("p00", "p01")}

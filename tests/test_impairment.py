@@ -18,6 +18,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,8 +37,9 @@ from topology.impairment.model import (BernoulliLoss, GilbertElliottLoss, Impair
 from topology.impairment.netem import (NetemBackend, change_command, change_problem, netem_args,
                                        netem_commands, parse_qdisc_stats, teardown_commands)
 from topology.netns import entered
-from topology.probe import udp_probe
-from topology.impairment.userspace import UserspaceBackend
+from topology import probe as probe_module
+from topology.probe import PROBE_REALTIME, udp_probe
+from topology.impairment.userspace import DEFAULT_REALTIME, UserspaceBackend
 from tests.conftest import needs
 from tests.netem_kernel import kernel, netem, no_netem  # noqa: F401 (fixtures)
 
@@ -652,3 +654,67 @@ def test_a_bad_seed_variable_is_one_line_before_anything_runs():
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("voiceedge calibrate: VOICEEDGE_IMPAIRMENT_SEED must be an "
                                    "integer, not 'x'")
+
+
+def test_the_engine_runs_at_real_time_priority_unless_told_not_to(lab, backends):
+    """The wire first: a due packet is released while the emulated hosts wait (the engine's
+    SCHED_FIFO priority, above the flood bench's relay at 10); 0 keeps it ordinary."""
+    first = backends()
+    first.apply(lab.b, lab.if_b, Impairment(delay_ms=1))
+    first.start()
+    assert os.sched_getscheduler(first.engine_pid) == os.SCHED_FIFO
+    assert os.sched_getparam(first.engine_pid).sched_priority == DEFAULT_REALTIME > 10
+    assert first.engine_realtime == DEFAULT_REALTIME
+    assert first.stats()["realtime"] == DEFAULT_REALTIME
+    first.stop()
+    ordinary = backends(realtime=0)
+    ordinary.apply(lab.b, lab.if_b, Impairment(delay_ms=1))
+    ordinary.start()
+    assert os.sched_getscheduler(ordinary.engine_pid) == os.SCHED_OTHER
+    assert ordinary.engine_realtime == 0 and ordinary.stats()["realtime"] == 0
+
+
+def test_an_engine_refused_real_time_priority_runs_ordinary_and_says_so(root):
+    """As user nobody (no CAP_SYS_NICE, no RLIMIT_RTPRIO) the engine still starts, ordinary,
+    and its hello says priority 0."""
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(
+        ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable,
+         "-m", "topology.impairment.engine", "--realtime", str(DEFAULT_REALTIME)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)})
+    try:
+        hello = json.loads(proc.stdout.readline())
+        assert hello["ready"] and hello["realtime"] == 0
+        assert os.sched_getscheduler(proc.pid) == os.SCHED_OTHER
+    finally:
+        proc.stdin.close()  # the end of its input stops it
+        assert proc.wait(timeout=10) == 0, proc.stderr.read()
+
+
+def test_engine_refuses_a_priority_that_is_not_one():
+    out = subprocess.run([sys.executable, "-m", "topology.impairment.engine", "--realtime",
+                          "100"], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 2 and "real-time priority (1-99)" in out.stderr
+
+
+def test_the_probe_threads_run_at_real_time_priority(lab):
+    """Calibration measures the links, not the prober's own wake-ups: its threads run at
+    SCHED_FIFO (below the engine), so a probe on a busy host still reads on time."""
+    seen = {}
+    original = probe_module._realtime
+
+    def spy() -> None:
+        original()
+        seen[threading.current_thread().name] = (os.sched_getscheduler(0),
+                                                 os.sched_getparam(0).sched_priority)
+    probe_module._realtime = spy
+    try:
+        assert probe(lab, count=10, rate=200, drain_s=0.1).received == 10
+    finally:
+        probe_module._realtime = original
+    assert seen == {"probe-rx": (os.SCHED_FIFO, PROBE_REALTIME),
+                    "probe-tx": (os.SCHED_FIFO, PROBE_REALTIME)}
+    assert 0 < PROBE_REALTIME < DEFAULT_REALTIME
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's own thread is untouched

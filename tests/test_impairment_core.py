@@ -199,6 +199,52 @@ def test_run_reads_the_queue_in_batches_and_releases_on_time():
     assert sum(lateness.values()) == 201
 
 
+@pytest.mark.parametrize("tick_s", [0.0, 0.0005])
+def test_run_reads_only_the_queues_with_packets_among_many(tick_s):
+    """200 queues (REGION=all's world), packets on three of them: each is read, held and
+    accepted on its own queue's socket, on every event and in busy mode alike."""
+    import time
+
+    imp = Impairment(delay_ms=2)
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) for _ in range(200)]
+    control_r, control_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    core = Core(tick_s=tick_s)
+    for n, (engine_end, _) in enumerate(pairs):
+        twin = Direction(imp, random.Random(n))
+        assert core.add(engine_end.fileno(), 3, twin.params(), twin.random_state()) == n
+    busy = {0: range(1, 41), 137: range(100, 160), 199: range(500, 503)}
+    try:
+        for index, pids in busy.items():
+            for pid in pids:
+                pairs[index][1].send(packet_message(3, pid, b"m" * 60))
+        control_w.send(b"x")  # left unread: every ``run`` does one round and returns
+        deadline = time.monotonic() + 0.2
+        while time.monotonic() < deadline:
+            assert core.run((control_r.fileno(),), 0.01) == [control_r.fileno()]
+            time.sleep(0.0005)
+        seen = [q[0] for q in core.stats()["queues"]]
+        assert {i: n for i, n in enumerate(seen) if n} == {i: len(p) for i, p in busy.items()}
+        for index, (_, kernel_end) in enumerate(pairs):
+            expected = [(nfq.NF_ACCEPT, pid) for pid in busy.get(index, ())]
+            assert verdicts(kernel_end) == expected, index
+        assert core.stats()["held"] == 0
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+        control_r.close()
+        control_w.close()
+
+
+def test_a_queue_socket_epoll_refuses_is_an_error_not_a_crash():
+    twin = Direction(Impairment(delay_ms=1), random.Random(0))
+    core = Core()
+    with open(__file__) as regular:  # epoll cannot watch a regular file
+        with pytest.raises(OSError):
+            core.add(regular.fileno(), 3, twin.params(), twin.random_state())
+    assert core.stats()["queues"] == []
+
+
 def test_a_short_read_still_decides_the_packet_whose_tail_it_lost():
     twin = Direction(Impairment(delay_ms=1), random.Random(0))
     core = Core()

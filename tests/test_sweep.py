@@ -196,3 +196,32 @@ def test_resuming_a_finished_sweep_runs_nothing_and_another_sweeps_folder_is_ref
     other = sweep(REPO / "scenarios" / "sweep.yaml", tmp_path, "--resume", str(directory),
                   timeout=60)
     assert other.returncode == 2 and "not this one's" in other.stderr
+
+
+def test_a_load_point_starts_calls_for_its_live_count(tmp_path):
+    """live_per_region L: calls start at L / call length a second per client region, and at
+    least 3 L of them run (the scenario's count when larger), so the load holds."""
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO.replace("call_duration_s: 2", "call_duration_s: 20")
+                    .replace("    public_internet.rtt_scale: [1.0, 2.0]",
+                             "    live_per_region: [0.5, 10, 60]"))
+    scenario = Scenario.load(path)
+    low, mid, high = (scenario_at(scenario, p) for p in scenario.sweep.points())
+    assert (low.start_rate, low.sessions_per_region) == (0.025, 3)
+    assert (mid.start_rate, mid.sessions_per_region) == (0.5, 30)
+    assert (high.start_rate, high.sessions_per_region) == (3.0, 180)
+    assert scenario.start_rate == 3 and scenario.sessions_per_region == 3
+
+
+def test_a_live_count_out_of_range_is_one_line(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO.replace("    public_internet.rtt_scale: [1.0, 2.0]",
+                                     "    live_per_region: [5, 500]"))
+    with pytest.raises(ScenarioError, match=r"live calls per client region 0.5\.\.60$"):
+        Scenario.load(path)
+
+
+def test_the_shipped_load_sweep_loads():
+    scenario = Scenario.load(REPO / "scenarios" / "sweep-load.yaml")
+    assert [p.name for p in scenario.sweep.parameters] == ["live_per_region"]
+    assert scenario.media_path == scenario.light_path == "native"

@@ -5,12 +5,15 @@ namespace of the machine shares (CLOCK_REALTIME gave values below the configured
 the receiver takes its own monotonic time right after the datagram is read. So the delay is
 one-way and includes the receiving host's ingress, where impairment happens (kernel
 timestamps, as plain ``ping`` takes them, would miss it). Both sockets are made inside their
-namespaces and used from threads of this process: no helper processes.
+namespaces and used from threads of this process: no helper processes. Those two threads run
+at real-time priority where the process may, so the probe measures the links and not its own
+wake-ups on a busy host.
 """
 from __future__ import annotations
 
 import ctypes
 import math
+import os
 import socket
 import statistics
 import struct
@@ -21,6 +24,11 @@ from dataclasses import dataclass
 from topology.netns import entered
 
 _HEADER = struct.Struct(">IQ")  # seq, send time in ns
+# The probe threads' SCHED_FIFO priority: below the impairment engine's (the wire releases
+# first), above every ordinary process. On a loaded host a receiver at ordinary priority read
+# its datagrams 1-6 ms late, so calibration at load failed on paths whose packets the engine
+# had released on time (docs/impairment.md, "The wire first").
+PROBE_REALTIME = 10
 PR_SET_TIMERSLACK = 29
 
 
@@ -108,6 +116,15 @@ def _low_timer_slack() -> None:
     ctypes.CDLL(None).prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(1000), 0, 0, 0)
 
 
+def _realtime() -> None:
+    """SCHED_FIFO at PROBE_REALTIME for the calling thread (Linux schedules threads), where
+    allowed; otherwise it stays ordinary."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(PROBE_REALTIME))
+    except PermissionError:
+        pass
+
+
 def udp_probe(src_ns: str, dst_ns: str, dst_addr: str, *, count: int = 300, rate: float = 100.0,
               size: int = 64, drain_s: float = 0.5, burst: int = 1,
               stop: threading.Event | None = None) -> ProbeResult:
@@ -131,6 +148,7 @@ def udp_probe(src_ns: str, dst_ns: str, dst_addr: str, *, count: int = 300, rate
         target = rx.getsockname()[:2]
 
         def receive() -> None:
+            _realtime()
             buf = bytearray(max(size, _HEADER.size))
             got: set[int] = set()
             while not done.is_set():
@@ -148,6 +166,7 @@ def udp_probe(src_ns: str, dst_ns: str, dst_addr: str, *, count: int = 300, rate
 
         def send() -> None:
             _low_timer_slack()
+            _realtime()
             pad = b"\0" * max(0, size - _HEADER.size)
             start = time.monotonic()
             for seq in range(count):

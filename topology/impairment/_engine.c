@@ -22,7 +22,9 @@
 #include <poll.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <time.h>
 
 #define MT_N 624
@@ -34,6 +36,7 @@
 #define SEND_CHUNK 256         /* verdicts per send, as the Python engine */
 #define MAX_LAGGED 100000
 #define MAX_FDS 1024
+#define READY_BATCH 64         /* ready queues taken from epoll at a time */
 
 #define NLMSG_ERROR_TYPE 0x2
 #define NFQNL_MSG_PACKET ((3 << 8) | 0)
@@ -103,6 +106,8 @@ typedef struct {
     double *lagged_worst;
     int nlagged;
     uint64_t verdict_errors, malformed, truncated, send_errors;
+    int epfd;                  /* every queue's socket: a wake-up costs the same for 1 or 200 */
+    struct epoll_event ready[READY_BATCH];
     uint8_t *rx;               /* RECV_BATCH slots of RX_SLOT bytes */
     struct mmsghdr msgs[RECV_BATCH];
     struct iovec iovs[RECV_BATCH];
@@ -500,6 +505,11 @@ static int Core_init(Core *c, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "buckets 1..10000000, spin_s >= 0, tick_s 0..0.01");
         return -1;
     }
+    c->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (c->epfd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
     c->hist = PyMem_RawCalloc((size_t)buckets + 1, sizeof(uint64_t));
     c->rx = PyMem_RawMalloc((size_t)RECV_BATCH * RX_SLOT);
     c->lagged_second = PyMem_RawMalloc(MAX_LAGGED * sizeof(long));
@@ -527,6 +537,7 @@ static int Core_init(Core *c, PyObject *args, PyObject *kw) {
 }
 
 static void Core_dealloc(Core *c) {
+    if (c->hist || c->epfd > 0) close(c->epfd);  /* tp_alloc zeroed it; init set it */
     for (int i = 0; i < c->nq; i++) PyMem_RawFree(c->queues[i].out);
     PyMem_RawFree(c->queues);
     PyMem_RawFree(c->heap);
@@ -566,6 +577,10 @@ static PyObject *Core_add(Core *c, PyObject *args) {
     Queue q;
     memset(&q, 0, sizeof q);
     if (params_from(&q.p, params) < 0 || rng_from_state(&q.rng, state) < 0) return NULL;
+    if (fd >= 0) {  /* -1: a queue only ``feed`` fills (tests, the fuzzer) */
+        struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)c->nq};
+        if (epoll_ctl(c->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    }
     q.fd = fd;
     q.queue = (uint16_t)queue;
     make_prefix(q.prefix, q.queue);
@@ -651,15 +666,27 @@ static PyObject *readable(struct pollfd *pfd, Py_ssize_t nf) {
  * the tick before it: it is taken to have arrived at t - tick/2, and what is due by
  * t + tick/2 is released at t, so both errors lie within +-tick/2 and average zero. A tick
  * that reads nothing, with nothing due within 4 ticks, ends busy mode. */
+/* Read every queue epoll finds readable now; the packets read (-1 on no memory). Before
+ * epoll every wake-up polled, and every tick read, each queue: with 200 queues (REGION=all)
+ * that was 200 syscalls a tick, 37% of a core at 2,300 packets/s. */
+static int read_ready(Core *c, double arrival) {
+    int got = 0, n, rounds = c->nq / READY_BATCH + 1;  /* each ready queue once, or so */
+    do {
+        n = epoll_wait(c->epfd, c->ready, READY_BATCH, 0);
+        for (int i = 0; i < n; i++) {
+            int r = on_readable(c, (int)c->ready[i].data.u32, arrival);
+            if (r < 0) return -1;
+            got += r;
+        }
+    } while (n == READY_BATCH && --rounds > 0);
+    return got;
+}
+
 static int busy_tick(Core *c, double now) {
-    int got = 0;
     c->tick_at = now;
     c->ticks++;
-    for (int i = 0; i < c->nq; i++) {
-        int n = on_readable(c, i, now - c->tick / 2);
-        if (n < 0) return -1;
-        got += n;
-    }
+    int got = read_ready(c, now - c->tick / 2);
+    if (got < 0) return -1;
     if (release_due(c, now + c->tick / 2, now) < 0) return -1;
     if (!got && (!c->nheap || c->heap[0].due > now + 4 * c->tick)) c->busy = 0;
     return 0;
@@ -678,9 +705,9 @@ static PyObject *Core_run(Core *c, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "at most 8 fds, and a positive idle time");
         return NULL;
     }
-    struct pollfd pfd[MAX_FDS];
-    int nq = c->nq;
-    for (int i = 0; i < nq; i++) pfd[i] = (struct pollfd){c->queues[i].fd, POLLIN, 0};
+    struct pollfd pfd[1 + 8];
+    int nq = 1;  /* pfd[0]: the queues' epoll */
+    pfd[0] = (struct pollfd){c->epfd, POLLIN, 0};
     for (Py_ssize_t i = 0; i < nf; i++) {
         int fd = PyLong_AsLong(PyTuple_GET_ITEM(fds, i));
         if (PyErr_Occurred()) return NULL;
@@ -730,12 +757,7 @@ static PyObject *Core_run(Core *c, PyObject *args) {
         }
         if (n == 0) continue;
         int got = 0;
-        for (int i = 0; i < nq; i++)
-            if (pfd[i].revents & (POLLIN | POLLERR)) {
-                int r = on_readable(c, i, -1.0);
-                if (r < 0) return PyErr_NoMemory();
-                got += r;
-            }
+        if (pfd[0].revents && (got = read_ready(c, -1.0)) < 0) return PyErr_NoMemory();
         if (got && c->tick > 0) {
             double now = monotonic();
             if (now - c->last_read < c->tick) {

@@ -4,7 +4,8 @@ namespace.
 Run as ``python -m topology.impairment.engine``; ``UserspaceBackend`` drives it over a pipe,
 one JSON object per line each way:
 
-- the engine first writes ``{"ok": true, "ready": true, "pid": PID}``;
+- the engine first writes ``{"ok": true, "ready": true, "pid": PID, "realtime": P}`` (P: the
+  SCHED_FIFO priority it runs at, 0 for none);
 - ``{"op": "add", "label": L, "ns_path": P, "queue": N, "impairment": {...}, "seed": S}``
   binds NFQUEUE ``N`` inside namespace ``P`` and answers ``{"ok": true}`` or
   ``{"ok": false, "error": "..."}``; only then may an iptables rule feed that queue;
@@ -459,6 +460,16 @@ def _set_timer_slack(ns: int) -> None:
     libc.prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(ns), 0, 0, 0)
 
 
+def _enter_realtime(priority: int) -> int:
+    """Run this process at SCHED_FIFO ``priority``; 0 where that is refused. The engine sleeps
+    whenever nothing is due, and the kernel's real-time throttling still bounds it."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except PermissionError:
+        return 0
+    return priority
+
+
 def main() -> int:
     _set_timer_slack(1000)
     parser = argparse.ArgumentParser(prog="python -m topology.impairment.engine")
@@ -467,12 +478,20 @@ def main() -> int:
     parser.add_argument("--tick-us", type=float, default=0.0,
                         help="native core: while packets arrive within this of each other, "
                              "read and release on a tick of this period (0: on every event)")
+    parser.add_argument("--realtime", type=int, default=0, metavar="PRIO",
+                        help="run at SCHED_FIFO priority PRIO (0: ordinary scheduling), so the "
+                             "emulated links do not wait for the emulated hosts; refused "
+                             "(no root or CAP_SYS_NICE) it runs ordinary and says so")
     parser.add_argument("--core", choices=CORES, default=NATIVE,
                         help="where the per-packet work runs: C (native, the default) or the "
                              "Python reference (python)")
     args = parser.parse_args()
     if args.tick_us < 0 or args.tick_us > 10000 or (args.tick_us and args.core != NATIVE):
         parser.error("--tick-us is 0..10000 and needs the native core")
+    low, high = os.sched_get_priority_min(os.SCHED_FIFO), os.sched_get_priority_max(os.SCHED_FIFO)
+    if args.realtime and not low <= args.realtime <= high:
+        parser.error(f"--realtime is 0 or a real-time priority ({low}-{high})")
+    realtime = _enter_realtime(args.realtime) if args.realtime else 0
     if args.core == NATIVE:
         engine = NativeEngine(sys.stdin.fileno(), sys.stdout.fileno(), spin_us=args.spin_us,
                               tick_us=args.tick_us)
@@ -481,7 +500,7 @@ def main() -> int:
     os.set_blocking(engine.control_in, False)
     gc.freeze()  # what exists now is never garbage; keep collections short
     try:
-        engine.reply({"ok": True, "ready": True, "pid": os.getpid()})
+        engine.reply({"ok": True, "ready": True, "pid": os.getpid(), "realtime": realtime})
         engine.run()
     except Exception:
         traceback.print_exc()

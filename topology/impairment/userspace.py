@@ -33,6 +33,10 @@ log = logging.getLogger("voiceedge.impairment")
 
 RULE_COMMENT = "voiceedge-impair"
 DEFAULT_TICK_US = 100.0  # the native core's busy-mode tick (docs/impairment.md, "Busy mode")
+# The engine's SCHED_FIFO priority: above every service the testbed runs (the flood bench's
+# relay runs at 10), so a due packet is released when it is due (docs/impairment.md,
+# "The wire first").
+DEFAULT_REALTIME = 20
 _REPO = Path(__file__).resolve().parents[2]
 
 
@@ -46,7 +50,7 @@ class EngineChannel:
     """The engine process and its JSON-lines pipe."""
 
     def __init__(self, python: str, timeout: float, spin_us: float = 0.0,
-                 core: str = NATIVE, tick_us: float = 0.0) -> None:
+                 core: str = NATIVE, tick_us: float = 0.0, realtime: int = 0) -> None:
         self.timeout = timeout
         self._lock = threading.Lock()
         self._buf = b""
@@ -55,7 +59,8 @@ class EngineChannel:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), env.get("PYTHONPATH")]))
         self.proc = subprocess.Popen([python, "-m", "topology.impairment.engine",
                                       "--spin-us", str(spin_us), "--core", core,
-                                      "--tick-us", str(tick_us)],
+                                      "--tick-us", str(tick_us),
+                                      "--realtime", str(realtime)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._stderr, env=env)
         reaper.track_process(self.proc.pid)
@@ -63,6 +68,7 @@ class EngineChannel:
             hello = self._read_reply()
             if not hello.get("ready"):
                 raise ImpairmentError(f"the impairment engine did not start: {hello}")
+            self.realtime = int(hello.get("realtime", 0))
         except BaseException:
             self.close(timeout=0.5)
             raise
@@ -165,15 +171,18 @@ class UserspaceBackend(ImpairmentBackend):
     reference, engine.py); both make the same decisions. ``tick_us``: the native core reads and
     releases on a tick of this period while packets arrive within it of each other (busy
     mode: fewer wake-ups, each delay off by at most half a tick either way; docs/impairment.md);
-    None for the default, 0 for never."""
+    None for the default, 0 for never. ``realtime``: the engine's SCHED_FIFO priority (None for
+    the default, 0 for ordinary scheduling); where it is refused the engine runs ordinary and
+    ``engine_realtime`` says 0."""
 
     name = "userspace"
 
     def __init__(self, queue_base: int = 4200, seed: int | None = None, ipv6: bool = True,
                  python: str = sys.executable, timeout: float = 10.0,
                  spin_us: float = 0.0, core: str = NATIVE,
-                 tick_us: float | None = None) -> None:
+                 tick_us: float | None = None, realtime: int | None = None) -> None:
         self.spin_us = spin_us
+        self.realtime = DEFAULT_REALTIME if realtime is None else realtime
         self.tick_us = (DEFAULT_TICK_US if core == NATIVE else 0.0) if tick_us is None else tick_us
         self.core = check_core(core)
         self.queue_base = queue_base
@@ -188,6 +197,11 @@ class UserspaceBackend(ImpairmentBackend):
     @property
     def engine_pid(self) -> int | None:
         return self._engine.pid if self._engine else None
+
+    @property
+    def engine_realtime(self) -> int | None:
+        """The SCHED_FIFO priority the running engine got (0: ordinary; None: not started)."""
+        return self._engine.realtime if self._engine else None
 
     def apply(self, node: NetNode, interface: str, impairment: Impairment) -> None:
         key = iface_key(node, interface)
@@ -224,7 +238,7 @@ class UserspaceBackend(ImpairmentBackend):
             return
         try:
             self._engine = EngineChannel(self.python, self.timeout, self.spin_us, self.core,
-                                         self.tick_us)
+                                         self.tick_us, self.realtime)
             for key, app in self._applied.items():
                 self._install(key, app)
         except BaseException:
@@ -281,6 +295,7 @@ class UserspaceBackend(ImpairmentBackend):
                 interfaces[key] = {**q, "ipv6": app.ipv6}
         cpu = cpu_seconds(self._engine.pid)
         return {"backend": self.name, "engine_pid": raw["pid"], "core": raw.get("core"),
+                "realtime": self._engine.realtime,
                 "cpu_seconds": cpu if cpu is not None else raw["cpu_seconds"],
                 "lateness_p50_us": lateness["p50"], "lateness_p99_us": lateness["p99"],
                 "lateness_max_us": lateness["max"], "releases": lateness["count"],
