@@ -577,10 +577,6 @@ static PyObject *Core_add(Core *c, PyObject *args) {
     Queue q;
     memset(&q, 0, sizeof q);
     if (params_from(&q.p, params) < 0 || rng_from_state(&q.rng, state) < 0) return NULL;
-    if (fd >= 0) {  /* -1: a queue only ``feed`` fills (tests, the fuzzer) */
-        struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)c->nq};
-        if (epoll_ctl(c->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) return PyErr_SetFromErrno(PyExc_OSError);
-    }
     q.fd = fd;
     q.queue = (uint16_t)queue;
     make_prefix(q.prefix, q.queue);
@@ -590,6 +586,11 @@ static PyObject *Core_add(Core *c, PyObject *args) {
         if (!qs) return PyErr_NoMemory();
         c->queues = qs;
         c->capq = cap;
+    }
+    if (fd >= 0) {  /* -1: a queue only ``feed`` fills (tests, the fuzzer); last, so a
+                     * failure before it leaves nothing registered under this index */
+        struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)c->nq};
+        if (epoll_ctl(c->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) return PyErr_SetFromErrno(PyExc_OSError);
     }
     c->queues[c->nq] = q;
     return PyLong_FromLong(c->nq++);
