@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import socket
 import statistics
 import struct
@@ -22,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from topology.netns import entered
+from topology.realtime import try_realtime
 
 _HEADER = struct.Struct(">IQ")  # seq, send time in ns
 # The probe threads' SCHED_FIFO priority: below the impairment engine's (the wire releases
@@ -119,10 +119,7 @@ def _low_timer_slack() -> None:
 def _realtime() -> None:
     """SCHED_FIFO at PROBE_REALTIME for the calling thread (Linux schedules threads), where
     allowed; otherwise it stays ordinary."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(PROBE_REALTIME))
-    except PermissionError:
-        pass
+    try_realtime(PROBE_REALTIME)
 
 
 def udp_probe(src_ns: str, dst_ns: str, dst_addr: str, *, count: int = 300, rate: float = 100.0,

@@ -44,6 +44,7 @@ from topology.impairment import nfqueue as nfq
 from topology.impairment.direction import Direction
 from topology.impairment.model import Impairment, impairment_from_dict
 from topology.netns import entered
+from topology.realtime import try_realtime
 
 PYTHON, NATIVE = "python", "native"
 CORES = (NATIVE, PYTHON)
@@ -460,16 +461,6 @@ def _set_timer_slack(ns: int) -> None:
     libc.prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(ns), 0, 0, 0)
 
 
-def _enter_realtime(priority: int) -> int:
-    """Run this process at SCHED_FIFO ``priority``; 0 where that is refused. The engine sleeps
-    whenever nothing is due, and the kernel's real-time throttling still bounds it."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
-    except PermissionError:
-        return 0
-    return priority
-
-
 def main() -> int:
     _set_timer_slack(1000)
     parser = argparse.ArgumentParser(prog="python -m topology.impairment.engine")
@@ -491,7 +482,8 @@ def main() -> int:
     low, high = os.sched_get_priority_min(os.SCHED_FIFO), os.sched_get_priority_max(os.SCHED_FIFO)
     if args.realtime and not low <= args.realtime <= high:
         parser.error(f"--realtime is 0 or a real-time priority ({low}-{high})")
-    realtime = _enter_realtime(args.realtime) if args.realtime else 0
+    # it sleeps whenever nothing is due; the kernel's real-time throttling still bounds it
+    realtime = try_realtime(args.realtime) if args.realtime else 0
     if args.core == NATIVE:
         engine = NativeEngine(sys.stdin.fileno(), sys.stdout.fileno(), spin_us=args.spin_us,
                               tick_us=args.tick_us)
