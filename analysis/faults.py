@@ -138,7 +138,7 @@ class Fault:
     end: float | None = None      # it ended (restart begun, link restored); None: end of run
     ready: float | None = None    # the restarted service answered ready
     redis: bool | None = None
-    clients_started: float | None = None  # when the architecture's clients were launched
+    clock: float | None = None  # at_s counts from here (when the first call was due)
     effect: Effect = field(default_factory=Effect)  # what its kind says about its effect
 
     @classmethod
@@ -148,7 +148,8 @@ class Fault:
                    bool(record.get("applicable", False)), str(record.get("note") or ""),
                    _t(record.get("at_unix")), _t(record.get("end_unix")),
                    _t(record.get("ready_unix")), record.get("redis"),
-                   _t(record.get("clients_started_unix")), Effect.of(record))
+                   _t(record.get("clock_unix", record.get("clients_started_unix"))),
+                   Effect.of(record))
 
     @property
     def hits(self) -> tuple[Target, ...]:
@@ -411,9 +412,9 @@ def _effect(f: Fault, run: _Run, next_at: float | None) -> FaultEffect:
                applicable=f.applicable, redis=f.redis, note=f.note)
     if not f.applicable:
         return FaultEffect(f, row)
-    # at_s counts as the scenario's faults do: from the clients' launch (older folders: from
-    # the first session's start)
-    first = f.clients_started if f.clients_started is not None else run.first_start
+    # at_s counts as the scenario's faults do: from the clock the clients were given (older
+    # folders: from their launch, or from the first session's start)
+    first = f.clock if f.clock is not None else run.first_start
     if f.at is None or run.sessions is None or first is None:
         why = ("the fault did not happen" if f.at is None
                else "sessions.csv has no session times (started_unix, ended_unix)")

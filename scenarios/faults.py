@@ -34,7 +34,7 @@ class FaultRecord:
     end_unix: float | None = None     # it ended (restart begun, Redis started, link restored)
     ready_unix: float | None = None   # the restarted service answered ready
     redis: bool | None = None
-    clients_started_unix: float | None = None  # at_s counts from here
+    clock_unix: float | None = None   # at_s counts from here: when the first call was due
     detail: dict = field(default_factory=dict)
     effect: dict = field(default_factory=dict)  # its kind's Effect (analysis/faulteffect.py)
 
@@ -136,11 +136,11 @@ class FaultInjector:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
-        """Start the clocks now (the clients have just been started)."""
-        t0 = time.time()
+    def start(self, t0: float | None = None) -> None:
+        """Start the clocks at ``t0`` (Unix s: when the clients' first call is due), or now."""
+        t0 = time.time() if t0 is None else t0
         for run in self.runs:
-            run.record.clients_started_unix = round(t0, 6)
+            run.record.clock_unix = round(t0, 6)
             if run.record.applicable:
                 t = threading.Thread(target=self._run, args=(run, t0), daemon=True,
                                      name=f"fault-{run.spec.name}")

@@ -52,7 +52,8 @@ class Target:
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """One fault, ``at_s`` seconds after an architecture's first client session started:
+    """One fault, ``at_s`` seconds after an architecture's first call was due (the clock its
+    clients are given):
     a ``kind`` of ``KINDS``, its target, and that kind's own ``options`` (e.g. a relay
     kill's ``restart_after_s`` and ``redis``, a loss burst's ``duration_s`` and ``loss_pct``;
     docs/faults.md)."""

@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.request
 from datetime import datetime
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from scenarios.architectures.base import BACKBONE, SHARED
@@ -65,6 +65,9 @@ SAMPLE_FIELDS = ("architecture", "client_region", "session", "t_ms", "packets_re
 # cluster (steering_changed: cluster is the new one, reason why), from the fronts' logs.
 STEERING_FIELDS = ("architecture", "client_region", "front", "event", "unix", "call",
                    "cluster", "nearest", "reason")
+# A fault run's clients are given a time for their first call this far ahead of their launch
+# (their start-up, imports and the native pump, takes 0.6 s on a quiet 2-core host).
+CALLS_LEAD_S = 1.5
 ARCHITECTURES_FILE = "architectures.json"  # analysis/archinfo.py reads it
 PORT_FIELDS = ("architecture", "concurrent_sessions", "public_udp_ports", "public_udp_ports_max",
                "bindings")
@@ -337,10 +340,10 @@ class ScenarioRunner:
                 captures.start()
                 self.say(f"[{arch}] capturing at {len(captures.points)} hosts")
             edge.start()
-            self._start_clients(world, arch, edge, logs, captures, clients)
+            calls_at = self._start_clients(world, arch, edge, logs, captures, clients)
             if sc.faults:
                 injector = FaultInjector(sc.faults, edge, world, self.say)
-                injector.start()
+                injector.start(calls_at)
             watch = _PeakWatch(edge)
             watch.start()
             # No calibration at load while faults break paths on purpose (docs/faults.md).
@@ -370,7 +373,7 @@ class ScenarioRunner:
             if at_load is not None:
                 load_calibration = at_load.finish()
             if injector is not None:
-                faults = injector.stop()
+                faults = _note_late_clients(injector.stop(), logs)
                 injector = None
             watch.stop()
             time.sleep(0.6)  # relays publish their counters twice a second
@@ -404,24 +407,25 @@ class ScenarioRunner:
                                faults), edge if keep_edge else None
 
     def _start_clients(self, world: World, arch: str, edge: Edge, logs: Path,
-                       captures: WorldCapture | None, clients: list[ServiceProcess]) -> None:
+                       captures: WorldCapture | None, clients: list[ServiceProcess]
+                       ) -> float | None:
         """Every client region's client processes, one per client type of the scenario's mix
         (scenarios/clients/), appended to ``clients`` as they start (the caller stops them).
         The types with a ready event (the browsers) are launched, and ready, before any call
-        starts: their start-up is seconds of CPU and must not lie under the calls."""
+        starts: their start-up is seconds of CPU and must not lie under the calls. A run with
+        faults gives the others one time their first call is due (``CALLS_LEAD_S`` ahead, to
+        cover their start-up) and returns it: the faults count from it."""
         sc = self.scenario
         verifies, extra_args = self.client_options(arch)
-        fronts = edge.plan.fronts
         regions = []
-        for n, front in enumerate(fronts):
+        for n, front in enumerate(edge.plan.fronts):
             host = f"client{world.index[front.region]}"
             where = RegionClients(
-                edge.signaling_url(front), front.region, logs, n, len(fronts),
+                edge.signaling_url(front), front.region, logs, n, len(edge.plan.fronts),
                 retry_setup=bool(sc.faults),
                 rx_log=(captures.directory / f"{host}{RX_LOG_SUFFIX}"
                         if captures is not None else None))
-            regions.append((world.node(host).ns_path,
-                            client_commands(sc, where, verifies, extra_args)))
+            regions.append((world.node(host).ns_path, where))
 
         def start(command: ClientCommand, netns: str) -> ServiceProcess:
             proc = ServiceProcess(command.name, voiceedge_cmd(*command.argv),
@@ -429,15 +433,19 @@ class ScenarioRunner:
             clients.append(proc)
             return proc
 
-        warming = [(start(c, netns), c) for netns, commands in regions for c in commands
+        warming = [(start(c, netns), c) for netns, where in regions
+                   for c in client_commands(sc, where, verifies, extra_args)
                    if c.ready_event is not None]
         for proc, c in warming:
             proc.wait_ready(lambda p=proc, e=c.ready_event: _logged(p.log_path, e),
                             timeout=c.ready_timeout_s)
-        for netns, commands in regions:
-            for c in commands:
+        calls_at = time.time() + CALLS_LEAD_S if sc.faults else None
+        for netns, where in regions:
+            where = replace(where, start_at_unix=calls_at)
+            for c in client_commands(sc, where, verifies, extra_args):
                 if c.ready_event is None:
                     start(c, netns)
+        return calls_at
 
     def client_options(self, arch: str) -> tuple[tuple[str, ...], list[str]]:
         """(what ``arch``'s clients verify, their extra options: under TURN, relay-only
@@ -651,6 +659,25 @@ def _upstream_gaps(timeline: Path) -> dict[str, list]:
         if str(r.get("source", "")).startswith("transceiver-") and r.get("session"):
             out.setdefault(str(r["session"]), []).append((r.get("start_unix"), r.get("ms")))
     return out
+
+
+def _note_late_clients(faults: list[FaultRecord], logs: Path) -> list[FaultRecord]:
+    """Say on every fault when a client's first call came after the time it was given (its
+    ``calls_late`` log event): its calls then ran that much behind the faults' clock."""
+    late = []
+    for path in logs.glob("*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            if '"event": "calls_late"' in line:
+                try:
+                    late.append(float(json.loads(line)["late_s"]))
+                except (ValueError, KeyError, TypeError):
+                    continue
+    if late:
+        why = (f"a client's first call came {max(late):.2f} s after it was due: its calls ran "
+               "that much behind the faults' clock")
+        for r in faults:
+            r.note = f"{r.note}; {why}" if r.note else why
+    return faults
 
 
 def _logged(path: Path, event: str) -> bool:

@@ -524,6 +524,35 @@ def test_three_concurrent_sessions_with_a_start_rate(echo_peer, tmp_path):
     assert len(samples) == sum(len(r.samples) for r in results)
 
 
+def test_sessions_start_on_the_clock_they_are_given(echo_peer):
+    """--start-at: session 0 is due at the given wall-clock time, the next 1/rate later."""
+    due = time.time() + 0.8
+    cfg = config(echo_peer.url(), start_rate=5.0, duration_s=0.5, start_at_unix=due)
+    results = asyncio.run(run_sessions(cfg, 2))
+    assert all(r.ok for r in results), [r.error for r in results]
+    first, second = (r.started_unix for r in results)
+    assert due <= first < due + 0.15
+    assert 0.15 <= second - first <= 0.45
+
+
+def test_a_client_up_after_its_start_time_starts_at_once_and_says_how_late(echo_peer, caplog):
+    due = time.time() - 2.0
+    cfg = config(echo_peer.url(), duration_s=0.5, start_at_unix=due)
+    with caplog.at_level(logging.INFO, logger="voiceedge.client"):
+        t0 = time.time()
+        [result] = asyncio.run(run_sessions(cfg, 1))
+    assert result.ok and result.started_unix - t0 < 0.5
+    [late] = [r.msg for r in caplog.records
+              if isinstance(r.msg, Event) and r.msg.name == "calls_late"]
+    assert late.fields["due_unix"] == due and 2.0 <= late.fields["late_s"] < 3.0
+
+
+def test_a_start_time_must_be_a_unix_time():
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="start_at_unix"):
+            ClientConfig(url="http://10.0.0.1/v1/calls", start_at_unix=bad)
+
+
 def test_a_failed_session_does_not_affect_others(echo_peer, tmp_path):
     cfg = config(echo_peer.url(), start_rate=20.0, duration_s=1.0)
     sessions = {0: cfg, 1: config(echo_peer.url("/reject")), 2: cfg}

@@ -97,6 +97,16 @@ def test_the_commands_are_what_the_clients_own_parsers_take(tmp_path):
     browser = build_parser().parse_args(list(by_type["chromium"].argv))
     assert (browser.sessions, browser.index_base, browser.verify) == (1, 3, "audio,datachannel")
     assert browser.offer == "gathered"   # one browser session, first region
+    assert config.start_at_unix is None      # no clock given: calls start once it is up
+
+
+def test_a_fault_runs_clock_reaches_the_client_as_its_first_calls_time(tmp_path):
+    sc = load(tmp_path, "clients: {aiortc: 3}\n")
+    where = RegionClients("http://127.0.0.1:8080/v1/calls", "eu-west", LOGS,
+                          start_at_unix=1796543728.254737)
+    [aiortc] = commands(sc, where)
+    config = config_from_args(build_parser().parse_args(list(aiortc.argv)))
+    assert config.start_at_unix == 1796543728.254737
 
 
 def test_a_scenarios_mix_is_checked_with_the_registrys_words(tmp_path):

@@ -146,11 +146,13 @@ def test_an_outage_that_lasts_stays_down_and_is_recorded_as_lasting(lab, tmp_pat
         outage = FaultSpec.parse({"at_s": 0.1, "kind": "cluster_outage",
                                   "target": "cluster/demo"}, 0)
         injector = FaultInjector((outage,), edge, world=None)
-        injector.start()
-        time.sleep(1.0)
+        clock = time.time() + 0.4  # the clients' first call is due then: at_s counts from it
+        injector.start(clock)
+        time.sleep(1.4)
         assert not edge.services["transceiver-demo"].process.alive()
         assert not edge.services["relay-demo"].process.alive()
         record = injector.stop()[0]
+        assert record.clock_unix == round(clock, 6) and record.at_unix >= clock + 0.1
         assert record.end_unix is None and record.ready_unix is None
         assert "lasted" in record.note
         assert not edge.services["transceiver-demo"].process.alive()
@@ -166,3 +168,22 @@ def test_a_fault_target_outside_the_run_is_one_clear_line():
     with pytest.raises(ScenarioError, match="fault ingress: ingress/apac-se: apac-se is not a "
                                             "client region of this run"):
         ScenarioRunner(scenario, "eu")
+
+
+def test_a_late_client_is_said_on_every_fault(tmp_path):
+    from scenarios.faults import FaultRecord
+    from scenarios.runner import _note_late_clients
+
+    (tmp_path / "client-apac-se.log").write_text(
+        '{"event": "client_started"}\n'
+        '{"event": "calls_late", "late_s": 0.734, "due_unix": 1796543728.25}\n')
+    (tmp_path / "relay-eu-west.log").write_text('{"event": "ready"}\n')
+    records = [FaultRecord("kill", "relay_kill", "cluster/eu-west", "global-relay", 3.5),
+               FaultRecord("outage", "cluster_outage", "cluster/eu-west", "global-relay", 8.7,
+                           note="lasted to the end of the calls")]
+    _note_late_clients(records, tmp_path)
+    assert records[0].note.startswith("a client's first call came 0.73 s after it was due")
+    assert records[1].note.startswith("lasted to the end of the calls; a client's first call")
+    on_time = [FaultRecord("kill", "relay_kill", "cluster/eu-west", "global-relay", 3.5)]
+    (tmp_path / "client-apac-se.log").write_text('{"event": "client_started"}\n')
+    assert _note_late_clients(on_time, tmp_path)[0].note == ""

@@ -52,6 +52,12 @@ def test_the_killed_relay_left_no_orphan_and_the_calls_moved_after_the_outage(fa
     assert kill["worker_counters_after_restart"]["0"]["flows_recovered"] >= 1
 
     outage_at = records["outage"]["at_unix"]
+    # The faults count from the clients' clock: the outage came 0.3 s before a call was due,
+    # so first_new_session_s is the move to the next cluster, not the wait for a call.
+    assert 8.7 <= outage_at - records["outage"]["clock_unix"] < 8.9
+    first_after = min(float(a["started_unix"]) for a in _rows(directory / "attempts.csv")
+                      if float(a["started_unix"]) > outage_at)
+    assert 0.2 < first_after - outage_at < 0.5
     changes = [r for r in _rows(directory / "steering.csv")
                if r["event"] == "steering_changed" and float(r["unix"]) > outage_at]
     assert changes and changes[0]["cluster"] == "na-east"

@@ -30,5 +30,7 @@ class AiortcClient(ClientType):
                 *(["--light-path", sc.light_path] if sc.light_path != PYTHON else []),
                 *(["--index-base", str(index_base)] if index_base else []),
                 *(["--retry-setup"] if where.retry_setup else []),
+                *(["--start-at", f"{where.start_at_unix:.6f}"]
+                  if where.start_at_unix is not None else []),
                 *(["--rx-log", str(where.rx_log)] if where.rx_log is not None else []),
                 *self._verify(verifies), *self._outputs(where), *extra_args]

@@ -22,6 +22,9 @@ class RegionClients:
     regions: int = 1             # how many client regions the run has
     retry_setup: bool = False    # call again when an answered setup never connects (faults)
     rx_log: Path | None = None   # append every received RTP packet here (captures)
+    # When the first call is due (Unix s; None: once the process is up). Fault runs set it:
+    # their faults count from it. Types with a ready event start before it is known.
+    start_at_unix: float | None = None
 
 
 @dataclass(frozen=True)

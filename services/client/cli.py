@@ -25,6 +25,10 @@ def add_parser(sub) -> None:
     p.add_argument("-n", "--sessions", type=int, default=1, help="number of sessions (default 1)")
     p.add_argument("--rate", type=float, default=10.0,
                    help="sessions started per second (default 10)")
+    p.add_argument("--start-at", type=float, metavar="UNIX",
+                   help="wall-clock time (Unix seconds) the first session is due, the others "
+                        "following at --rate from there; a client up later starts at once and "
+                        "logs calls_late (default: as soon as it is up)")
     p.add_argument("--concurrency", type=int,
                    help="at most this many sessions at once (default: no limit)")
     p.add_argument("--duration", type=float, default=5.0,
@@ -123,6 +127,7 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
         raise UserError("give --ice-server or --ice-from-signaling, not both")
     try:
         return ClientConfig(url=args.url, duration_s=args.duration, start_rate=args.rate,
+                            start_at_unix=args.start_at,
                             concurrency=args.concurrency, ice_servers=servers,
                             ice_transport_policy="relay" if args.ice_relay_only else "all",
                             ice_from_signaling=args.ice_from_signaling,

@@ -26,6 +26,10 @@ class ClientConfig:
     url: str                              # e.g. http://HOST:PORT/v1/calls
     duration_s: float = 5.0               # call time after DTLS connected
     start_rate: float = 10.0              # sessions started per second (run_sessions)
+    # Wall-clock time (Unix s) the first session is due, the others following at start_rate
+    # from there; None: as soon as run_sessions starts. A scenario with faults gives one, so
+    # its faults and its calls keep one clock whatever the client's start-up costs.
+    start_at_unix: float | None = None
     concurrency: int | None = None        # at most this many sessions at once; None: no limit
     ice_servers: tuple[IceServer, ...] = ()
     ice_transport_policy: str = "all"     # "relay": relay candidates only (TURN)
@@ -73,6 +77,8 @@ class ClientConfig:
                      "teardown_timeout_s", "sample_interval_s", "media_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
+        if self.start_at_unix is not None and not self.start_at_unix > 0:
+            raise ValueError("start_at_unix must be a positive Unix time")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if self.full_sessions is not None and self.full_sessions < 0:

@@ -11,8 +11,10 @@ from services.client.config import FULL, LIGHT, ClientConfig
 from services.client.results import JsonLines, SessionResult
 from services.client.session import CallSession
 from services.gcpolicy import SessionCollections
+from services.logs import log_event
 
 log = logging.getLogger("voiceedge.client")
+LATE_S = 0.05  # a first call later than this after its given start is logged (calls_late)
 
 
 def kinds(n: int, full: int | None) -> list[str]:
@@ -69,7 +71,7 @@ async def run_sessions(config: ClientConfig, n: int, *,
 
     gc_policy = SessionCollections(log)
     gc_policy.start()
-    t0 = time.monotonic()
+    t0 = await _first_due(config.start_at_unix)
     try:
         for i in range(n):
             delay = t0 + i / config.start_rate - time.monotonic()
@@ -88,3 +90,17 @@ async def run_sessions(config: ClientConfig, n: int, *,
         out.close()
         gc_policy.stop()
     return sorted(results, key=lambda r: r.index)
+
+
+async def _first_due(start_at_unix: float | None) -> float:
+    """The monotonic time session 0 is due: ``start_at_unix`` (waited for), or now. A client
+    up after it starts at once and logs how late (``calls_late``): its schedule then runs that
+    much behind the clock it was given."""
+    if start_at_unix is not None:
+        wait = start_at_unix - time.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        elif wait < -LATE_S:
+            log_event(log, "calls_late", level=logging.WARNING, late_s=round(-wait, 3),
+                      due_unix=start_at_unix)
+    return time.monotonic()
