@@ -49,7 +49,7 @@ class DemoConfig:
     concurrency: int | None = None  # 1: sessions one at a time
     full_clients: int = 2           # sessions with the full client; the others are light
     workdir: Path | None = None
-    media_path: str = PYTHON        # the transceiver's (shared mode): python or native
+    media_path: str = PYTHON        # the transceiver's: python or native
     light_path: str = PYTHON        # the light clients': aiortc or the native pump
     srtp: str = OPENSSL             # the transceiver's native path's SRTP (mediapaths.py)
     agent_codec: str = "any"        # the frames the native path offers the agent
@@ -157,8 +157,6 @@ def run_demo(config: DemoConfig, say=lambda msg: None, progress=None) -> DemoRes
         raise ValueError(f"mode must be one of {', '.join(MODES)}")
     if config.sessions < 1:
         raise ValueError("sessions must be at least 1")
-    if config.media_path != PYTHON and config.mode != SHARED:
-        raise ValueError("the native media path needs the shared mode (one socket)")
     workdir = config.workdir or temp_dir("voiceedge-demo-")
     workdir.mkdir(parents=True, exist_ok=True)
     with lab_namespace("vedemo") as ns:

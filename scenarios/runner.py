@@ -22,7 +22,7 @@ from datetime import datetime
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from scenarios.architectures.base import BACKBONE, SHARED
+from scenarios.architectures.base import BACKBONE
 from scenarios.edge import (ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, Host,
                             IngressPlan, TurnPlan, count_ports)
 from scenarios.faults import FaultInjector, FaultRecord
@@ -297,8 +297,7 @@ class ScenarioRunner:
                                              addresses["backbone"]))
             if arch.turn:  # on the edge host's public side, as a TURN provider's would be
                 turns.append(TurnPlan(region, host(h), addresses["public"]))
-        media = (("--media-path", self.scenario.media_path)
-                 if arch.ports == SHARED and not arch.external else ())
+        media = ("--media-path", self.scenario.media_path) if not arch.external else ()
         return EdgePlan(arch, tuple(clusters), tuple(fronts), tuple(ingresses), tuple(turns),
                         relay_vip=vip, transceiver_args=media)
 

@@ -42,7 +42,7 @@ class Scenario:
     calibration_at_load: bool = True  # probe the calls' paths again while the calls run
     min_success_pct: float = 100.0  # below this for any architecture, the run exits 1
     transceivers_per_cluster: int = 1
-    media_path: str = PYTHON          # the transceivers' on shared sockets: python or native
+    media_path: str = PYTHON          # the transceivers': python or native
     light_path: str = PYTHON          # the light aiortc clients': python or native (the pump)
     faults: tuple[FaultSpec, ...] = ()
     media_timeout_s: float = 1.5      # the clients' media watchdog (docs/client.md)

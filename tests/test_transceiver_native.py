@@ -15,6 +15,8 @@ from services.agent.config import AgentConfig
 from services.agent.server import AgentServer
 from services.client.config import ClientConfig
 from services.client.runner import run_sessions
+from services.eventloops import ASYNCIO, UVLOOP, loop_factory
+from services.transceiver.ice import PORT_PER_SESSION, SHARED
 from services.transceiver.server import TransceiverConfig, TransceiverServer
 from tests.conftest import lab_fixture
 from topology.netns import in_namespace
@@ -29,10 +31,11 @@ lab = lab_fixture("venative")
 
 
 def _calls(lab, media_path: str, light_path: str, codecs=("opus", "pcm16"),
-           duration_s: float = DURATION_S, srtp: str = "openssl"):
+           duration_s: float = DURATION_S, srtp: str = "openssl", mode: str = SHARED,
+           event_loop: str = ASYNCIO):
     async def scenario():
         async with AgentServer(AgentConfig(port=0)) as agent:
-            cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host=EDGE,
+            cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, mode=mode, media_host=EDGE,
                                     control=("127.0.0.1", 0), media_path=media_path,
                                     agent_codecs=codecs, srtp=srtp,
                                     agent_url=f"ws://127.0.0.1:{agent.port}")
@@ -49,7 +52,11 @@ def _calls(lab, media_path: str, light_path: str, codecs=("opus", "pcm16"),
                          for n, link in agent.links.items()}
                 return await calls, server.status(), links, taken
 
-    return in_namespace(lab.name, asyncio.run, scenario())
+    def run(coroutine):
+        with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
+            return runner.run(coroutine)
+
+    return in_namespace(lab.name, run, scenario())
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +138,37 @@ def test_the_plane_on_libsrtp_the_reference_carries_the_same_calls(lab):
     native = status["native"]
     assert status["srtp"] == "libsrtp" and native["rtp_in"] >= SESSIONS * DURATION_S * 50 * 0.9
     assert not {k: v for k, v in native.items() if k.startswith("drop_") and v}, native
+
+
+def test_port_per_session_on_the_plane_carries_the_same_calls(lab):
+    """--mode port-per-session --media-path native: no shared socket; the plane reads and
+    sends on each attached session's own socket (hooks.SessionSocket). The same calls as
+    aiortc carries in that mode, and the plane's counters hold every RTP packet; also on
+    uvloop, the transceiver's loop in the scenarios (its sockets are ice.SessionTransport's:
+    uvloop's own UDP transport cannot hand its reads over; the light clients, whose pump
+    needs asyncio's loop, on aiortc there)."""
+    python, python_status, _, _ = _calls(lab, "python", "python", mode=PORT_PER_SESSION)
+    native, status, links, _ = _calls(lab, "native", "native", mode=PORT_PER_SESSION)
+    on_uvloop, uv_status, _, _ = _calls(lab, "native", "python", mode=PORT_PER_SESSION,
+                                        event_loop=UVLOOP)
+    assert uv_status["event_loop"] == UVLOOP
+    for r in python + native + on_uvloop:
+        assert r.ok and r.echo_verified and r.datachannel_verified, (r.media_path, r.error)
+        assert r.loss_pct == 0 and r.rtt_ms is not None and 0 < r.rtt_ms < 20, r.rtt_ms
+    expected = DURATION_S * 50
+    for p, n, u in zip(python, native, on_uvloop):
+        assert abs(p.packets_received - n.packets_received) <= 0.1 * expected, (p, n)
+        assert abs(p.packets_received - u.packets_received) <= 0.1 * expected, (p, u)
+        assert n.rtt_ms <= p.rtt_ms + 1.0, (p.rtt_ms, n.rtt_ms)
+    assert status["mux"] is None and python_status["native"] is None
+    assert uv_status["native"]["rtp_in"] >= SESSIONS * expected * 0.9, uv_status["native"]
+    plane = status["native"]
+    assert plane["sessions"] == 0   # every session left the plane, its socket given back
+    assert plane["rtp_in"] >= SESSIONS * expected * 0.9, plane
+    assert plane["rtp_out"] >= SESSIONS * expected * 0.9, plane
+    assert plane["rtcp_out"] >= 2 * SESSIONS and plane["rtcp_in"] >= 2 * SESSIONS, plane
+    assert plane["wrong_peer"] == 0 and plane["send_errors"] == 0, plane
+    # only STUN and DTLS (and RTP before a session was attached) went back to aioice
+    assert plane["to_python"] < plane["rtp_in"] / 10, plane
+    (records, _), = links.values()   # the agent heard the sessions through the frames link
+    assert records >= plane["rtp_in"] * 0.9

@@ -9,11 +9,8 @@ clock, and logs every arrival, which ``DRAIN_S`` later feeds the session's ``Rtp
 exactly as aiortc's receive path would have (sequence numbers, voiced payloads, arrival gaps,
 the arrival log). The plane keeps the session's RTCP too (reports sent and read in C), so
 ``media_stats`` gives the jitter and RTT the client would have read from aiortc's getStats.
-A pair through TURN stays on the Python path.
-
-Hooks into aioice 0.13 internals (pinned): the selected pair's ``protocol.transport`` (an
-asyncio datagram transport: its socket and its ``_read_ready``), and the selector loop's
-``_add_reader``/``_remove_reader``, which transports themselves use.
+A pair through TURN stays on the Python path. The socket is read through the plane by
+hooks.py's ``SessionSocket``.
 """
 from __future__ import annotations
 
@@ -23,7 +20,8 @@ import struct
 from dataclasses import dataclass
 
 from services.mediaplane._mediaplane import Plane
-from services.mediaplane.hooks import IdleSender, cname, media_stats, rtp_parameters, srtp_keys
+from services.mediaplane.hooks import (IdleSender, SessionSocket, cname, media_stats,
+                                      rtp_parameters, srtp_keys)
 from services.transceiver.pacing import FrameClock
 
 log = logging.getLogger("voiceedge.client")
@@ -37,8 +35,7 @@ _SILENCE = b"\xf8\xff\xfe"   # a 20 ms silent Opus frame: sent only if the scrip
 class _Pumped:
     channel: int
     probe: object          # services.client.probes.RtpProbe
-    fd: int
-    transport: object      # the aioice protocol's datagram transport
+    socket: SessionSocket
 
 
 class LightPump:
@@ -75,22 +72,22 @@ class LightPump:
     def attach(self, pc, idle: IdleSender, pair, probe) -> int | None:
         """Move a connected session's RTP to the plane, if its pair is direct (host or
         server-reflexive: no TURN); returns its channel."""
-        protocol = pair.protocol
-        transport = getattr(protocol, "transport", None)
-        sock = transport.get_extra_info("socket") if transport is not None else None
-        if sock is None:  # a TURN allocation's transport has no socket of its own
+        socket = SessionSocket.of(pair)
+        if socket is None:
             return None
         transceiver = pc.getTransceivers()[0]
         keys, rtp = srtp_keys(transceiver.sender.transport), rtp_parameters(transceiver, idle)
-        fd = sock.fileno()
-        channel = self.plane.add(
-            tuple(pair.remote_addr), None, keys.profile, keys.rx, keys.tx, rtp.ssrc, rtp.seq,
-            rtp.timestamp, rtp.payload_type, rtp.mid, rtp.mid_id, rtp.abs_send_time_id,
-            _SILENCE, False, fd, self._script, rtcp=True, cname=cname(pc))
-        loop = asyncio.get_running_loop()
-        loop._remove_reader(fd)
-        loop._add_reader(fd, self._readable, channel, protocol)
-        self._sessions[channel] = _Pumped(channel, probe, fd, transport)
+        try:
+            channel = self.plane.add(
+                tuple(pair.remote_addr), None, keys.profile, keys.rx, keys.tx, rtp.ssrc,
+                rtp.seq, rtp.timestamp, rtp.payload_type, rtp.mid, rtp.mid_id,
+                rtp.abs_send_time_id, _SILENCE, False, socket.fd, self._script, rtcp=True,
+                cname=cname(pc))
+        except BaseException:
+            socket.discard()
+            raise
+        socket.read_through(self.plane, channel)
+        self._sessions[channel] = _Pumped(channel, probe, socket)
         self.attached_total += 1
         return channel
 
@@ -105,11 +102,8 @@ class LightPump:
         if pumped is None:
             return
         self._drain(pumped)
-        loop = asyncio.get_running_loop()
-        loop._remove_reader(pumped.fd)
-        if not pumped.transport.is_closing():
-            loop._add_reader(pumped.fd, pumped.transport._read_ready)
         self.plane.remove(channel, True)
+        pumped.socket.give_back()
 
     @property
     def sessions(self) -> int:
@@ -117,14 +111,6 @@ class LightPump:
 
     def counters(self) -> dict[str, int]:
         return self.plane.counters()
-
-    def _readable(self, channel: int, protocol) -> None:
-        try:
-            datagrams = self.plane.read_session(channel)
-        except KeyError:  # detached while the event was pending
-            return
-        for data, addr in datagrams:
-            protocol.datagram_received(data, addr)
 
     def _on_tick(self, tick: int) -> None:
         frames = 1 if self._tick is None else min(max(tick - self._tick, 1), _MAX_CATCH_UP)

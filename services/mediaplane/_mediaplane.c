@@ -20,11 +20,12 @@
  *        sendmmsg batches, with the hop header towards the client when it came through a
  *        relay.
  *
- * A session may also own a socket of its own (``fd``): a light load client's, after its own
- * DTLS handshake in aiortc. Its datagrams are read with read_session(channel) and must come
- * from the session's peer; it sends its ``script`` (pre-encoded Opus payloads, in a loop)
- * when nothing is queued, and logs every packet's arrival (take_arrivals) for the client's
- * own statistics.
+ * A session may also own a socket of its own (``fd``): a port-per-session transceiver's, or
+ * a light load client's after its own DTLS handshake in aiortc. Its datagrams are read with
+ * read_session(channel), must come from the session's peer, and it sends on that socket. A
+ * client session is one given a ``script`` (pre-encoded Opus payloads): it sends the script
+ * in a loop when nothing is queued, keeps nothing of what it hears, and logs every packet's
+ * arrival (take_arrivals) for the client's own statistics.
  *
  * Bad input is dropped and counted by reason (counters()), never a crash: a packet reaches
  * only the session its address was learned for, and a session removed while packets of it
@@ -927,8 +928,8 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
         s->pcm = 1;
     }
     s->fd = fd;
-    if (fd >= 0) {
-        /* the script: records [u32 ignored][u16 length][payload], as take_batch packs them */
+    if (fd >= 0 && script.buf) {
+        /* a client session's script: records [u32 ignored][u16 length][payload], as take_batch packs them */
         const uint8_t *r = script.buf;
         Py_ssize_t left = script.buf ? script.len : 0;
         unsigned n = 0;
@@ -1306,7 +1307,8 @@ static PyObject *Plane_sessions(Plane *p, void *closure) {
 static PyMethodDef Plane_methods[] = {
     {"add", (PyCFunction)(void (*)(void))Plane_add, METH_VARARGS | METH_KEYWORDS,
      "add(client, relay, profile, rx_key, tx_key, ssrc, seq, timestamp, payload_type, mid, "
-     "mid_id, abs_send_time_id, silence, pcm=False, fd=-1, script=b'', rtcp=False, "
+     "mid_id, abs_send_time_id, silence, pcm=False, fd=-1, script=<a client session's>, "
+     "rtcp=False, "
      "cname=b'') -> channel"},
     {"remove", (PyCFunction)Plane_remove, METH_VARARGS,
      "remove(channel, bye=False) -> whether it was there (bye: a last report with BYE first)"},

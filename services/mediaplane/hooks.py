@@ -11,12 +11,16 @@ Hooks into aiortc 1.16 internals (pinned): ``RTCDtlsTransport._ssl``, ``_role``,
 ``_srtp_profiles``; ``RTCRtpTransceiver._codecs``, ``_headerExtensions``;
 ``RTCRtpSender._run_rtp``, ``_run_rtcp``, ``_ssrc`` and its private ``__rtp_started``,
 ``__rtp_exited``, ``__rtcp_started``, ``__rtcp_exited``; ``RTCRtpReceiver._run_rtcp`` and its
-private ``__rtcp_started``, ``__rtcp_exited``; ``RTCPeerConnection.__cname``.
+private ``__rtcp_started``, ``__rtcp_exited``; ``RTCPeerConnection.__cname``. And into aioice
+0.13's (pinned): a candidate pair's ``protocol.transport`` (an asyncio datagram transport: its
+socket and ``_read_ready``) and the selector loop's ``_add_reader``/``_remove_reader``, which
+transports themselves use.
 """
 from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import random
 from dataclasses import dataclass
 
@@ -132,3 +136,63 @@ def media_stats(stats: dict | None) -> tuple[float | None, float | None]:
     jitter = round((stats["jitter_q4"] >> 4) / 48.0, 3) if stats["have_ssrc"] else None
     rtt = stats.get("rtt_s")
     return jitter, None if rtt is None else round(rtt * 1000.0, 3)
+
+
+@dataclass
+class SessionSocket:
+    """A session's own socket (its selected pair's), read through the plane once the plane
+    carries its RTP: the plane's ``read_session`` keeps the media and hands back the rest
+    (STUN, DTLS), which goes on to aioice as before. The plane holds a duplicate of the
+    socket's descriptor (``fd``), so that aioice closing its socket can never leave the plane
+    a number the next socket reuses. ``give_back`` (after the plane's ``remove``) closes the
+    duplicate and restores aioice's reader."""
+
+    fd: int                # the plane's duplicate
+    own_fd: int            # aioice's
+    protocol: object       # the aioice protocol of the pair
+    transport: object      # its datagram transport
+
+    @classmethod
+    def of(cls, pair) -> "SessionSocket | None":
+        """The pair's socket; None for a pair through TURN (the allocation has no socket of
+        its own)."""
+        protocol = pair.protocol
+        transport = getattr(protocol, "transport", None)
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is None:
+            return None
+        return cls(os.dup(sock.fileno()), sock.fileno(), protocol, transport)
+
+    def read_through(self, plane, channel: int) -> None:
+        remove, add = _readers(asyncio.get_running_loop())
+        remove(self.own_fd)
+        add(self.fd, self._readable, plane, channel)
+
+    def discard(self) -> None:
+        """Close the duplicate of a socket the plane never took (its ``add`` failed)."""
+        os.close(self.fd)
+
+    def give_back(self) -> None:
+        remove, add = _readers(asyncio.get_running_loop())
+        remove(self.fd)
+        os.close(self.fd)
+        if not self.transport.is_closing():
+            add(self.own_fd, self.transport._read_ready)
+
+    def _readable(self, plane, channel: int) -> None:
+        try:
+            datagrams = plane.read_session(channel)
+        except KeyError:  # taken off the plane while the event was pending
+            return
+        for data, addr in datagrams:
+            self.protocol.datagram_received(data, addr)
+
+
+def _readers(loop):
+    """(remove_reader, add_reader) for a session's socket. asyncio's selector loop refuses its
+    public pair on a descriptor one of its transports holds (the light clients' sockets): its
+    private pair is what that transport itself uses. Other loops (uvloop: the transceiver's)
+    see only sockets that ice.py reads with the public ``add_reader``."""
+    if hasattr(loop, "_add_reader"):
+        return loop._remove_reader, loop._add_reader
+    return loop.remove_reader, loop.add_reader

@@ -42,8 +42,8 @@ def add_parser(sub) -> None:
                    help=f"libopus complexity of the outbound encoder (default {opus.complexity})")
     p.add_argument("--media-path", choices=MEDIA_PATHS, default=PYTHON,
                    help="who carries an established session's RTP: aiortc in Python (the "
-                        "reference), or the native media plane in C (shared mode only; "
-                        "docs/transceiver.md)")
+                        "reference), or the native media plane in C (on the shared socket or "
+                        "on every session's own; docs/transceiver.md)")
     p.add_argument("--srtp", choices=SRTP_IMPLEMENTATIONS, default=OPENSSL,
                    help="the native path's SRTP: openssl (its own AES-GCM for the GCM "
                         "profiles; default) or libsrtp (libsrtp2 for all, the reference)")
@@ -70,8 +70,6 @@ def config_from_args(args: argparse.Namespace):
         media = parse_hostport(args.media, "--media", allow_zero=True)
         if args.agent and not args.agent.startswith(("ws://", "wss://")):
             raise ConfigError("--agent takes a ws:// or wss:// URL")
-        if args.media_path != PYTHON and args.mode != ice.SHARED:
-            raise ConfigError("--media-path native needs --mode shared (one socket for all)")
         if args.media_path != PYTHON and ":" in media[0]:
             raise ConfigError("--media-path native takes an IPv4 --media address")
         return TransceiverConfig(

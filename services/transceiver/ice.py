@@ -9,6 +9,9 @@ otherwise, so other peer connections in the same process (clients in a demo) are
 - shared mode: the session's only host candidate is the advertised address (a relay VIP, or the
   shared socket itself); its StunProtocol writes into the transceiver's ``SharedSocket``.
 - port-per-session mode: stock aioice behaviour on one bind address: a socket per session.
+  On the native media path that socket is read with the loop's ``add_reader`` (any loop,
+  uvloop included) instead of the loop's own UDP transport, so that the media plane can take
+  its reads over once the session is attached (``SessionTransport``).
 
 Per-call work done once or ahead of the call (the answer is on every call's signaling path):
 
@@ -36,6 +39,7 @@ import asyncio
 import collections
 import contextlib
 import contextvars
+import socket
 import time
 from dataclasses import dataclass
 
@@ -45,6 +49,7 @@ import aiortc.rtcpeerconnection
 from aioice import stun
 from aioice.candidate import Candidate, candidate_foundation, candidate_priority
 from aioice.ice import StunProtocol
+from aioice.turn import UDP_SOCKET_BUFFER_SIZE
 from aiortc.rtcdtlstransport import SRTP_PROFILES, RTCCertificate
 
 from services.transceiver.inbound import is_srtp
@@ -63,6 +68,7 @@ class IcePlan:
     mux: SharedSocket | None = None          # shared mode
     advertise: tuple[str, int] | None = None  # shared mode: the one candidate in the answer
     bind_host: str = "0.0.0.0"                # port-per-session mode: where sockets bind
+    plane_readable: bool = False              # port-per-session: SessionTransport sockets
 
 
 _PLAN: contextvars.ContextVar[IcePlan | None] = contextvars.ContextVar("voiceedge_ice_plan",
@@ -227,6 +233,76 @@ class _MuxTransport:
             asyncio.get_running_loop().call_soon(self._protocol.connection_lost, None)
 
 
+class SessionTransport(asyncio.DatagramTransport):
+    """A port-per-session socket read with the loop's public ``add_reader``: the native
+    plane can move its reads to itself (hooks.SessionSocket), which no event loop allows on
+    a socket of its own UDP transport (uvloop's has no way to pause it). Writes are
+    non-blocking ``sendto``: a full buffer drops the datagram, as UDP does."""
+
+    READS_PER_WAKE = 64
+
+    def __init__(self, sock: socket.socket, protocol: StunProtocol) -> None:
+        super().__init__(extra={"socket": sock, "sockname": sock.getsockname()})
+        self._sock, self._protocol = sock, protocol
+        self._closing = False
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(sock.fileno(), self._read_ready)
+
+    @classmethod
+    def bind(cls, host: str, protocol: StunProtocol) -> "SessionTransport":
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_SOCKET_BUFFER_SIZE)
+            sock.bind((host, 0))
+            transport = cls(sock, protocol)
+        except BaseException:
+            sock.close()
+            raise
+        protocol.connection_made(transport)
+        return transport
+
+    def _read_ready(self) -> None:
+        for _ in range(self.READS_PER_WAKE):
+            try:
+                data, addr = self._sock.recvfrom(2048)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._protocol.error_received(exc)
+                return
+            self._protocol.datagram_received(data, addr)
+
+    def sendto(self, data: bytes, addr=None) -> None:
+        if self._closing:
+            return
+        try:
+            self._sock.sendto(data, addr)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as exc:
+            self._protocol.error_received(exc)
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._loop.remove_reader(self._sock.fileno())
+        self._loop.call_soon(self._closed)
+
+    def abort(self) -> None:
+        self.close()
+
+    def _closed(self) -> None:
+        try:
+            self._protocol.connection_lost(None)
+        finally:
+            self._sock.close()
+
+
 class MuxStunProtocol(StunProtocol):
     """aioice's STUN protocol for one session, on the shared socket."""
 
@@ -312,7 +388,18 @@ class EdgeConnection(aioice.Connection):
                                        timeout: int = 5) -> list[Candidate]:
         plan = self.plan
         if plan.mode == PORT_PER_SESSION:
-            return await super().get_component_candidates(component, [plan.bind_host], timeout)
+            if not plan.plane_readable:
+                return await super().get_component_candidates(component, [plan.bind_host],
+                                                               timeout)
+            protocol = StunProtocol(self)
+            transport = SessionTransport.bind(plan.bind_host, protocol)
+            host, port = transport.get_extra_info("sockname")[:2]
+            protocol.local_candidate = Candidate(
+                foundation=candidate_foundation("host", "udp", host), component=component,
+                transport="udp", priority=candidate_priority(component, "host"), host=host,
+                port=port, type="host")
+            self._protocols.append(protocol)
+            return [protocol.local_candidate]
         protocol = MuxStunProtocol(self, plan.mux)
         host, port = plan.advertise
         protocol.local_candidate = Candidate(
@@ -324,12 +411,19 @@ class EdgeConnection(aioice.Connection):
         return [protocol.local_candidate]
 
 
-def selected_remote_address(pc) -> tuple[str, int] | None:
-    """The client address of ``pc``'s selected candidate pair (the real one, also behind a
-    relay), or None before ICE completes. Reads aioice's ``Connection._nominated``."""
+def selected_pair(pc):
+    """``pc``'s selected candidate pair (aioice's ``CandidatePair``), or None before ICE
+    completes. Reads aioice's ``Connection._nominated``."""
     for transceiver in pc.getTransceivers():
         connection = transceiver.receiver.transport.transport._connection
         pair = connection._nominated.get(1)
         if pair is not None:
-            return pair.remote_addr
+            return pair
     return None
+
+
+def selected_remote_address(pc) -> tuple[str, int] | None:
+    """The client address of ``pc``'s selected candidate pair (the real one, also behind a
+    relay), or None before ICE completes."""
+    pair = selected_pair(pc)
+    return None if pair is None else pair.remote_addr

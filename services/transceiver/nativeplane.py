@@ -4,7 +4,9 @@ aiortc and aioice keep ICE, DTLS, SDP and the session's lifecycle. When a sessio
 up, ``NativeMedia.attach`` gives the plane its SRTP keys, RTP parameters and CNAME
 (services/mediaplane/hooks.py); from then on its RTP and RTCP are the plane's: read,
 unprotected, queued for the agent, sent back protected, in batches. The shared socket's reads
-go through the plane (``SharedSocket.read_through``), one ``tick`` per 20 ms of the
+go through the plane (``SharedSocket.read_through``); in port-per-session mode (no shared
+socket) each session's own socket is read through it once attached (hooks.py's
+``SessionSocket``). One ``tick`` per 20 ms of the
 transceiver's ``FrameClock`` sends every session's frame (and the reports that are due), and
 the frames to and from the agent travel as one batch per tick over the agent frames link
 (agentframes.py). Once a second the sessions' arrival gaps are read off the plane.
@@ -18,7 +20,8 @@ from dataclasses import dataclass
 from services.gaps import ArrivalGaps
 from services.mediapaths import OPENSSL
 from services.mediaplane._mediaplane import Plane
-from services.mediaplane.hooks import IdleSender, cname, rtp_parameters, srtp_keys
+from services.mediaplane.hooks import (IdleSender, SessionSocket, cname, rtp_parameters,
+                                      srtp_keys)
 from services.transceiver.media import silence_packet
 from services.transceiver.opus import OpusSettings
 from services.transceiver.pacing import FrameClock
@@ -36,11 +39,13 @@ class Attached:
     """One session on the plane."""
     channel: int
     gaps: ArrivalGaps
+    socket: SessionSocket | None = None   # its own socket (port-per-session mode)
 
 
 class NativeMedia:
-    """The plane of one shared socket. ``await start()``, ``attach``/``detach`` per session,
-    ``await stop()``."""
+    """The plane of one shared socket (``mux``), or of every session's own socket (``mux``
+    None: port-per-session). ``await start()``, ``attach``/``detach`` per session, ``await
+    stop()``."""
 
     def __init__(self, mux, clock: FrameClock, capacity: int = 4096,
                  opus: OpusSettings = OpusSettings(), srtp: str = OPENSSL) -> None:
@@ -56,8 +61,11 @@ class NativeMedia:
         self._gaps_task: asyncio.Task | None = None
 
     async def start(self, frames=None) -> None:
-        self.plane = Plane(self._mux.fileno(), self._capacity, self._srtp)
-        self._mux.read_through(self.plane)
+        if self._mux is not None:
+            self.plane = Plane(self._mux.fileno(), self._capacity, self._srtp)
+            self._mux.read_through(self.plane)
+        else:
+            self.plane = Plane(-1, self._capacity, self._srtp)
         self.frames = frames
         if frames is not None:
             await frames.start(self.plane)
@@ -74,15 +82,31 @@ class NativeMedia:
 
     # ------------------------------------------------------------ sessions
 
-    def attach(self, pc, idle: IdleSender, client: tuple[str, int], gaps: ArrivalGaps) -> int:
-        """Move a connected session's RTP to the plane; returns its channel."""
+    def attach(self, pc, idle: IdleSender, pair, gaps: ArrivalGaps) -> int:
+        """Move a connected session's RTP to the plane; returns its channel. ``pair``: its
+        selected candidate pair (aioice's); in port-per-session mode its socket is the
+        session's own (the transceiver gathers host candidates only)."""
+        socket = None
+        if self._mux is None:
+            socket = SessionSocket.of(pair)
+            if socket is None:
+                raise ValueError("a port-per-session pair without a socket of its own")
         transceiver = pc.getTransceivers()[0]
         keys, rtp = srtp_keys(transceiver.sender.transport), rtp_parameters(transceiver, idle)
-        channel = self.plane.add(
-            client, self._mux.relay_of(client), keys.profile, keys.rx, keys.tx, rtp.ssrc,
-            rtp.seq, rtp.timestamp, rtp.payload_type, rtp.mid, rtp.mid_id,
-            rtp.abs_send_time_id, self._silence, False, rtcp=True, cname=cname(pc))
-        self._attached[channel] = Attached(channel, gaps)
+        client = tuple(pair.remote_addr)
+        try:
+            channel = self.plane.add(
+                client, self._mux.relay_of(client) if self._mux is not None else None,
+                keys.profile, keys.rx, keys.tx, rtp.ssrc, rtp.seq, rtp.timestamp,
+                rtp.payload_type, rtp.mid, rtp.mid_id, rtp.abs_send_time_id, self._silence,
+                False, socket.fd if socket is not None else -1, rtcp=True, cname=cname(pc))
+        except BaseException:
+            if socket is not None:
+                socket.discard()
+            raise
+        if socket is not None:
+            socket.read_through(self.plane, channel)
+        self._attached[channel] = Attached(channel, gaps, socket)
         return channel
 
     def set_pcm(self, channel: int, pcm: bool) -> None:
@@ -97,6 +121,8 @@ class NativeMedia:
         stats = self.plane.stats(channel)
         self._record_gaps(attached, stats)
         self.plane.remove(channel, True)
+        if attached.socket is not None:
+            attached.socket.give_back()
         return stats
 
     @property

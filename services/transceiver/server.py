@@ -66,7 +66,7 @@ class TransceiverConfig:
     setup_timeout: float = 10.0
     certificates_ahead: int = 32                # DTLS certificates made before the calls
     opus: OpusSettings = OpusSettings()         # the outbound encoder
-    media_path: str = "python"                  # or "native": nativeplane.py (shared mode)
+    media_path: str = "python"                  # or "native": nativeplane.py
     srtp: str = "openssl"                       # the native path's SRTP (mediapaths.py)
     agent_codecs: tuple[str, ...] = ("opus", "pcm16")  # native path: offered to the agent
     # Test-only (bench/hostile/hygiene.py's quick run): aioice's consent-check interval in
@@ -150,8 +150,6 @@ class TransceiverServer:
         # default pool of 100 connections made the 101st call wait for another to end.
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         if cfg.media_path == NATIVE:
-            if self.mux is None:
-                raise ValueError("the native media path needs the shared socket (mode shared)")
             self.native = NativeMedia(self.mux, self.clock, max(cfg.max_sessions, 1), cfg.opus,
                                       srtp=cfg.srtp)
             await self.native.start(AgentFrames(cfg.agent_url)
@@ -225,7 +223,8 @@ class TransceiverServer:
         if cfg.mode == ice.SHARED:
             return ice.IcePlan(ufrag=ufrag, mode=cfg.mode, mux=self.mux,
                                advertise=self._advertise(request))
-        return ice.IcePlan(ufrag=ufrag, mode=cfg.mode, bind_host=cfg.media_host)
+        return ice.IcePlan(ufrag=ufrag, mode=cfg.mode, bind_host=cfg.media_host,
+                           plane_readable=self.native is not None)
 
     async def create_session(self, offer: str, plan: ice.IcePlan,
                              received: float | None = None) -> tuple[Session, str]:

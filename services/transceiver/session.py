@@ -18,7 +18,7 @@ import aiohttp
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from services.logs import log_event
-from services.transceiver.ice import IcePlan, ice_plan, selected_remote_address
+from services.transceiver.ice import IcePlan, ice_plan, selected_pair, selected_remote_address
 from services.transceiver.eager import write_now
 from services.gaps import ArrivalGaps
 from services.transceiver.inbound import shortcut_srtp
@@ -173,7 +173,7 @@ class Session:
             self._srtp_shortcut = shortcut_srtp(self._pc, self.rx)
             if self._native is not None:
                 self.channel = self._native.attach(self._pc, self._idle,
-                                                   selected_remote_address(self._pc), self.rx)
+                                                   selected_pair(self._pc), self.rx)
             self._connected.set()
             log_event(log, "session_connected", session=self.id,
                       setup_s=round(self.stats.connected_at - self.stats.created, 4))
