@@ -22,8 +22,9 @@ session's keys, with another session's keys, protected then tampered, or raw; wi
 the relay's hop header; from the session's address, a stranger's, the other path's; through
 ``process`` or through the real loopback socket and ``read``/``read_session``, in bursts of up
 to 80 copies or series of up to 16 packets), ``put_batch`` records (well-formed or raw),
-``tick``, ``take_batch``, ``add`` (good and bad parameters, sessions with a socket of their own
-and a script), ``remove``, ``set_pcm``, ``stats``, ``take_arrivals``. The harness's sockets are
+``tick``, ``take_batch``, ``add`` (good and bad parameters, sessions with a socket of their own:
+a client's with a script, a port-per-session server's without, either through a TURN channel
+or not), ``remove``, ``set_pcm``, ``stats``, ``take_arrivals``. The harness's sockets are
 on 127.90.0.0/24 (loopback only; every address the plane can send to is one of them).
 
 Beside "no crash" (ASan, UBSan, a signal), a model of the plane checks after every operation:
@@ -64,6 +65,10 @@ TAKEN = ("rtp_in", "drop_srtp_auth", "drop_srtp_replay", "drop_srtp_other", "dro
          "recv_truncated", "drop_ssrc_limit", "rtcp_in", "drop_rtcp_auth", "drop_rtcp_replay",
          "drop_rtcp_other", "drop_rtcp_malformed")
 CNAME = b"fuzz"       # a session keeps its RTCP in the plane when its SSRC is odd
+# an own session's u16 after add's parameters: the script's length (low 9 bits), a TURN
+# channel (the next 6: with 0x20 set, 0x4000 + the low 5, or 0x3F: one out of range), no
+# script (the top bit)
+OWN_SERVER, TURN_SHIFT, TURN_ON, TURN_BAD = 0x8000, 9, 0x20, 0x3F
 # libsrtp's profiles and their key+salt lengths: 1 AES128_CM_SHA1_80, 2 AES128_CM_SHA1_32,
 # 5 NULL_SHA1_80, 7 AEAD_AES_128_GCM, 8 AEAD_AES_256_GCM
 KEY_LENGTHS = {1: 30, 2: 30, 5: 30, 7: 28, 8: 44}
@@ -244,7 +249,8 @@ class Session:
 
     def __init__(self, case: "Case", slot: int, channel: int, profile: int, client, relay,
                  pcm: bool, ssrc: int, seq: int, ts: int, pt: int, mid: bytes, mid_id: int,
-                 ast_id: int, silence: bytes, up: bytes, down: bytes, own=None, script=()):
+                 ast_id: int, silence: bytes, up: bytes, down: bytes, own=None, script=(),
+                 client_session: bool = False, turn: int = 0):
         self.slot, self.channel, self.profile, self.client = slot, channel, profile, client
         self.key = key_of(client)
         self.relayed = relay is not None
@@ -253,6 +259,8 @@ class Session:
         self.pcm, self.ssrc, self.seq, self.ts, self.pt = pcm, ssrc, seq, ts, pt
         self.mid, self.mid_id, self.ast_id, self.silence = mid, mid_id, ast_id, silence
         self.own, self.script, self.script_pos = own, list(script), 0
+        self.client_session = client_session   # own socket and a script: logs, keeps nothing
+        self.turn = turn                       # ChannelData of this channel, to/from client
         self.tx = case.world.peer(profile, up, True)        # the peer's protect, towards the plane
         self.down, self._rx = down, None
         self.world = case.world
@@ -339,7 +347,16 @@ class Case:
         or on ``own``'s socket): (session or None, whether it is a wrong peer, whether the
         session takes it as SRTCP)."""
         pkt, key, relayed = wire, key_of(src), False
-        if wire[:1] == b"\x0e":
+        if own is not None and own.turn:
+            if len(wire) < 4 or int.from_bytes(wire[:2], "big") != own.turn:
+                return None, False, False
+            inner = int.from_bytes(wire[2:4], "big")
+            if inner > len(wire) - 4:
+                return None, False, False
+            if key != own.key:
+                return None, True, False
+            pkt = wire[4:4 + inner]
+        elif wire[:1] == b"\x0e":
             if len(wire) < 8 or wire[1] != 0:
                 return None, False, False
             key, pkt, relayed = wire[2:8], wire[8:], True
@@ -373,7 +390,8 @@ class Case:
         check(self.plane.sessions == len(self.live), "sessions", self.plane.sessions, len(self.live))
 
     def add(self, profile, client, relay, pcm, ssrc, seq, ts, pt, mid, mid_id, ast_id, silence,
-            bad: int = 0, bad_arg: int = 0, own=None, script: bytes = b"") -> None:
+            bad: int = 0, bad_arg: int = 0, own=None, script: bytes | None = b"",
+            turn: int = 0) -> None:
         """plane.add with what the model expects of it: the channel, or the error."""
         w = self.world
         self.keys += 1
@@ -382,7 +400,11 @@ class Case:
                     ssrc=ssrc, seq=seq, timestamp=ts, payload_type=pt, mid=mid, mid_id=mid_id,
                     abs_send_time_id=ast_id, silence=silence, pcm=pcm)
         if own is not None:
-            args.update(fd=own.fileno(), script=script)
+            args.update(fd=own.fileno())
+            if script is not None:
+                args.update(script=script)
+            if turn:
+                args.update(turn_channel=turn)
         rtcp = w.has_rtcp and bool(ssrc & 1)
         if rtcp:
             args.update(rtcp=True, cname=CNAME)
@@ -412,6 +434,8 @@ class Case:
             expected = ValueError
         elif own is not None and relay is not None:
             expected = ValueError
+        elif turn and not 0x4000 <= turn <= 0x4FFF:
+            expected = ValueError
         elif own is None and self.shared_by_key(key_of(client)) is not None:
             expected = ValueError
         elif len(self.live) >= self.capacity:
@@ -432,19 +456,21 @@ class Case:
         check(channel == (self.gen[slot] << 16 | slot), "add: the channel", channel, slot, self.gen[slot])
         check(all(s.channel != channel for s in self.refs), "add: a channel used again", channel)
         parsed, pos = [], 0
-        while pos + 6 <= len(script):   # the script's records, as the plane parses them
+        while pos + 6 <= len(script or b""):   # the script's records, as the plane parses them
             n = int.from_bytes(script[pos + 4:pos + 6], "big")
             if pos + 6 + n > len(script) or n == 0 or n > OPUS_MAX:
                 break
             parsed.append(script[pos + 6:pos + 6 + n])
             pos += 6 + n
         s = Session(self, slot, channel, profile, client, relay, pcm, ssrc, seq, ts, pt, mid,
-                    mid_id, ast_id, silence, up, down, own, parsed)
+                    mid_id, ast_id, silence, up, down, own, parsed,
+                    client_session=own is not None and script is not None, turn=turn)
         s.rtcp = rtcp
         self.slots[slot] = s
         self.live[channel] = s
         self.refs.append(s)
-        self.tally.add("add_own" if own is not None else "add")
+        self.tally.add("add" if own is None else "add_own_turn" if turn else
+                       "add_own" if script is not None else "add_own_server")
         self.delta()
 
     def op_add(self) -> None:
@@ -463,9 +489,16 @@ class Case:
         bad, bad_arg = (1 + r.byte() % 9, r.byte()) if sel & 0x80 else (0, 0)
         params = (r.u32(), r.u16(), r.u32(), r.byte() & 0x7F, r.take(r.byte() % 17),
                   r.byte() % 15, r.byte() % 15, r.take(r.byte() % 65))
-        script = r.take(r.u16() % 512) if own is not None else b""
+        script, turn = b"", 0
+        if own is not None:
+            v = r.u16()
+            script = r.take(v % 512)
+            if v & OWN_SERVER:
+                script = None
+            t = v >> TURN_SHIFT & 0x3F
+            turn = 0x5000 if t == TURN_BAD else (0x4000 + (t & 0x1F) if t & TURN_ON else 0)
         self.add(profile, client, relay, pcm, *params, bad=bad, bad_arg=bad_arg, own=own,
-                 script=script)
+                 script=script, turn=turn)
 
     def unregister(self, s: Session) -> None:
         s.live = False
@@ -506,7 +539,7 @@ class Case:
                 check(st.get(key, want) == want, "stats: " + key, st.get(key), want)
         if self.world.has_own:
             blob = self.plane.take_arrivals(channel)
-            if s is None or s.own is None:
+            if s is None or not s.client_session:
                 check(blob is None, "take_arrivals of a session without a log", channel)
             else:
                 got = [struct.unpack_from("=dIHH", blob, i)[1:] for i in range(0, len(blob), 16)]
@@ -551,7 +584,17 @@ class Case:
                 wire, keyed = bytes(wire), None
         self.tally.add(f"datagram_mode{mode}")
         header, src = b"", w.stranger_addr
-        if ref is not None:
+        if ref is not None and ref.turn and route != 2:
+            # its channel's ChannelData (declaring a length from the harness's byte when aux
+            # says so), from its TURN server, from a stranger (route 3), or another channel's
+            # from its server (route 1)
+            declared = len(wire) if not aux & 0x40 else (aux * 7) % (len(wire) + 8)
+            channel = ref.turn if route != 1 else ref.turn ^ (1 + (aux & 0x0F))
+            header = struct.pack("!HH", channel, declared)
+            src = ref.client if route != 3 else src
+            if declared != len(wire):
+                keyed = None   # the plane reads a cut packet, or hands it all to Python
+        elif ref is not None:
             if route == 0:     # its own path
                 header = w.hop.encode(ref.client) if ref.relayed else b""
                 src = ref.home_relay if ref.relayed else ref.client
@@ -623,11 +666,14 @@ class Case:
             self.tally.add("datagram_srtp_or_malformed_drop")
             return
         self.tally.add(f"delivered_profile{expect.profile}")
+        if expect.own is not None:
+            self.tally.add("delivered_turn" if expect.turn else "delivered_own_server"
+                           if not expect.client_session else "delivered_own_client")
         check(d["drop_srtp_replay"] == burst - 1, "a burst's copies are replays", d)
         check(d["bytes_in"] == len(wire), "bytes_in", d["bytes_in"], len(wire))
         if expect.relayed:
             expect.relay = src
-        if expect.own is not None:
+        if expect.client_session:
             seq, ts_ssrc = struct.unpack_from("!H", body, 2)[0], struct.unpack_from("!I", body, 8)[0]
             if len(expect.arrivals) < ARRIVALS:
                 expect.arrivals.append((ts_ssrc, seq, len(payload)))
@@ -797,8 +843,12 @@ class Case:
         """A packet the plane sent: whose it is, that it decrypts, that it is the next one."""
         if sender in by_own:
             s = by_own[sender]
-            check(s.client == dest, "a client session's packet to another address", dest, s.client)
+            check(s.client == dest, "an own socket's packet to another address", dest, s.client)
             pkt = data
+            if s.turn:
+                check(len(data) >= 4 and struct.unpack_from("!HH", data) == (s.turn, len(data) - 4),
+                      "a TURN session's ChannelData header", s.channel, data[:4].hex())
+                pkt = data[4:]
         else:
             check(sender == self.world.addr, "a packet from neither socket", sender)
             if data[:1] == b"\x0e":
@@ -917,10 +967,11 @@ class Seed:
 
     def add(self, sel: int, client: int, ssrc: int = 0, seq: int = 0, ts: int = 0, pt: int = 111,
             mid: bytes = b"", mid_id: int = 0, ast_id: int = 0, silence: bytes = b"",
-            script: bytes | None = None, bad: tuple[int, int] | None = None) -> "Seed":
+            script: bytes | None = None, bad: tuple[int, int] | None = None,
+            own_flags: int = 0) -> "Seed":
         params = struct.pack("!IHIB", ssrc, seq, ts, pt) + bytes([len(mid)]) + mid + \
             bytes([mid_id, ast_id, len(silence)]) + silence
-        tail = b"" if script is None else struct.pack("!H", len(script)) + script
+        tail = b"" if script is None else struct.pack("!H", len(script) | own_flags) + script
         return self.op("add", sel | (0x80 if bad else 0), client, bytes(bad or ()), params, tail)
 
     def put(self, *items: tuple[int, bytes]) -> "Seed":   # structured records to refs
@@ -978,6 +1029,16 @@ def seeds() -> list[bytes]:
             "!IH", 0, 3) + SILENCE + struct.pack("!IH", 0, 2) + b"\x78\x00")
         .datagram(0x11, 1, rtp(1, 0, 9, b"to client")).datagram(0x01, 1, rtp(2, 960, 9, b"shared"))
         .op("tick", 123).op("stats", 1),
+        # a port-per-session server's session (its own socket, no script): what it hears queued
+        # for the agent; then a client session through TURN channel 0x4001: ChannelData
+        Seed(0b0010).add(0x10, 7, 9, 0, 0, 111, b"a", 1, 3, SILENCE, script=b"",
+                         own_flags=OWN_SERVER)
+        .datagram(0x11, 1, rtp(1, 0, 9, b"to server")).op("take").put((1, b"back"))
+        .op("tick", 121).op("remove", 1)
+        .add(0x30, 8, 11, 0, 0, 111, b"a", 1, 3, SILENCE, script=struct.pack("!IH", 0, 3) + SILENCE,
+             own_flags=(TURN_ON | 1) << TURN_SHIFT)
+        .datagram(0x11, 2, rtp(1, 0, 11, b"via turn")).datagram(0x10, 2, b"\x00\x01\x00\x00" + bytes(16))
+        .op("tick", 121).op("stats", 2),
         # SRTCP for a session that keeps its RTCP (session 1: an odd SSRC): SR + RR + BYE, a
         # part longer than the packet, an RR too short for its block; reports asked for
         Seed(0b0110).datagram(1, 1, struct.pack("!BBHIQIII", 0x80, 200, 6, 0xCAFE, 1 << 40, 9, 1, 1)

@@ -169,6 +169,7 @@ class ScenarioRunner:
             catalog = catalog.with_overrides(scenario.profiles)
         self.catalog = catalog
         self.client_regions = [r.name for r in catalog.resolve(region)]
+        self.scenario = scenario = scenario.for_client_regions(len(self.client_regions))
         self.clusters = [r.name for r in catalog.resolve(",".join(scenario.clusters))]
         regions = list(dict.fromkeys(self.client_regions + self.clusters))
         for f in scenario.faults:

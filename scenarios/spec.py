@@ -1,7 +1,7 @@
 """Scenario files: what a run builds, whom it calls, and how."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -34,6 +34,10 @@ class Scenario:
     full_clients_per_region: int = 2  # aiortc sessions with the full client; the rest light
     call_duration_s: float = 6.0
     start_rate: float = 3.0
+    # The load as calls live at once per architecture over all client regions: each region
+    # then starts live_at_once / (regions x call_duration_s) calls a second (for_client_regions);
+    # None: start_rate as given.
+    live_at_once: float | None = None
     architectures: tuple[str, ...] = DEFAULT_ARCHITECTURES
     last_mile: str = "last_mile_broadband"
     profiles: dict = field(default_factory=dict)
@@ -93,7 +97,7 @@ class Scenario:
                  "start_rate", "architectures", "last_mile", "profiles", "calibration",
                  "min_success_pct", "full_clients_per_region", "transceivers_per_cluster",
                  "faults", "client", "clients", "sweep", "external",
-                 "media_path", "light_path"}
+                 "media_path", "light_path", "live_at_once"}
         unknown = set(doc) - known
         if unknown:
             raise ScenarioError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -160,6 +164,17 @@ class Scenario:
                 sweep = SweepSpec.parse(doc["sweep"], str(path))
             except ValueError as exc:
                 raise ScenarioError(str(exc)) from None
+        if ("start_rate" in doc) == ("live_at_once" in doc):
+            raise ScenarioError(f"{path}: give start_rate (calls started a second per client "
+                                "region) or live_at_once (calls live at once), one of them")
+        live_at_once = None
+        if "live_at_once" in doc:
+            live_at_once = float(need("live_at_once", (int, float), lambda v: 1 <= v <= 2000,
+                                      "1..2000 calls"))
+            start_rate = live_at_once / float(doc.get("call_duration_s") or 1)  # one region's
+        else:
+            start_rate = float(need("start_rate", (int, float), lambda v: 0 < v <= 50,
+                                    "0..50/s"))
         scenario = cls(
             name=need("name", str, lambda v: v.replace("-", "").replace("_", "").isalnum(),
                       "letters, digits, - and _ only"),
@@ -167,7 +182,7 @@ class Scenario:
             clients=mix, full_clients_per_region=full,
             call_duration_s=float(need("call_duration_s", (int, float), lambda v: 2 <= v <= 600,
                                        "2..600 s")),
-            start_rate=float(need("start_rate", (int, float), lambda v: 0 < v <= 50, "0..50/s")),
+            start_rate=start_rate, live_at_once=live_at_once,
             architectures=tuple(dict.fromkeys(archs)),
             last_mile=doc.get("last_mile", "last_mile_broadband"),
             profiles=profiles,
@@ -189,6 +204,18 @@ class Scenario:
             except ValueError as exc:
                 raise ScenarioError(f"{path}: faults: {f.name}: {exc}") from None
         return scenario
+
+    def for_client_regions(self, regions: int) -> "Scenario":
+        """The scenario as run with ``regions`` client regions: ``live_at_once`` spread over
+        them as each region's start rate (unchanged without it)."""
+        if self.live_at_once is None:
+            return self
+        rate = self.live_at_once / (max(regions, 1) * self.call_duration_s)
+        if not 0 < rate <= 50:
+            raise ScenarioError(f"{self.source}: live_at_once {self.live_at_once:g} over "
+                                f"{regions} client regions is {rate:.3g} calls a second per "
+                                "region (0..50)")
+        return replace(self, start_rate=rate)
 
     def architecture(self, name: str) -> Architecture:
         """The architecture ``name`` this scenario runs: the file's own, or a registered one."""

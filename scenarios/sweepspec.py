@@ -183,4 +183,5 @@ def scenario_at(scenario, point: SweepPoint):
             calls = max(scenario.clients.get(AIORTC, 0), math.ceil(LIVE_CALLS * value))
             changes["clients"] = parse_mix({**scenario.clients, AIORTC: min(calls, 200)})
             changes["start_rate"] = value / scenario.call_duration_s
+            changes["live_at_once"] = None   # the point's per-region load replaces it
     return replace(scenario, profiles=profiles, **changes)

@@ -108,13 +108,13 @@ class TargetRunner:
             raise ScenarioError(f"{scenario.source or scenario.name}: faults break the "
                                 f"emulated world's links and services; a deployment target "
                                 f"has none to break (use a scenario without faults)")
-        self.scenario = scenario
         self.target = target
         self.verifies = verifies
         self.extra_args = tuple(extra_args)
         self.say = say
         self.progress = progress or (lambda what, done, total: None)
         self.client_regions = [REGION]
+        self.scenario = scenario = scenario.for_client_regions(1)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.directory = results_root / f"{scenario.name}-target-{stamp}"
 

@@ -283,6 +283,78 @@ def test_a_client_session_on_its_own_socket_plays_its_script_and_logs_arrivals(s
     client.close()
 
 
+def test_a_server_session_on_its_own_socket_queues_what_it_hears_for_the_agent():
+    """A port-per-session transceiver's session: its own socket, no script: what its client
+    sends is queued for the agent, the agent's replies go out on that socket, no arrival
+    log."""
+    profile, key_len = PROFILES["AEAD_AES_256_GCM"]
+    peer = Peer(profile, key_len)          # the client
+    own = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    own.bind(("127.0.0.1", 0))
+    own.setblocking(False)
+    plane = Plane(-1, 4)
+    channel = plane.add(peer.address, None, profile, peer.up_key, peer.down_key, 77, 10, 0,
+                        111, b"0", MID_ID, AST_ID, SILENCE, False, own.fileno())
+    peer.sock.sendto(peer.tx.protect(rtp(5, 0, 0xAB, b"caller")), own.getsockname())
+    time.sleep(0.05)
+    assert plane.read_session(channel) == []
+    assert records(plane.take_batch()) == [(channel, b"caller")]
+    assert plane.take_arrivals(channel) is None
+    plane.put_batch(batch((channel, b"agent")))
+    plane.tick()
+    packet, source = peer.sock.recvfrom(2048)
+    clear = peer.rx.unprotect(packet)
+    assert source == own.getsockname() and clear.endswith(b"agent")
+    assert plane.remove(channel)
+    own.close()
+
+
+def test_a_session_through_a_turn_channel_speaks_channeldata_with_its_server():
+    """A light client's session through a TURN server (RFC 8656 12): ChannelData of its
+    channel both ways, to and from the server only; the allocation's STUN, another channel's
+    data and the peer's DTLS inside the channel go back to Python unchanged."""
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    turn = Peer(profile, key_len)          # the TURN server: it relays the edge's SRTP
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    client.bind(("127.0.0.1", 0))
+    client.setblocking(False)
+    plane = Plane(-1, 4)
+    script = batch((0, b"tone"))
+    with pytest.raises(ValueError, match="0x4000-0x4FFF"):
+        plane.add(turn.address, None, profile, turn.up_key, turn.down_key, 77, 10, 0, 111,
+                  b"0", MID_ID, AST_ID, SILENCE, False, client.fileno(), script,
+                  turn_channel=0x5000)
+    channel = plane.add(turn.address, None, profile, turn.up_key, turn.down_key, 77, 10, 0,
+                        111, b"0", MID_ID, AST_ID, SILENCE, False, client.fileno(), script,
+                        turn_channel=0x4001)
+    plane.tick()
+    data = turn.sock.recv(2048)
+    number, length = struct.unpack_from("!HH", data)
+    assert (number, length) == (0x4001, len(data) - 4)
+    assert turn.rx.unprotect(data[4:]).endswith(b"tone")
+    to = client.getsockname()
+    srtp = turn.tx.protect(rtp(100, 0, 0xAB, b"echo"))
+    turn.sock.sendto(struct.pack("!HH", 0x4001, len(srtp)) + srtp, to)
+    other = struct.pack("!HH", 0x4002, len(srtp)) + turn.tx.protect(rtp(101, 960, 0xAB, b"x"))
+    dtls = struct.pack("!HH", 0x4001, 13) + b"\x16\xfe\xfd" + bytes(10)
+    stun = b"\x01\x01\x00\x00" + bytes(16)
+    for datagram in (other, dtls, stun):
+        turn.sock.sendto(datagram, to)
+    time.sleep(0.05)
+    back = plane.read_session(channel)
+    assert back == [(other, turn.address), (dtls, turn.address), (stun, turn.address)]
+    arrivals = list(struct.iter_unpack("=dIHH", plane.take_arrivals(channel)))
+    assert [(ssrc, seq, size) for _, ssrc, seq, size in arrivals] == [(0xAB, 100, 4)]
+    stranger = Peer(profile, key_len)
+    forged = struct.pack("!HH", 0x4001, len(srtp)) + srtp   # from anyone but the server
+    stranger.sock.sendto(forged, to)
+    time.sleep(0.05)
+    assert plane.read_session(channel) == [(forged, stranger.address)]
+    assert plane.counters()["wrong_peer"] == 1 and plane.counters()["rtp_in"] == 1
+    assert plane.remove(channel)
+    client.close()
+
+
 def add_rtcp(plane: Plane, peer: Peer, profile: int, ssrc: int = 0x11223344) -> int:
     return plane.add(peer.address, None, profile, peer.up_key, peer.down_key, ssrc, 1000,
                      90000, 111, b"0", MID_ID, AST_ID, SILENCE, False, rtcp=True,

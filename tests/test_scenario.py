@@ -241,5 +241,28 @@ def test_every_shipped_scenario_loads():
     assert shipped["default.yaml"].chromium_per_region == 0  # the main job runs no browser
     browsers, default = shipped["browsers.yaml"], shipped["default.yaml"]
     assert browsers.chromium_per_region >= 1
-    assert (browsers.clusters, browsers.architectures, browsers.sessions_per_region) == (
-        default.clusters, default.architectures, default.sessions_per_region)
+    # the default's world and architectures, at a load a browser per region leaves measurable
+    assert (browsers.clusters, browsers.architectures) == (default.clusters, default.architectures)
+    apac = default.for_client_regions(3)   # calls live at once per region, REGION=apac
+    assert browsers.call_duration_s * browsers.start_rate < apac.call_duration_s * apac.start_rate
+
+
+def test_the_load_as_calls_live_at_once_is_spread_over_the_client_regions(tmp_path):
+    path = tmp_path / "s.yaml"
+    base = ("name: s\nclusters: [na-east]\nsessions_per_region: 10\ncall_duration_s: 15\n"
+            "architectures: [cluster-relay]\n")
+    path.write_text(base + "live_at_once: 63\n")
+    sc = Scenario.load(path)
+    assert sc.live_at_once == 63
+    assert sc.for_client_regions(3).start_rate == pytest.approx(1.4)
+    assert sc.for_client_regions(10).start_rate == pytest.approx(0.42)
+    for extra, message in (("live_at_once: 63\nstart_rate: 1\n", "one of them"),
+                           ("", "one of them"), ("live_at_once: 0\n", "1..2000")):
+        path.write_text(base + extra)
+        with pytest.raises(ScenarioError, match=message):
+            Scenario.load(path)
+    path.write_text(base + "live_at_once: 2000\n")
+    with pytest.raises(ScenarioError, match="calls a second per region"):
+        Scenario.load(path).for_client_regions(1)
+    path.write_text(base + "start_rate: 0.5\n")
+    assert Scenario.load(path).for_client_regions(10).start_rate == 0.5   # as given

@@ -211,6 +211,10 @@ def test_a_load_point_starts_calls_for_its_live_count(tmp_path):
     assert (mid.start_rate, mid.sessions_per_region) == (0.5, 30)
     assert (high.start_rate, high.sessions_per_region) == (3.0, 180)
     assert scenario.start_rate == 3 and scenario.sessions_per_region == 3
+    # a base scenario's live_at_once gives way to the point's per-region load
+    path.write_text(path.read_text().replace("start_rate: 3", "live_at_once: 30"))
+    point = scenario_at(Scenario.load(path), next(iter(Scenario.load(path).sweep.points())))
+    assert point.live_at_once is None and point.for_client_regions(3).start_rate == 0.025
 
 
 def test_a_live_count_out_of_range_is_one_line(tmp_path):

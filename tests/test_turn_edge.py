@@ -50,8 +50,8 @@ def test_relay_only_clients_through_coturn_fetch_credentials_and_time_turn(lab, 
         try:
             await loop.run_in_executor(None, edge.start)
             pid = edge.services["turn-demo"].process.pid
-            # one full and one light client; the light one asks for the native pump, which
-            # leaves a TURN pair to aiortc
+            # one full and one light client; the light one on the native pump, which carries
+            # a TURN pair as ChannelData on the allocation's socket
             sessions = asyncio.create_task(run_sessions(ClientConfig(
                 url=edge.signaling_url(front), duration_s=2.0, start_rate=10,
                 ice_from_signaling=True, full_sessions=1, light_path="native"), SESSIONS))
@@ -71,7 +71,10 @@ def test_relay_only_clients_through_coturn_fetch_credentials_and_time_turn(lab, 
     for r in results:
         assert r.ok, r.error
         assert r.echo_verified and r.datachannel_verified
-        assert r.media_path == "python"   # relayed: the pump hands the sending back to aiortc
+        # relayed: the light session's RTP on the pump (ChannelData), the full one's on aiortc
+        assert r.media_path == ("native" if r.client == "light" else "python"), r.client
+        assert r.loss_pct == 0 and r.packets_received >= 0.9 * 2.0 * 50, r.packets_received
+        assert r.rtt_ms is not None and 0 < r.rtt_ms < 50 and r.jitter_ms is not None
         local, remote = r.ice_pair.split(" -> ")
         host, port = local.rsplit(":", 1)
         assert host == turn_address and low <= int(port) <= high, r.ice_pair  # relayed

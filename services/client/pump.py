@@ -9,8 +9,9 @@ clock, and logs every arrival, which ``DRAIN_S`` later feeds the session's ``Rtp
 exactly as aiortc's receive path would have (sequence numbers, voiced payloads, arrival gaps,
 the arrival log). The plane keeps the session's RTCP too (reports sent and read in C), so
 ``media_stats`` gives the jitter and RTT the client would have read from aiortc's getStats.
-A pair through TURN stays on the Python path. The socket is read through the plane by
-hooks.py's ``SessionSocket``.
+A pair through a TURN server over UDP goes through the plane too, as ChannelData on the
+allocation's socket (TURN over TCP stays on the Python path). The socket is read through the
+plane by hooks.py's ``SessionSocket``.
 """
 from __future__ import annotations
 
@@ -70,8 +71,8 @@ class LightPump:
         return IdleSender(transceiver.sender, transceiver.receiver)
 
     def attach(self, pc, idle: IdleSender, pair, probe) -> int | None:
-        """Move a connected session's RTP to the plane, if its pair is direct (host or
-        server-reflexive: no TURN); returns its channel."""
+        """Move a connected session's RTP to the plane, if its pair is direct or through TURN
+        over UDP (hooks.SessionSocket); returns its channel, or None (it stays on aiortc)."""
         socket = SessionSocket.of(pair)
         if socket is None:
             return None
@@ -79,10 +80,10 @@ class LightPump:
         keys, rtp = srtp_keys(transceiver.sender.transport), rtp_parameters(transceiver, idle)
         try:
             channel = self.plane.add(
-                tuple(pair.remote_addr), None, keys.profile, keys.rx, keys.tx, rtp.ssrc,
-                rtp.seq, rtp.timestamp, rtp.payload_type, rtp.mid, rtp.mid_id,
-                rtp.abs_send_time_id, _SILENCE, False, socket.fd, self._script, rtcp=True,
-                cname=cname(pc))
+                socket.peer, None, keys.profile, keys.rx, keys.tx, rtp.ssrc, rtp.seq,
+                rtp.timestamp, rtp.payload_type, rtp.mid, rtp.mid_id, rtp.abs_send_time_id,
+                _SILENCE, False, socket.fd, self._script, rtcp=True, cname=cname(pc),
+                turn_channel=socket.turn_channel)
         except BaseException:
             socket.discard()
             raise

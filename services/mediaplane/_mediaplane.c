@@ -25,7 +25,11 @@
  * read_session(channel), must come from the session's peer, and it sends on that socket. A
  * client session is one given a ``script`` (pre-encoded Opus payloads): it sends the script
  * in a loop when nothing is queued, keeps nothing of what it hears, and logs every packet's
- * arrival (take_arrivals) for the client's own statistics.
+ * arrival (take_arrivals) for the client's own statistics. A session on its own socket may
+ * also go through a TURN server (``turn_channel``, RFC 8656 12: its ``client`` is then the
+ * server): what it sends is ChannelData of that channel, and only ChannelData of that channel
+ * from the server reaches it; everything else on the socket (the allocation's STUN, other
+ * channels, the peer's DTLS and STUN inside the channel) goes back to Python unchanged.
  *
  * Bad input is dropped and counted by reason (counters()), never a crash: a packet reaches
  * only the session its address was learned for, and a session removed while packets of it
@@ -48,6 +52,9 @@
 
 #define HOP_MAGIC 0x0E
 #define HOP_V4_LEN 8
+#define CHANNEL_LEN 4           /* a TURN ChannelData header: channel number, length */
+#define CHANNEL_MIN 0x4000      /* RFC 8656 12: 0x4000-0x4FFF */
+#define CHANNEL_MAX 0x4FFF
 #define BATCH 64                /* datagrams per recvmmsg / sendmmsg */
 #define SLOT_BYTES 2048         /* a datagram larger than this is not media: truncated, to Python */
 #define FRAME_MAX 1920          /* a queued frame: 20 ms of mono PCM, or an Opus payload */
@@ -153,6 +160,7 @@ typedef struct {
     uint32_t remote_highest, remote_jitter;
     /* a session with a socket of its own (a client's) */
     int fd;                             /* -1: the plane's shared socket */
+    uint16_t turn_channel;              /* on fd, through a TURN server (0: direct) */
     uint8_t *script;                    /* payloads sent in a loop when nothing is queued */
     uint16_t *script_len;
     uint32_t *script_off;
@@ -468,7 +476,18 @@ static int handle(Plane *p, uint8_t *data, int len, const struct sockaddr_in *sr
     int plen = len;
     uint64_t key;
     int relayed = 0;
-    if (plen >= 1 && pkt[0] == HOP_MAGIC) {
+    if (own && own->turn_channel) {
+        /* ChannelData of the session's channel, from its TURN server; anything else is the
+         * allocation's business (Python's) */
+        if (plen < CHANNEL_LEN || (unsigned)(pkt[0] << 8 | pkt[1]) != own->turn_channel)
+            return 0;
+        int inner = pkt[2] << 8 | pkt[3];
+        if (inner > plen - CHANNEL_LEN) return 0;
+        if (key_of_sockaddr(src) != own->key) { p->counters[C_WRONG_PEER]++; return 0; }
+        pkt += CHANNEL_LEN;
+        plen = inner;
+        key = own->key;
+    } else if (plen >= 1 && pkt[0] == HOP_MAGIC) {
         if (plen < HOP_V4_LEN || pkt[1] != 0x00) return 0;   /* IPv6, towards the client, bad */
         key = key_of(pkt + 2);
         pkt += HOP_V4_LEN;
@@ -579,11 +598,28 @@ static int emit(Plane *p, Session *s, uint8_t *out, size_t len) {
     return 0;
 }
 
+/* What goes before a protected packet: the relay's hop header towards the client, or a TURN
+ * ChannelData header. */
+static unsigned header_len(const Session *s) {
+    return s->relayed ? HOP_V4_LEN : s->turn_channel ? CHANNEL_LEN : 0;
+}
+
+static void put_header(const Session *s, uint8_t *out, int len) {
+    if (s->relayed) {
+        memcpy(out, s->hop, HOP_V4_LEN);
+    } else if (s->turn_channel) {
+        out[0] = (uint8_t)(s->turn_channel >> 8);
+        out[1] = (uint8_t)s->turn_channel;
+        out[2] = (uint8_t)(len >> 8);
+        out[3] = (uint8_t)len;
+    }
+}
+
 static void send_frame(Plane *p, Session *s, const uint8_t *payload, unsigned plen) {
     if (p->scount == BATCH) flush(p);
     unsigned i = p->scount;
     uint8_t *out = p->sbuf + (size_t)i * SLOT_BYTES;
-    unsigned hlen = s->relayed ? HOP_V4_LEN : 0;
+    unsigned hlen = header_len(s);
     uint8_t *rtp = out + hlen;
     uint64_t ntp = ntp_now();
     rtp[0] = 0x80;
@@ -625,7 +661,7 @@ static void send_frame(Plane *p, Session *s, const uint8_t *payload, unsigned pl
         p->counters[C_SEND_ERRORS]++;
         return;
     }
-    if (hlen) memcpy(out, s->hop, HOP_V4_LEN);
+    put_header(s, out, len);
     if (emit(p, s, out, (size_t)len + hlen) < 0) return;
     s->last_ntp = ntp;
     s->last_rtp_ts = s->timestamp;
@@ -642,7 +678,7 @@ static void send_frame(Plane *p, Session *s, const uint8_t *payload, unsigned pl
 static void send_report(Plane *p, Session *s, int64_t now, int bye) {
     if (p->scount == BATCH) flush(p);
     uint8_t *out = p->sbuf + (size_t)p->scount * SLOT_BYTES;
-    unsigned hlen = s->relayed ? HOP_V4_LEN : 0;
+    unsigned hlen = header_len(s);
     uint8_t *r = out + hlen;
     int sr = s->packets_sent > 0, blocks = s->have_ssrc;
     uint64_t ntp = ntp_now();
@@ -718,7 +754,7 @@ static void send_report(Plane *p, Session *s, int64_t now, int bye) {
         p->counters[C_SEND_ERRORS]++;
         return;
     }
-    if (hlen) memcpy(out, s->hop, HOP_V4_LEN);
+    put_header(s, out, len);
     if (emit(p, s, out, (size_t)len + hlen) < 0) return;
     s->rtcp_out++;
     p->counters[C_RTCP_OUT]++;
@@ -836,16 +872,17 @@ static int parse_v4(PyObject *addr, struct sockaddr_in *out) {
 static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
     static char *names[] = {"client", "relay", "profile", "rx_key", "tx_key", "ssrc", "seq",
                             "timestamp", "payload_type", "mid", "mid_id", "abs_send_time_id",
-                            "silence", "pcm", "fd", "script", "rtcp", "cname", NULL};
+                            "silence", "pcm", "fd", "script", "rtcp", "cname", "turn_channel",
+                            NULL};
     PyObject *client, *relay;
-    int profile, pt, mid_id, ast_id, pcm = 0, fd = -1, rtcp = 0;
+    int profile, pt, mid_id, ast_id, pcm = 0, fd = -1, rtcp = 0, turn_channel = 0;
     Py_buffer script = {0}, cname = {0};
     unsigned int ssrc, seq, timestamp;
     Py_buffer rx_key, tx_key, mid, silence;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOiy*y*IIIiy*iiy*|piy*py*", names, &client,
-                                     &relay, &profile, &rx_key, &tx_key, &ssrc, &seq, &timestamp,
-                                     &pt, &mid, &mid_id, &ast_id, &silence, &pcm, &fd, &script,
-                                     &rtcp, &cname))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOiy*y*IIIiy*iiy*|piy*py*i", names,
+                                     &client, &relay, &profile, &rx_key, &tx_key, &ssrc, &seq,
+                                     &timestamp, &pt, &mid, &mid_id, &ast_id, &silence, &pcm, &fd,
+                                     &script, &rtcp, &cname, &turn_channel))
         return NULL;
     PyObject *result = NULL;
     struct sockaddr_in caddr, raddr;
@@ -862,6 +899,11 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
     uint64_t key = key_of_sockaddr(&caddr);
     if (fd >= 0 && relay != Py_None) {
         PyErr_SetString(PyExc_ValueError, "a session with its own socket is not relayed");
+        goto done;
+    }
+    if (turn_channel && (fd < 0 || turn_channel < CHANNEL_MIN || turn_channel > CHANNEL_MAX)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "a TURN channel is 0x4000-0x4FFF, on a session's own socket");
         goto done;
     }
     if (fd < 0 && find(p, key)) { PyErr_SetString(PyExc_ValueError, "that client address has a session"); goto done; }
@@ -928,6 +970,7 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
         s->pcm = 1;
     }
     s->fd = fd;
+    s->turn_channel = (uint16_t)turn_channel;
     if (fd >= 0 && script.buf) {
         /* a client session's script: records [u32 ignored][u16 length][payload], as take_batch packs them */
         const uint8_t *r = script.buf;
@@ -1308,7 +1351,7 @@ static PyMethodDef Plane_methods[] = {
     {"add", (PyCFunction)(void (*)(void))Plane_add, METH_VARARGS | METH_KEYWORDS,
      "add(client, relay, profile, rx_key, tx_key, ssrc, seq, timestamp, payload_type, mid, "
      "mid_id, abs_send_time_id, silence, pcm=False, fd=-1, script=<a client session's>, "
-     "rtcp=False, "
+     "rtcp=False, turn_channel=0, "
      "cname=b'') -> channel"},
     {"remove", (PyCFunction)Plane_remove, METH_VARARGS,
      "remove(channel, bye=False) -> whether it was there (bye: a last report with BYE first)"},

@@ -14,15 +14,19 @@ Hooks into aiortc 1.16 internals (pinned): ``RTCDtlsTransport._ssl``, ``_role``,
 private ``__rtcp_started``, ``__rtcp_exited``; ``RTCPeerConnection.__cname``. And into aioice
 0.13's (pinned): a candidate pair's ``protocol.transport`` (an asyncio datagram transport: its
 socket and ``_read_ready``) and the selector loop's ``_add_reader``/``_remove_reader``, which
-transports themselves use.
+transports themselves use; a TURN pair's ``TurnTransport.__inner_protocol`` (its
+``peer_to_channel``, ``server`` and ``transport``).
 """
 from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import os
 import random
 from dataclasses import dataclass
+
+from aioice.turn import TurnClientUdpProtocol
 
 _SENDER = "_RTCRtpSender__"
 _RECEIVER = "_RTCRtpReceiver__"
@@ -145,23 +149,41 @@ class SessionSocket:
     (STUN, DTLS), which goes on to aioice as before. The plane holds a duplicate of the
     socket's descriptor (``fd``), so that aioice closing its socket can never leave the plane
     a number the next socket reuses. ``give_back`` (after the plane's ``remove``) closes the
-    duplicate and restores aioice's reader."""
+    duplicate and restores aioice's reader.
+
+    A pair through a TURN server over UDP is carried the same way on the allocation's socket:
+    the plane sends and takes ChannelData of the pair's channel (``turn_channel``, bound by
+    aioice's first send to the peer) to and from the server (``peer``); the rest goes to the
+    allocation's protocol, which unwraps it for aioice as before."""
 
     fd: int                # the plane's duplicate
     own_fd: int            # aioice's
-    protocol: object       # the aioice protocol of the pair
-    transport: object      # its datagram transport
+    protocol: object       # what takes the datagrams the plane hands back
+    transport: object      # the datagram transport whose reader the plane borrows
+    peer: tuple[str, int]  # where the plane sends: the client, or the TURN server
+    turn_channel: int = 0
 
     @classmethod
     def of(cls, pair) -> "SessionSocket | None":
-        """The pair's socket; None for a pair through TURN (the allocation has no socket of
-        its own)."""
+        """The pair's socket; None for one the plane cannot carry (TURN over TCP, a channel
+        not bound yet, a server named by an IPv6 address)."""
         protocol = pair.protocol
         transport = getattr(protocol, "transport", None)
-        sock = transport.get_extra_info("socket") if transport is not None else None
-        if sock is None:
+        if transport is None:
             return None
-        return cls(os.dup(sock.fileno()), sock.fileno(), protocol, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            return cls(os.dup(sock.fileno()), sock.fileno(), protocol, transport,
+                       tuple(pair.remote_addr))
+        turn = getattr(transport, "_TurnTransport__inner_protocol", None)
+        if not isinstance(turn, TurnClientUdpProtocol):
+            return None
+        channel = turn.peer_to_channel.get(tuple(pair.remote_addr))
+        sock = turn.transport.get_extra_info("socket")
+        server = tuple(turn.server)
+        if channel is None or sock is None or not _ipv4(server[0]):
+            return None
+        return cls(os.dup(sock.fileno()), sock.fileno(), turn, turn.transport, server, channel)
 
     def read_through(self, plane, channel: int) -> None:
         remove, add = _readers(asyncio.get_running_loop())
@@ -196,3 +218,10 @@ def _readers(loop):
     if hasattr(loop, "_add_reader"):
         return loop._remove_reader, loop._add_reader
     return loop.remove_reader, loop.add_reader
+
+
+def _ipv4(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 4
+    except ValueError:
+        return False

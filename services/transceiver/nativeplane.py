@@ -93,13 +93,14 @@ class NativeMedia:
                 raise ValueError("a port-per-session pair without a socket of its own")
         transceiver = pc.getTransceivers()[0]
         keys, rtp = srtp_keys(transceiver.sender.transport), rtp_parameters(transceiver, idle)
-        client = tuple(pair.remote_addr)
+        client = tuple(pair.remote_addr) if socket is None else socket.peer
         try:
             channel = self.plane.add(
                 client, self._mux.relay_of(client) if self._mux is not None else None,
                 keys.profile, keys.rx, keys.tx, rtp.ssrc, rtp.seq, rtp.timestamp,
                 rtp.payload_type, rtp.mid, rtp.mid_id, rtp.abs_send_time_id, self._silence,
-                False, socket.fd if socket is not None else -1, rtcp=True, cname=cname(pc))
+                False, socket.fd if socket is not None else -1, rtcp=True, cname=cname(pc),
+                turn_channel=socket.turn_channel if socket is not None else 0)
         except BaseException:
             if socket is not None:
                 socket.discard()
