@@ -161,7 +161,6 @@ class ScenarioRunner:
         they are torn down when it returns. ``directory``: the results folder (default
         ``results_root/<scenario>-<region>-<time>``); ``order``: the order the architectures
         run in (default the scenario's; a sweep rotates it from point to point)."""
-        self.scenario = scenario
         self.say = say
         self.progress = progress or (lambda what, done, total: None)
         catalog = RegionsCatalog.load()
@@ -169,6 +168,7 @@ class ScenarioRunner:
             catalog = catalog.with_overrides(scenario.profiles)
         self.catalog = catalog
         self.client_regions = [r.name for r in catalog.resolve(region)]
+        # the scenario as run: a live_at_once load becomes these regions' start rate (an input)
         self.scenario = scenario = scenario.for_client_regions(len(self.client_regions))
         self.clusters = [r.name for r in catalog.resolve(",".join(scenario.clusters))]
         regions = list(dict.fromkeys(self.client_regions + self.clusters))
