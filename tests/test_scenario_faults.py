@@ -27,13 +27,34 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
+def _outage_timeline(directory) -> list:
+    """What a failed budget needs to be read: the calls started after the outage (seconds
+    from it to their start and connection, where) and how long each offer took at its
+    transceiver (the transceivers' session_created: answer_ms from the request's arrival,
+    negotiate_ms from its body's)."""
+    records = json.loads((directory / "faults.json").read_text())["faults"]
+    at = next(r["at_unix"] for r in records if r["fault"] == "outage")
+    calls = [(a["session"], a["attempt"], round(float(a["started_unix"]) - at, 3),
+              a["connected_unix"] and round(float(a["connected_unix"]) - at, 3),
+              a["cluster_region"], a["error"]) for a in _rows(directory / "attempts.csv")
+             if float(a["started_unix"]) > at]
+    offers = []
+    for log in directory.glob("logs/*/transceiver-*.log"):
+        for line in log.read_text().splitlines():
+            if '"session_created"' in line:
+                r = json.loads(line)
+                offers.append((log.stem, r["session"], r["answer_ms"], r["negotiate_ms"]))
+    return [("outage_at_unix", at), *sorted(calls, key=lambda c: c[2]), *offers]
+
+
 def test_the_compact_fault_run_is_inside_every_fault_budget(fault_run, tmp_path):
     _, directory = fault_run
     budgets = BudgetFile.load().faults
     assert budgets is not None and budgets.scenario.endswith("ci-faults.yaml")
     verdicts = check_faults(directory, budgets)
-    assert verdicts and all(v.ok for v in verdicts), [
-        (v.fault, v.architecture, v.budget, v.measured, v.note) for v in verdicts if not v.ok]
+    assert verdicts and all(v.ok for v in verdicts), (
+        [(v.fault, v.architecture, v.budget, v.measured, v.note) for v in verdicts if not v.ok],
+        _outage_timeline(directory))
     proc = subprocess.run([sys.executable, "-m", "voiceedge", "budgets", str(directory),
                            "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
