@@ -29,7 +29,7 @@ from pathlib import Path
 
 from scenarios import architectures
 from scenarios.architectures.base import Architecture
-from scenarios.ports import UdpBinding, udp_bindings
+from scenarios.ports import UdpBinding, process_sessions, udp_bindings
 from scenarios.processes import ServiceError, ServiceProcess, http_ok, redis_cmd, tcp_open, voiceedge_cmd
 from services.procfs import descendants
 from services.relay.counters import scrape
@@ -462,11 +462,12 @@ class Edge:
         """UDP sockets bound on client-facing addresses (or a wildcard) by the edge's
         processes now, read from /proc: what a firewall in front of the edge must open."""
         public = self.plan.public_addresses()
+        index = process_sessions()   # one pass over /proc for all services (twice a second)
         out: list[UdpBinding] = []
         for s in self.services.values():
             if s.role == "redis" or s.process.pid is None or not s.process.alive():
                 continue
-            for b in udp_bindings(s.process.pid):
+            for b in udp_bindings(s.process.pid, index):
                 if b.address in public.get(s.host.name, ()) or b.wildcard:
                     out.append(b._replace(service=s.name, host=s.host.name))
         return out

@@ -25,16 +25,26 @@ class UdpBinding(NamedTuple):
         return self.address in ("0.0.0.0", "::")
 
 
-def session_pids(leader: int) -> list[int]:
-    """The leader, then every other process in its session."""
-    pids = [pid for pid, fields in processes() if int(fields[3]) == leader]  # the session id
+def process_sessions() -> dict[int, list[int]]:
+    """Every process session now: session id -> its pids (one pass over /proc)."""
+    out: dict[int, list[int]] = {}
+    for pid, fields in processes():
+        out.setdefault(int(fields[3]), []).append(pid)
+    return out
+
+
+def session_pids(leader: int, index: dict[int, list[int]] | None = None) -> list[int]:
+    """The leader, then every other process in its session (``index``: ``process_sessions()``
+    read once for many leaders; read now when not given)."""
+    pids = (process_sessions() if index is None else index).get(leader, [])
     return sorted(pids, key=lambda pid: pid != leader)
 
 
-def udp_bindings(leader: int) -> list[UdpBinding]:
+def udp_bindings(leader: int, index: dict[int, list[int]] | None = None) -> list[UdpBinding]:
     """Every UDP socket held by the processes of ``leader``'s session, once each (a forked
-    worker shares its parent's sockets: they are the parent's)."""
-    pids = session_pids(leader)
+    worker shares its parent's sockets: they are the parent's). ``index``: as for
+    ``session_pids``."""
+    pids = session_pids(leader, index)
     if not pids:
         return []
     table = udp_table(pids[0])

@@ -32,7 +32,7 @@ from scenarios.clients import commands as client_commands
 from scenarios.spec import Scenario, ScenarioError
 from scenarios.saturation import LagWindows, flag
 from scenarios.timeline import TIMELINE, merge_timeline
-from topology.calibrate import CalibrationReport, calibrate, session_links
+from topology.calibrate import CalibrationReport, calibrate, prepare_verdicts, session_links
 from topology.capture import WorldCapture, capture_hosts
 from topology.loadcal import EngineWindow, LoadCalibration, calibrate_under_load, engine_stats
 from topology.netns import in_namespace
@@ -506,10 +506,11 @@ class _AtLoad:
     def __init__(self, runner: "ScenarioRunner", world: World, arch: str,
                  watch: "_PeakWatch") -> None:
         sc = runner.scenario
-        self._start = lambda: calibrate_under_load(
-            world, arch, session_links(world, runner.client_regions, runner.clusters),
-            live=lambda: watch.live, count=min(100, sc.calibration_count),
-            rate=sc.calibration_rate)
+        links = session_links(world, runner.client_regions, runner.clusters)
+        count = min(100, sc.calibration_count)
+        prepare_verdicts(links, count)   # before the calls, not beside them
+        self._start = lambda: calibrate_under_load(world, arch, links, live=lambda: watch.live,
+                                                   count=count, rate=sc.calibration_rate)
         self._say = runner.say
         self._arch = arch
         self._thread: threading.Thread | None = None

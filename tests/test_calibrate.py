@@ -96,6 +96,24 @@ def test_the_loss_band_is_corrected_for_the_number_of_paths():
                      paths=1).loss_ok
 
 
+def test_verdicts_prepared_before_a_calibration_at_load_need_no_simulation_then():
+    """The runner prepares the loss bands before the calls (prepare_verdicts): the verdicts
+    of a calibration at load over the same links then find every band simulated."""
+    from topology.calibrate import prepare_verdicts
+    from topology.world import ImpairedLink
+
+    imps = [Impairment(delay_ms=5, loss=GilbertElliottLoss(p=0.7, r=31.0)),
+            Impairment(delay_ms=9, loss=BernoulliLoss(0.37))]
+    links = [ImpairedLink("public", "a", "b", "x", "y", "10.0.0.1", "y-eth0", imp)
+             for imp in imps]
+    prepare_verdicts(links, 77)
+    misses = loss_band.cache_info().misses
+    for imp in imps:
+        judge(Expectation.of(imp), 77, [5.0] * 77, 0, "public", "a", "b", "x", "y",
+              paths=len(links) + 1)   # as calibrate() judges them: the unimpaired path too
+    assert loss_band.cache_info().misses == misses
+
+
 def test_the_engine_window_is_the_difference_of_two_snapshots():
     before = {"cpu_seconds": 10.0, "lateness_hist": {10: 500, 20: 7}}
     # 100 releases in the window: 89 at 20 us, 10 at 500 us, 1 at 3000 us

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from scenarios.ports import udp_bindings
+from scenarios.ports import process_sessions, udp_bindings
 from services.procfs import decode_address
 
 # A child that binds what it is told, forks a worker that binds one more, and waits.
@@ -68,6 +68,18 @@ def test_a_process_outside_the_session_is_not_counted(child):
     pids_a = {x.pid for x in udp_bindings(a.pid)}
     pids_b = {x.pid for x in udp_bindings(b.pid)}
     assert pids_a and pids_b and not pids_a & pids_b
+
+
+def test_one_pass_over_proc_serves_every_leader(child):
+    """Edge.public_bindings reads the process sessions once for all its services: the same
+    bindings per leader as a pass of its own, and each leader's only."""
+    a, _ = child("4,127.0.0.1,0")
+    b, _ = child("4,127.0.0.2,0", "6,::1,0")
+    index = process_sessions()
+    for leader in (a.pid, b.pid):
+        assert sorted(udp_bindings(leader, index)) == sorted(udp_bindings(leader))
+    assert {x.address for x in udp_bindings(b.pid, index)} == {"127.0.0.2", "::1", "127.0.0.1"}
+    assert {x.address for x in udp_bindings(a.pid, index)} == {"127.0.0.1"}
 
 
 def test_a_closed_socket_disappears(child):

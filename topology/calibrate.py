@@ -179,6 +179,15 @@ def session_links(world: World, client_regions: list[str],
             or (link.kind in ("public", "backbone") and (link.src, link.dst) in ends)]
 
 
+def prepare_verdicts(links: list[ImpairedLink], count: int) -> None:
+    """Simulate now the loss bands that judging ``links`` (and the unimpaired path) after
+    ``count`` probes each will need (they are cached): a calibration at load then does not
+    run that simulation, seconds of CPU for Gilbert-Elliott links, beside the calls."""
+    paths = len(links) + 1
+    for link in links:
+        loss_band(Expectation.of(link.impairment).loss, count, tail=FAMILY_TAIL / paths)
+
+
 def calibrate(world: World, count: int = 200, rate: float = 100.0, parallel: int = 4,
               progress: Callable[[int, int], None] | None = None,
               links: list[ImpairedLink] | None = None) -> CalibrationReport:
