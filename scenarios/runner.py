@@ -340,15 +340,16 @@ class ScenarioRunner:
                 captures.start()
                 self.say(f"[{arch}] capturing at {len(captures.points)} hosts")
             edge.start()
+            watch = _PeakWatch(edge)
+            # No calibration at load while faults break paths on purpose (docs/faults.md).
+            # Made before the clients start: it prepares its verdicts then, not beside them.
+            at_load = (_AtLoad(self, world, arch, watch)
+                       if sc.calibration_at_load and not sc.faults else None)
             calls_at = self._start_clients(world, arch, edge, logs, captures, clients)
             if sc.faults:
                 injector = FaultInjector(sc.faults, edge, world, self.say)
                 injector.start(calls_at)
-            watch = _PeakWatch(edge)
             watch.start()
-            # No calibration at load while faults break paths on purpose (docs/faults.md).
-            at_load = (_AtLoad(self, world, arch, watch)
-                       if sc.calibration_at_load and not sc.faults else None)
             # The plan only bounds the progress bar and the deadline (a fault run's calls may
             # each call again: 10 s set-up and 1 s wait per attempt, the client's own bounds);
             # what ran is counted from the clients' results, live sessions from the edge. It
@@ -508,7 +509,7 @@ class _AtLoad:
         sc = runner.scenario
         links = session_links(world, runner.client_regions, runner.clusters)
         count = min(100, sc.calibration_count)
-        prepare_verdicts(links, count)   # before the calls, not beside them
+        prepare_verdicts(links, count)   # the runner makes this before the clients start
         self._start = lambda: calibrate_under_load(world, arch, links, live=lambda: watch.live,
                                                    count=count, rate=sc.calibration_rate)
         self._say = runner.say
