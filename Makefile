@@ -24,7 +24,7 @@ help:
 	@echo "make browsers               install Debian's chromium, for browser clients (docs/browser.md)"
 	@echo "make compose-test           the edge on docker-compose, end to end (docs/deployment.md)"
 	@echo "make asan-test              the native extensions' tests under AddressSanitizer"
-	@echo "make fuzz                   fuzz the media plane, the impairment core and the relay's admission (FUZZ_RUNS=100000 each)"
+	@echo "make fuzz                   fuzz the media plane, the impairment core, the relay's admission and fast path (FUZZ_RUNS=100000 each)"
 
 deps:
 	@scripts/install-debian-deps.sh
@@ -111,8 +111,9 @@ compose-test: venv browsers
 asan-test: venv
 	@scripts/asan-test $(PYTEST_ARGS)
 
-# Coverage-guided fuzzing of the native entry points (bench/fuzz_mediaplane.py, then
-# bench/fuzz_impairment.py): Debian's clang and PyPI's atheris, installed here only; FUZZ_RUNS
+# Coverage-guided fuzzing of the native entry points (bench/fuzz_mediaplane.py,
+# bench/fuzz_impairment.py, bench/fuzz_admission.py, bench/fuzz_fastpath.py): Debian's clang
+# and PyPI's atheris, installed here only; FUZZ_RUNS
 # inputs each (default 100000: about 5 min for the media plane).
 FUZZ_RUNS ?= 100000
 .PHONY: fuzz
@@ -122,3 +123,4 @@ fuzz: venv
 	@$(BIN)/python -m bench.fuzz_mediaplane --runs $(FUZZ_RUNS)
 	@$(BIN)/python -m bench.fuzz_impairment --runs $(FUZZ_RUNS)
 	@$(BIN)/python -m bench.fuzz_admission --runs $(FUZZ_RUNS)
+	@$(BIN)/python -m bench.fuzz_fastpath --runs $(FUZZ_RUNS)

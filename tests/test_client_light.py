@@ -151,6 +151,16 @@ def test_full_sessions_are_spread_over_the_run(n, full, expected):
     assert [i for i, x in enumerate(k) if x == FULL] == expected
 
 
+def test_a_phase_shifts_the_full_sessions_so_regions_take_turns():
+    """Ten regions of 45 sessions with 2 full each (REGION=all): with phases k/10, no two
+    regions' full sessions share an index; without, all ten ran theirs at once."""
+    full_at = [[i for i, x in enumerate(kinds(45, 2, k / 10)) if x == FULL] for k in range(10)]
+    assert full_at[0] == [0, 22] and full_at[5] == [11, 33] and full_at[9] == [20, 42]
+    flat = [i for at in full_at for i in at]
+    assert len(set(flat)) == len(flat) == 20
+    assert [i for i, x in enumerate(kinds(45, 2)) if x == FULL] == full_at[0]
+
+
 def test_voiced_count_skips_the_start_and_counts_by_payload_size():
     v = VoicedCount(skip_s=0.2)
     v.add(200, at=10.0)                          # first packet: the skip starts here

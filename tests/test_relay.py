@@ -12,6 +12,7 @@ import random
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -186,6 +187,31 @@ def test_bad_first_packets_are_dropped_and_counted_and_the_relay_keeps_running(w
     client = udp()
     client.sendto(stun_for(1), vip)
     assert recv_hop(world["hops"][1])[0].client == client.getsockname()
+
+
+def test_a_relay_notes_its_lag_at_an_audio_frames_resolution(world):
+    """A worker wakes for a 20 ms tick of its own (services/lag.py's resolution): an idle
+    relay logs no lagged second, and one held up 40 ms per readiness event (each tick then
+    ~20 ms late) does, with the
+    tens of samples a second that make "a tenth of them late" mean something."""
+    idle = world["start"]()
+    time.sleep(1.5)
+    idle.stop()
+    log = service_records(idle.log(), "relay")
+    assert not events(log, "loop_lag")
+    [summary] = events(log, "loop_lag_summary")
+    assert summary["seconds_observed"] >= 1 and summary["seconds_lagged"] == 0
+
+    slow = world["start"]("--test-processing-delay-ms", "40")
+    sender = udp()
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:  # junk from an unknown address: one event each
+        sender.sendto(RTP, world["vip"])
+        time.sleep(0.005)
+    slow.stop()
+    lagged = events(service_records(slow.log(), "relay"), "loop_lag")
+    assert lagged and max(e["samples"] for e in lagged) >= 10, lagged
+    assert all(e["late"] >= 0.1 * e["samples"] for e in lagged), lagged
 
 
 def test_random_first_bytes_are_dropped_by_reason(world):

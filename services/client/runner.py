@@ -17,12 +17,14 @@ log = logging.getLogger("voiceedge.client")
 LATE_S = 0.05  # a first call later than this after its given start is logged (calls_late)
 
 
-def kinds(n: int, full: int | None) -> list[str]:
+def kinds(n: int, full: int | None, phase: float = 0.0) -> list[str]:
     """The client kind of each of ``n`` sessions: ``full`` of them full (all when None), spread
-    evenly over the run so that they sample its whole ramp, the others light."""
+    evenly over the run so that they sample its whole ramp, the others light. ``phase`` (0 to
+    1) shifts them by that share of the spacing: client processes of different regions given
+    different phases do not run their full sessions, the costly ones, at the same time."""
     if full is None or full >= n:
         return [FULL] * n
-    chosen = {j * n // full for j in range(full)}
+    chosen = {int((j + phase) * n / full) for j in range(full)}
     return [FULL if i in chosen else LIGHT for i in range(n)]
 
 
@@ -53,7 +55,7 @@ async def run_sessions(config: ClientConfig, n: int, *,
     slots = asyncio.Semaphore(config.concurrency) if config.concurrency else None
     results: list[SessionResult] = []
     tasks: list[asyncio.Task] = []
-    kind_of = kinds(n, config.full_sessions)
+    kind_of = kinds(n, config.full_sessions, config.full_phase)
 
     async def one(i: int) -> None:
         gc_policy.session_started()

@@ -28,6 +28,7 @@ enum {
 };
 
 #define HOP_MAGIC 0x0E
+#define HOP_V4_TO_SERVER 0x00
 #define HOP_V4_TO_CLIENT 0x01
 #define HOP_V4_LEN 8
 
@@ -201,6 +202,59 @@ static PyObject *forward_return(PyObject *self, PyObject *const *a, Py_ssize_t n
     return Py_BuildValue("(kIk)", received, missed, failed);
 }
 
+/* forward_internal(fd, rx_msgs, size, table, tx_msgs, tx_iovs, out_fd, misses, max_rounds)
+ *   -> (received, missed, send_failed)
+ * Cluster tier: hop-encapsulated datagrams from ingress relays -> the flow's next hop,
+ * unchanged (header and all). Only an established flow's, and only from the ingress relay
+ * the flow names as its previous hop; anything else (a first packet, a flow that moved to
+ * another ingress, a bad header, IPv6) is a miss for Python. */
+static PyObject *forward_internal(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    if (na != 9) { PyErr_SetString(PyExc_TypeError, "forward_internal takes 9 arguments"); return NULL; }
+    int fd = (int)PyLong_AsLong(a[0]);
+    void *rxp, *txm, *txv, *missp;
+    if (get_ptr(a[1], &rxp) || get_ptr(a[4], &txm) || get_ptr(a[5], &txv) || get_ptr(a[7], &missp))
+        return NULL;
+    unsigned int size = (unsigned int)PyLong_AsUnsignedLong(a[2]);
+    PyObject *table = a[3];
+    int out_fd = (int)PyLong_AsLong(a[6]);
+    long max_rounds = PyLong_AsLong(a[8]);
+    if (PyErr_Occurred()) return NULL;
+    if (!PyDict_Check(table)) { PyErr_SetString(PyExc_TypeError, "table must be a dict"); return NULL; }
+
+    struct mmsghdr *rx = rxp;
+    uint32_t *misses = missp;
+    txq q = {txm, txv, 0, out_fd};
+    unsigned long received = 0, failed = 0;
+    unsigned int missed = 0;
+    for (long round = 0; round < max_rounds && !missed; round++) {
+        int n = recvmmsg(fd, rx, size, MSG_DONTWAIT, NULL);
+        if (n <= 0) break;
+        received += (unsigned long)n;
+        uint64_t now = now_ns();
+        for (int i = 0; i < n; i++) {
+            struct msghdr *h = &rx[i].msg_hdr;
+            uint8_t *data = h->msg_iov[0].iov_base;
+            size_t len = rx[i].msg_len;
+            uint64_t *rec = NULL;
+            if (!(h->msg_flags & MSG_TRUNC) && len >= HOP_V4_LEN && data[0] == HOP_MAGIC &&
+                data[1] == HOP_V4_TO_SERVER && h->msg_namelen == sizeof(struct sockaddr_in))
+                rec = lookup(table, key48(data));
+            if (!rec || !rec[REC_PREV_NAME] || rec[REC_PREV_NAMELEN] != sizeof(struct sockaddr_in) ||
+                key48((const uint8_t *)(uintptr_t)rec[REC_PREV_NAME]) != key48(h->msg_name)) {
+                misses[missed++] = (uint32_t)i;
+                continue;
+            }
+            tx_add(&q, rec[REC_NEXT_NAME], rec[REC_NEXT_NAMELEN], data, len, NULL, 0);
+            rec[REC_UP_PACKETS]++;
+            rec[REC_UP_BYTES] += len - HOP_V4_LEN;
+            rec[REC_LAST_SEEN_NS] = now;
+        }
+        failed += tx_flush(&q);
+        if ((unsigned int)n < size) break;
+    }
+    return Py_BuildValue("(kIk)", received, missed, failed);
+}
+
 static PyObject *py_recvmmsg(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     if (na != 4) { PyErr_SetString(PyExc_TypeError, "recvmmsg(fd, msgs, vlen, flags)"); return NULL; }
     int fd = (int)PyLong_AsLong(a[0]);
@@ -226,6 +280,7 @@ static PyObject *py_sendmmsg(PyObject *self, PyObject *const *a, Py_ssize_t na) 
 static PyMethodDef methods[] = {
     {"forward_public", (PyCFunction)(void (*)(void))forward_public, METH_FASTCALL, NULL},
     {"forward_return", (PyCFunction)(void (*)(void))forward_return, METH_FASTCALL, NULL},
+    {"forward_internal", (PyCFunction)(void (*)(void))forward_internal, METH_FASTCALL, NULL},
     {"recvmmsg", (PyCFunction)(void (*)(void))py_recvmmsg, METH_FASTCALL, NULL},
     {"sendmmsg", (PyCFunction)(void (*)(void))py_sendmmsg, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},

@@ -6,7 +6,7 @@ import os
 
 from services.config import parse_hostport
 from voiceedge.errors import ConfigError
-from services.relay.config import ADMISSIONS, RelayConfig, RouteTable
+from services.relay.config import ADMISSIONS, FORWARDINGS, RelayConfig, RouteTable
 from services.relay.scheduling import check_realtime, online_cpus
 from services.wire.ufrag import secret_from_env
 from voiceedge.errors import UserError
@@ -68,6 +68,10 @@ def add_parser(sub) -> None:
                        help="who admits IPv4 first packets: native (the Python rules in C, "
                             "services/relay/_admission.c) or python (the reference; default "
                             "%(default)s)")
+    p.add_argument("--forwarding", choices=FORWARDINGS, default=d["forwarding"].default,
+                   help="who forwards established IPv4 flows' datagrams: native (the C fast "
+                        "path, services/relay/_fastpath.c) or python (every datagram through "
+                        "the worker's Python handlers: the reference; default %(default)s)")
     first.add_argument("--no-pending-flows", dest="pending_flows", action="store_false",
                        help="the unhardened behaviour: a routable first packet opens an "
                             "established flow (for the hostile benchmark's comparison)")
@@ -131,7 +135,7 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
         max_pending=args.max_pending, pending_per_ip=args.pending_per_ip,
         pending_per_prefix=args.pending_per_prefix, first_packet_rate=args.first_packet_rate,
         first_packet_burst=args.first_packet_burst, max_lookups=args.max_lookups,
-        backlog=args.backlog, admission=args.admission,
+        backlog=args.backlog, admission=args.admission, forwarding=args.forwarding,
         test_processing_delay_ms=max(0.0, args.test_processing_delay_ms))
 
 

@@ -15,6 +15,8 @@ TIERS = ("ingress", "cluster")
 
 # Who admits first packets (RelayConfig.admission): the Python rules, or the same in C.
 ADMISSIONS = (PYTHON, NATIVE)
+# Who forwards the established flows' datagrams (RelayConfig.forwarding): Python or C.
+FORWARDINGS = (PYTHON, NATIVE)
 
 @dataclass(frozen=True)
 class RouteTable:
@@ -102,6 +104,7 @@ class RelayConfig:
     max_lookups: int = 256           # Redis lookups in flight per worker
     backlog: int = 1024              # first packets waiting for the slow path (backlog.py)
     admission: str = NATIVE          # IPv4 first packets in C (nativeadmission.py), or PYTHON
+    forwarding: str = NATIVE         # established IPv4 flows in C (_fastpath.c), or PYTHON
     redis_ttl: float = 120.0
     redis_queue: int = 10_000
     metrics: tuple[str, int] | None = ("127.0.0.1", 9478)

@@ -7,12 +7,13 @@ Sockets of a worker (sockets.py):
 - ``hop``      this worker's own socket towards next hops; their answers come back to it, so the
                answers of a flow always reach the worker that holds the flow.
 
-Fast path and slow path: datagrams of known IPv4 flows are forwarded by the C helper
-(_fastpath.c) with no Python per datagram and no copy (the send iovecs point at the flow's hop
-header and at the receive slot). Everything else comes back here as a "miss": first packets
-(STUN parsing, ufrag check, flow creation), IPv6 clients, Redis recovery, and every drop, which
-is counted by reason. A first packet takes one path on both tiers, from the public port or
-through an ingress relay (``_first_packet``).
+Fast path and slow path: datagrams of known IPv4 flows are forwarded by the C helper (_fastpath.c)
+with no Python per datagram and no copy (the send iovecs point at the flow's hop header and at the
+receive slot); ``--forwarding python`` turns it off, the reference the C helper is checked against
+(tests/test_relay_forwarding.py). Everything else comes back here as a "miss": first packets (STUN
+parsing, ufrag check, flow creation), IPv6 clients, Redis recovery, and every drop, which is
+counted by reason. A first packet takes one path on both tiers, from the public port or through an
+ingress relay (``_first_packet``).
 
 The worker moves datagrams; each other job has its module: the flow table (flows.py), what
 gets in from addresses without an established flow (admission.py), where a first packet goes
@@ -29,7 +30,7 @@ import signal
 import sys
 import time
 
-from services.lag import LagWatch
+from services.lag import TICK_S, LagWatch
 from services.logs import log_event
 from services.relay import _fastpath, mmsg
 from services.relay.admission import Admission, PendingFlows, source_keys
@@ -132,7 +133,10 @@ class RelayWorker:
         self.tx_out = mmsg.SendBatch(size)  # to clients, from the public port
         # The table's own dicts and hop lookup, bound once: the slow path of known flows
         # (IPv6, the cluster tier's upstream datagrams) reads them per datagram.
-        self._flows, self._fast, self._hop = self.table.flows, self.table.fast, self.table.hop
+        self._flows, self._hop = self.table.flows, self.table.hop
+        # --forwarding python: the C helper sees no flow, so every datagram is a miss and
+        # takes the Python handlers (the reference the fast path is checked against)
+        self._fast = self.table.fast if config.forwarding == NATIVE else {}
         self._misses = bytearray(4 * size)
         self._native_headers = bytearray(HEADER_BYTES * size)   # one per tx_hop slot
         self._native_headers_addr = mmsg.address_of(self._native_headers)
@@ -177,10 +181,15 @@ class RelayWorker:
         self._running = True
         next_sweep = time.monotonic() + _SWEEP_EVERY
         injected = self.config.test_processing_delay_ms / 1000.0
-        lag = LagWatch(log, expected=1 / _SWEEP_EVERY)  # how late the sweeps run
+        # How late the loop wakes for a tick it set, one audio frame apart: the event loops'
+        # resolution (services/lag.py), so that one late wake-up is one sample of fifty, not
+        # half of a second's samples.
+        lag = LagWatch(log, expected=1 / TICK_S)
+        next_tick = time.monotonic() + TICK_S
         try:
             while self._running:
-                wait = 0.0 if self.backlog else max(0.0, next_sweep - time.monotonic())
+                due = min(next_sweep, next_tick)
+                wait = 0.0 if self.backlog else max(0.0, due - time.monotonic())
                 for fd in established_first(ep.poll(wait, len(handlers)), self._public_fd):
                     if injected:
                         time.sleep(injected)
@@ -188,8 +197,10 @@ class RelayWorker:
                 if self.backlog:
                     self._drain_backlog()
                 now = time.monotonic()
+                if now >= next_tick:
+                    lag.note(now - next_tick)
+                    next_tick = now + TICK_S
                 if now >= next_sweep:
-                    lag.note(now - next_sweep)
                     self._sweep(time.monotonic_ns())
                     self.publish()
                     next_sweep = now + _SWEEP_EVERY
@@ -245,24 +256,23 @@ class RelayWorker:
             self.publisher.log_created()
 
     def _on_internal(self) -> None:
-        """Cluster tier: hop-encapsulated datagrams from ingress relays -> transceivers.
-
-        Not on the fast path: the cluster tier sees far fewer flows per worker than the
-        ingress tier in these scenarios, and this keeps the C helper small.
-        """
-        rx, tx = self.rx, self.tx_hop
-        for _ in range(_MAX_ROUNDS):
-            n = rx.recv(self._internal_fd)
-            if not n:
+        """Cluster tier: hop-encapsulated datagrams from ingress relays -> transceivers, the
+        established flows' by the C helper, the rest here (``_upstream_datagram``)."""
+        rx, tx, misses = self.rx, self.tx_hop, self._miss_index
+        for _ in range(_SLOW_ROUNDS):
+            received, missed, failed = _fastpath.forward_internal(
+                self._internal_fd, rx.hdrs_addr, rx.size, self._fast, tx.hdrs_addr,
+                tx.iovs_addr, self._hop_fd, self._misses_ptr, _MAX_ROUNDS)
+            self._send_failed += failed
+            if received:
+                self.receive_batches += 1
+            if not missed:
                 return
-            self.receive_batches += 1
             now = time.monotonic_ns()
-            for i in range(n):
-                self._upstream_datagram(i, now)
+            for k in range(missed):
+                self._upstream_datagram(misses[k], now)
             tx.flush(self._hop_fd)
             self.publisher.log_created()
-            if n < rx.size:
-                return
 
     def _on_cache(self) -> None:
         """Redis answered: a flow it vouched for is re-created and what waited is forwarded."""
