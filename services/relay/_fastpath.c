@@ -53,6 +53,12 @@ static inline uint64_t *lookup(PyObject *table, uint64_t key) {
     return (uint64_t *)PyLong_AsVoidPtr(v);
 }
 
+/* Whether an IPv4 source sockaddr is the flow's previous hop (an ingress relay). */
+static inline int from_prev(const uint64_t *rec, const uint8_t *source) {
+    return rec[REC_PREV_NAME] && rec[REC_PREV_NAMELEN] == sizeof(struct sockaddr_in) &&
+           key48((const uint8_t *)(uintptr_t)rec[REC_PREV_NAME]) == key48(source);
+}
+
 /* A batch of outgoing messages: preallocated mmsghdr and 2 iovecs per message. */
 typedef struct {
     struct mmsghdr *msgs;
@@ -100,9 +106,18 @@ static int get_ptr(PyObject *o, void **out) {
  *   -> (received, missed, send_failed)
  * Clients -> next hop with the flow's hop header in front. Returns after the first batch that
  * had misses (their indices in `misses`, uint32), so Python handles them before the receive
- * slots are reused; otherwise loops until the socket is empty or max_rounds batches. */
-static PyObject *forward_public(PyObject *self, PyObject *const *a, Py_ssize_t na) {
-    if (na != 9) { PyErr_SetString(PyExc_TypeError, "forward_public takes 9 arguments"); return NULL; }
+ * slots are reused; otherwise loops until the socket is empty or max_rounds batches.
+ *
+ * forward_internal(the same arguments) -> the same
+ * Cluster tier: hop-encapsulated datagrams from ingress relays -> the flow's next hop,
+ * unchanged (header and all). Only an established flow's, and only from the ingress relay
+ * the flow names as its previous hop; anything else (a first packet, a flow that moved to
+ * another ingress, a bad header, IPv6) is a miss for Python. */
+static PyObject *forward_up(PyObject *const *a, Py_ssize_t na, int internal) {
+    if (na != 9) {
+        PyErr_SetString(PyExc_TypeError, "forward_public/forward_internal take 9 arguments");
+        return NULL;
+    }
     int fd = (int)PyLong_AsLong(a[0]);
     void *rxp, *txm, *txv, *missp;
     if (get_ptr(a[1], &rxp) || get_ptr(a[4], &txm) || get_ptr(a[5], &txv) || get_ptr(a[7], &missp))
@@ -127,21 +142,44 @@ static PyObject *forward_public(PyObject *self, PyObject *const *a, Py_ssize_t n
         for (int i = 0; i < n; i++) {
             struct msghdr *h = &rx[i].msg_hdr;
             const uint8_t *name = h->msg_name;
-            uint64_t *rec = NULL;
-            if (!(h->msg_flags & MSG_TRUNC) && h->msg_namelen == sizeof(struct sockaddr_in))
-                rec = lookup(table, key48(name));
-            if (!rec || rec[REC_PREV_NAME]) { misses[missed++] = (uint32_t)i; continue; }
+            uint8_t *data = h->msg_iov[0].iov_base;
             size_t len = rx[i].msg_len;
-            tx_add(&q, rec[REC_NEXT_NAME], rec[REC_NEXT_NAMELEN], (void *)(uintptr_t)rec[REC_HEADER],
-                   rec[REC_HEADER_LEN], h->msg_iov[0].iov_base, len);
+            uint64_t *rec = NULL;
+            if (!(h->msg_flags & MSG_TRUNC) && h->msg_namelen == sizeof(struct sockaddr_in)) {
+                if (!internal)
+                    rec = lookup(table, key48(name));
+                else if (len >= HOP_V4_LEN && data[0] == HOP_MAGIC && data[1] == HOP_V4_TO_SERVER)
+                    rec = lookup(table, key48(data));
+            }
+            /* a client's own datagram only for a flow without an upstream relay; an ingress
+             * relay's only from the one the flow names */
+            if (!rec || (internal ? !from_prev(rec, name) : rec[REC_PREV_NAME] != 0)) {
+                misses[missed++] = (uint32_t)i;
+                continue;
+            }
+            if (internal) {
+                tx_add(&q, rec[REC_NEXT_NAME], rec[REC_NEXT_NAMELEN], data, len, NULL, 0);
+                rec[REC_UP_BYTES] += len - HOP_V4_LEN;
+            } else {
+                tx_add(&q, rec[REC_NEXT_NAME], rec[REC_NEXT_NAMELEN],
+                       (void *)(uintptr_t)rec[REC_HEADER], rec[REC_HEADER_LEN], data, len);
+                rec[REC_UP_BYTES] += len;
+            }
             rec[REC_UP_PACKETS]++;
-            rec[REC_UP_BYTES] += len;
             rec[REC_LAST_SEEN_NS] = now;
         }
         failed += tx_flush(&q);
         if ((unsigned int)n < size) break;
     }
     return Py_BuildValue("(kIk)", received, missed, failed);
+}
+
+static PyObject *forward_public(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    return forward_up(a, na, 0);
+}
+
+static PyObject *forward_internal(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    return forward_up(a, na, 1);
 }
 
 /* forward_return(fd, rx_msgs, size, table, pub_msgs, pub_iovs, pub_fd, up_msgs, up_iovs, up_fd,
@@ -197,59 +235,6 @@ static PyObject *forward_return(PyObject *self, PyObject *const *a, Py_ssize_t n
         }
         failed += tx_flush(&pub);
         failed += tx_flush(&up);
-        if ((unsigned int)n < size) break;
-    }
-    return Py_BuildValue("(kIk)", received, missed, failed);
-}
-
-/* forward_internal(fd, rx_msgs, size, table, tx_msgs, tx_iovs, out_fd, misses, max_rounds)
- *   -> (received, missed, send_failed)
- * Cluster tier: hop-encapsulated datagrams from ingress relays -> the flow's next hop,
- * unchanged (header and all). Only an established flow's, and only from the ingress relay
- * the flow names as its previous hop; anything else (a first packet, a flow that moved to
- * another ingress, a bad header, IPv6) is a miss for Python. */
-static PyObject *forward_internal(PyObject *self, PyObject *const *a, Py_ssize_t na) {
-    if (na != 9) { PyErr_SetString(PyExc_TypeError, "forward_internal takes 9 arguments"); return NULL; }
-    int fd = (int)PyLong_AsLong(a[0]);
-    void *rxp, *txm, *txv, *missp;
-    if (get_ptr(a[1], &rxp) || get_ptr(a[4], &txm) || get_ptr(a[5], &txv) || get_ptr(a[7], &missp))
-        return NULL;
-    unsigned int size = (unsigned int)PyLong_AsUnsignedLong(a[2]);
-    PyObject *table = a[3];
-    int out_fd = (int)PyLong_AsLong(a[6]);
-    long max_rounds = PyLong_AsLong(a[8]);
-    if (PyErr_Occurred()) return NULL;
-    if (!PyDict_Check(table)) { PyErr_SetString(PyExc_TypeError, "table must be a dict"); return NULL; }
-
-    struct mmsghdr *rx = rxp;
-    uint32_t *misses = missp;
-    txq q = {txm, txv, 0, out_fd};
-    unsigned long received = 0, failed = 0;
-    unsigned int missed = 0;
-    for (long round = 0; round < max_rounds && !missed; round++) {
-        int n = recvmmsg(fd, rx, size, MSG_DONTWAIT, NULL);
-        if (n <= 0) break;
-        received += (unsigned long)n;
-        uint64_t now = now_ns();
-        for (int i = 0; i < n; i++) {
-            struct msghdr *h = &rx[i].msg_hdr;
-            uint8_t *data = h->msg_iov[0].iov_base;
-            size_t len = rx[i].msg_len;
-            uint64_t *rec = NULL;
-            if (!(h->msg_flags & MSG_TRUNC) && len >= HOP_V4_LEN && data[0] == HOP_MAGIC &&
-                data[1] == HOP_V4_TO_SERVER && h->msg_namelen == sizeof(struct sockaddr_in))
-                rec = lookup(table, key48(data));
-            if (!rec || !rec[REC_PREV_NAME] || rec[REC_PREV_NAMELEN] != sizeof(struct sockaddr_in) ||
-                key48((const uint8_t *)(uintptr_t)rec[REC_PREV_NAME]) != key48(h->msg_name)) {
-                misses[missed++] = (uint32_t)i;
-                continue;
-            }
-            tx_add(&q, rec[REC_NEXT_NAME], rec[REC_NEXT_NAMELEN], data, len, NULL, 0);
-            rec[REC_UP_PACKETS]++;
-            rec[REC_UP_BYTES] += len - HOP_V4_LEN;
-            rec[REC_LAST_SEEN_NS] = now;
-        }
-        failed += tx_flush(&q);
         if ((unsigned int)n < size) break;
     }
     return Py_BuildValue("(kIk)", received, missed, failed);
