@@ -606,9 +606,11 @@ def test_the_client_process_logs_json_lines_and_prints_its_summary():
     lag = [r for r in records if r["event"].startswith("loop_lag")]
     assert [r["event"] for r in lag][-1:] == ["loop_lag_summary"]  # the client watched itself
     records = [r for r in records if r not in lag]
-    assert [r["event"] for r in records] == ["client_started", "session_finished",
-                                             "client_finished"]
-    started, finished, done = records
+    # the one-time costs (the tone, aiortc's first peer connection) before the first call
+    assert [r["event"] for r in records] == ["client_started", "client_warm_up",
+                                             "session_finished", "client_finished"]
+    started, warm, finished, done = records
+    assert warm["ms"] > 0
     assert started["url"] == f"http://127.0.0.1:{port}/v1/calls" and started["sessions"] == 1
     assert finished["level"] == "WARNING" and finished["ok"] is False
     assert finished["stage"] == "signaling" and "Connection refused" in finished["error"]

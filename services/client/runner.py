@@ -9,7 +9,7 @@ from pathlib import Path
 
 from services.client.config import FULL, LIGHT, ClientConfig
 from services.client.results import JsonLines, SessionResult
-from services.client.session import CallSession
+from services.client.session import CallSession, warm_up
 from services.gcpolicy import SessionCollections
 from services.logs import log_event
 
@@ -71,6 +71,7 @@ async def run_sessions(config: ClientConfig, n: int, *,
         if on_result is not None:
             on_result(result)
 
+    log_event(log, "client_warm_up", ms=await warm_up(config))
     gc_policy = SessionCollections(log)
     gc_policy.start()
     t0 = await _first_due(config.start_at_unix)
