@@ -313,12 +313,8 @@ def seeds() -> list[bytes]:
     return out
 
 
-def regressions() -> dict[str, bytes]:
-    return {}
-
-
 HARNESS = Harness(target=TARGET, module="bench.fuzz_impairment", doc=__doc__, seeds=seeds,
-                  regressions=regressions, world=World, run_input=run_input)
+                  world=World, run_input=run_input)
 
 if __name__ == "__main__":
     command(HARNESS)

@@ -212,15 +212,15 @@ class Harness:
     """A fuzzer's own parts: ``python -m MODULE --child fuzz|replay`` loads the build, makes
     the harness's ``world`` of it (what lives across inputs; its ``tally`` is a ``Tally``) and
     runs ``run_input(world, data)`` on each input; ``seeds`` start an empty corpus;
-    ``regressions`` are inputs that once broke an invariant."""
+    ``regressions`` are inputs that once broke an invariant (none by default)."""
 
     target: Target
     module: str
     doc: str
     seeds: Callable[[], list[bytes]]
-    regressions: Callable[[], dict[str, bytes]]
     world: Callable[[object], object]
     run_input: Callable[[object, bytes], None]
+    regressions: Callable[[], dict[str, bytes]] = dict
 
 
 def one_input(h: Harness, world, data: bytes) -> None:
