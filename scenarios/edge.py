@@ -194,11 +194,14 @@ class Service:
 
 class Edge:
     """The services of an ``EdgePlan``: ``with Edge(plan, logs) as edge:`` starts them all and
-    stops them on the way out; ``start_*`` start one at a time (tests, faults)."""
+    stops them on the way out; ``start_*`` start one at a time (tests, faults). ``realtime``:
+    every service's SCHED_FIFO priority, restarts included (0: ordinary;
+    scenarios/priorities.py)."""
 
-    def __init__(self, plan: EdgePlan, logs: Path) -> None:
+    def __init__(self, plan: EdgePlan, logs: Path, realtime: int = 0) -> None:
         self.plan = plan
         self.logs = logs
+        self.realtime = realtime
         self.services: dict[str, Service] = {}
 
     def __enter__(self) -> "Edge":
@@ -244,7 +247,8 @@ class Edge:
         old = self.services.get(name)
         if old is not None and old.process.alive():
             raise ServiceError(f"{name} is already running")
-        proc = ServiceProcess(name, cmd, self.logs / f"{name}.log", netns=host.netns).start()
+        proc = ServiceProcess(name, cmd, self.logs / f"{name}.log", netns=host.netns,
+                              realtime=self.realtime).start()
         self.services[name] = Service(name, host, proc, role)
         in_namespace(host.netns, proc.wait_ready, ready)
         return proc

@@ -40,16 +40,20 @@ class ServiceProcess:
     client's summary) beside it in ``<name>.out``, so the log stays one JSON object a line."""
 
     def __init__(self, name: str, cmd: list[str], log_path: Path,
-                 netns: str | None = None) -> None:
+                 netns: str | None = None, realtime: int = 0) -> None:
         """``netns``: a name under /var/run/netns, or a namespace file path (a Mininet host's
-        /proc/PID/ns/net)."""
+        /proc/PID/ns/net). ``realtime``: run it (and every thread and child it starts) at this
+        SCHED_FIFO priority; 0: ordinary (scenarios/priorities.py)."""
         self.name = name
+        self.realtime = realtime
         if netns is None:
             prefix = []
         elif netns.startswith("/"):
             prefix = ["nsenter", f"--net={netns}"]
         else:
             prefix = ["ip", "netns", "exec", netns]
+        if realtime:
+            prefix = ["chrt", "--fifo", str(realtime)] + prefix
         self.cmd = prefix + cmd
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None

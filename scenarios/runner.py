@@ -186,6 +186,8 @@ class ScenarioRunner:
         self.directory = directory or (
             results_root / f"{scenario.name}-{region.replace(',', '+')}-{stamp}")
         self.order = tuple(order or scenario.architectures)
+        # the SCHED_FIFO priorities the run gives (ordinary where it may not)
+        self.priorities, self.priorities_refused = scenario.realtime.usable()
         if sorted(self.order) != sorted(scenario.architectures):
             raise ValueError(f"order {self.order} is not the scenario's architectures")
 
@@ -200,6 +202,8 @@ class ScenarioRunner:
         backend = make_backend(self.backend_name)
         self.say(f"world: {', '.join(self.spec.regions)} (clusters {', '.join(self.clusters)});"
                  f" impairment backend: {backend.name}")
+        if self.priorities_refused:
+            self.say(f"services and clients run ordinary: {self.priorities_refused}")
         world = World(self.spec, backend)
         with world:
             self.say(f"world built in {world.build_seconds:.1f} s")
@@ -262,7 +266,7 @@ class ScenarioRunner:
             "clusters": self.clusters, "world_regions": list(self.spec.regions),
             "architectures": list(self.scenario.architectures), "order": list(self.order),
             "baseline": self.scenario.baseline,
-            "backend": result.backend, "commit": commit, "impairments": impairments,
+            "realtime": asdict(self.priorities), "backend": result.backend, "commit": commit, "impairments": impairments,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2, default=str))
         write_architectures(self.directory, self.scenario)
 
@@ -327,7 +331,7 @@ class ScenarioRunner:
         load_calibration = None
         injector: FaultInjector | None = None
         faults: list[FaultRecord] = []
-        edge = Edge(plan, logs)
+        edge = Edge(plan, logs, realtime=self.priorities.services)
         captures = None
         finished = False
         try:
@@ -430,7 +434,8 @@ class ScenarioRunner:
 
         def start(command: ClientCommand, netns: str) -> ServiceProcess:
             proc = ServiceProcess(command.name, voiceedge_cmd(*command.argv),
-                                  command.log_path(logs), netns=netns).start()
+                                  command.log_path(logs), netns=netns,
+                                  realtime=self.priorities.clients * command.realtime).start()
             clients.append(proc)
             return proc
 

@@ -11,6 +11,7 @@ from scenarios.architectures.base import Architecture
 from scenarios.architectures.external import External
 from scenarios.clients import needs_browser, parse_mix
 from scenarios.faultspec import FaultSpec
+from scenarios.priorities import Priorities
 from scenarios.sweepspec import SweepSpec
 from services.clienttypes import AIORTC, CHROMIUM
 from services.mediapaths import MEDIA_PATHS, PYTHON
@@ -53,6 +54,7 @@ class Scenario:
     reconnect_attempts: int = 3       # the clients' bounded retry after a failed connection
     sweep: SweepSpec | None = None    # the parameters a sweep varies (scenarios/sweepspec.py)
     external: tuple[External, ...] = ()  # architectures of the file's own (bring your own edge)
+    realtime: Priorities = Priorities()  # SCHED_FIFO of services and clients (priorities.py)
     description: str = ""
     source: str = ""
 
@@ -97,7 +99,7 @@ class Scenario:
                  "start_rate", "architectures", "last_mile", "profiles", "calibration",
                  "min_success_pct", "full_clients_per_region", "transceivers_per_cluster",
                  "faults", "client", "clients", "sweep", "external",
-                 "media_path", "light_path", "live_at_once"}
+                 "media_path", "light_path", "live_at_once", "realtime"}
         unknown = set(doc) - known
         if unknown:
             raise ScenarioError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -164,6 +166,10 @@ class Scenario:
                 sweep = SweepSpec.parse(doc["sweep"], str(path))
             except ValueError as exc:
                 raise ScenarioError(str(exc)) from None
+        try:
+            realtime = Priorities.parse(doc.get("realtime", True))
+        except ValueError as exc:
+            raise ScenarioError(f"{path}: realtime: {exc} ({doc.get('realtime')!r})") from None
         if ("start_rate" in doc) == ("live_at_once" in doc):
             raise ScenarioError(f"{path}: give start_rate (calls started a second per client "
                                 "region) or live_at_once (calls live at once), one of them")
@@ -194,7 +200,7 @@ class Scenario:
             transceivers_per_cluster=per_cluster, media_path=media_path, light_path=light_path,
             faults=faults,
             media_timeout_s=float(media_timeout), reconnect_attempts=attempts, sweep=sweep,
-            external=external,
+            external=external, realtime=realtime,
             description=str(doc.get("description", "")).strip(), source=str(path))
         if scenario.calibration_count < 20 or scenario.calibration_rate <= 0:
             raise ScenarioError(f"{path}: calibration: count >= 20 and a positive rate")

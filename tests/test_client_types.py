@@ -68,6 +68,8 @@ def test_one_command_per_client_type_browsers_first_sessions_numbered_across_typ
     assert (browser.client_type, browser.name, browser.sessions) == ("chromium",
                                                                      "browser-apac-se", 2)
     assert browser.ready_event == "browser_ready" and browser.ready_timeout_s == 30
+    # a renderer stays ordinary; the aiortc clients take the clients' real-time priority
+    assert (browser.realtime, aiortc.realtime) == (False, True)
     # 2 browser sessions over the 6 aiortc sessions' 3 s window: 0.667/s; region 1 of 2
     # starts at (1 + 0.5) / (2 * 0.667) s; its indices follow the aiortc sessions' 0..5
     assert list(browser.argv) == [

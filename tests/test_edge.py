@@ -65,6 +65,24 @@ def test_audio_and_data_channel_both_ways_through_relay_transceiver_and_agent(la
     assert status["event_loop"] == "uvloop"  # the transceiver's default (services/eventloops.py)
 
 
+def test_every_service_of_an_edge_runs_at_its_realtime_priority(lab, tmp_path):
+    """scenarios/priorities.py: the edge's services at one SCHED_FIFO priority, every thread;
+    an Edge without one leaves them ordinary (test above: the same services, started plain)."""
+    edge = Edge(demo_plan("shared", lab.name, *lab.addresses), tmp_path, realtime=4)
+    try:
+        edge.start()
+        seen = {}
+        for name, service in edge.services.items():
+            tids = os.listdir(f"/proc/{service.process.pid}/task")
+            seen[name] = {(os.sched_getscheduler(int(t)), os.sched_getparam(int(t)).sched_priority)
+                          for t in tids}
+    finally:
+        edge.stop()
+    assert {s.role for s in edge.services.values()} >= {"redis", "relay", "transceiver",
+                                                         "agent", "signaling"}
+    assert seen == {name: {(os.SCHED_FIFO, 4)} for name in edge.services}
+
+
 async def _call_with_arrivals(http: aiohttp.ClientSession, edge: Edge):
     """A plain aiortc call to the transceiver; returns (pc, location, arrival times list)."""
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))

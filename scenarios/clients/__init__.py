@@ -71,7 +71,7 @@ def commands(scenario: "Scenario", where: RegionClients,
         out.append(ClientCommand(
             name, f"{kind.process}-{where.region}",
             tuple(kind.argv(scenario, where, n, base, verifies, tuple(extra_args))), n,
-            kind.ready_event, kind.ready_timeout_s(n)))
+            kind.ready_event, kind.ready_timeout_s(n), kind.realtime))
         base += n
     return sorted(out, key=lambda c: c.ready_event is None)
 

@@ -38,6 +38,7 @@ class ClientCommand:
     sessions: int
     ready_event: str | None = None   # a log event it prints once ready for its calls
     ready_timeout_s: float = 0.0
+    realtime: bool = True            # may run at the clients' priority (scenarios/priorities.py)
 
     def log_path(self, logs: Path) -> Path:
         return logs / f"{self.name}.log"
@@ -51,6 +52,7 @@ class ClientType:
     process: str = ""            # process name prefix: PROCESS-REGION
     results_suffix: str = ""     # its results files: sessions-REGION{suffix}.jsonl, samples-...
     needs_browser: bool = False  # needs Chromium installed (make browsers)
+    realtime: bool = True        # its processes may run at the clients' SCHED_FIFO priority
     ready_event: str | None = None  # started and ready before any other type's calls start
     max_per_region: int = MAX_PER_REGION
     max_reason: str = ""         # why a type allows fewer

@@ -27,6 +27,7 @@ class ChromiumClient(ClientType):
     process = "browser"
     results_suffix = "-chromium"
     needs_browser = True
+    realtime = False   # a renderer at a real-time priority would hold a core
     ready_event = READY_EVENT
     max_per_region = 20
     max_reason = "each is a browser page with its own renderer"

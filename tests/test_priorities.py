@@ -1,0 +1,86 @@
+"""Who runs first on the shared cores (scenarios/priorities.py): the scenario's ``realtime``
+field, and the services and clients started at those SCHED_FIFO priorities."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from scenarios.priorities import Priorities
+from scenarios.processes import ServiceProcess
+from scenarios.spec import Scenario, ScenarioError
+
+BASE = ("name: s\nclusters: [na-east]\nsessions_per_region: 4\ncall_duration_s: 6\n"
+        "start_rate: 1\narchitectures: [cluster-relay]\n")
+
+
+def test_the_defaults_put_the_edge_above_its_callers_and_below_the_wire(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE)
+    assert Scenario.load(path).realtime == Priorities(services=5, clients=2)
+    for value, expected in (("false", Priorities(0, 0)), ("true", Priorities(5, 2)),
+                            ("{services: 7}", Priorities(7, 2)),
+                            ("{services: 3, clients: 0}", Priorities(3, 0))):
+        path.write_text(BASE + f"realtime: {value}\n")
+        assert Scenario.load(path).realtime == expected, value
+
+
+@pytest.mark.parametrize("value, message", [
+    ("{services: 10}", "probes"),            # the calibration probes' priority: not below it
+    ("{services: 3, clients: 4}", "clients <= services"),
+    ("{services: -1}", "0 <= clients"),
+    ("{services: 5.5}", "whole numbers"),
+    ("{services: true}", "whole numbers"),
+    ("{engine: 30}", "services: N, clients: M"),
+    ("fast", "true, false"),
+])
+def test_bad_priorities_are_one_line(tmp_path, value, message):
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE + f"realtime: {value}\n")
+    with pytest.raises(ScenarioError, match=f"realtime: .*{message}"):
+        Scenario.load(path)
+
+
+# A child that starts a thread, then sleeps: the thread must run at the child's priority too.
+CHILD = "import threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); " \
+        "time.sleep(30)"
+
+
+def _policies(pid: int) -> set[tuple[int, int]]:
+    deadline = time.monotonic() + 10
+    while True:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        if len(tids) >= 2 or time.monotonic() > deadline:
+            return {(os.sched_getscheduler(t), os.sched_getparam(t).sched_priority)
+                    for t in tids}
+        time.sleep(0.05)
+
+
+@pytest.mark.root
+def test_a_service_and_its_threads_run_at_the_priority_given(tmp_path):
+    fifo = ServiceProcess("fifo", [sys.executable, "-c", CHILD], tmp_path / "fifo.log",
+                          realtime=4).start()
+    ordinary = ServiceProcess("ordinary", [sys.executable, "-c", CHILD],
+                              tmp_path / "ordinary.log").start()
+    try:
+        assert _policies(fifo.pid) == {(os.SCHED_FIFO, 4)}
+        assert _policies(ordinary.pid) == {(os.SCHED_OTHER, 0)}
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER   # the caller is untouched
+    finally:
+        fifo.stop()
+        ordinary.stop()
+
+
+def test_priorities_not_allowed_fall_back_to_ordinary_and_say_why(monkeypatch):
+    import scenarios.priorities as priorities
+
+    def refuse(priority):
+        from voiceedge.errors import ConfigError
+        raise ConfigError(f"--realtime {priority} needs root or CAP_SYS_NICE")
+
+    monkeypatch.setattr(priorities, "check_realtime", refuse)
+    assert Priorities().usable() == (Priorities(0, 0),
+                                     "SCHED_FIFO priority 5 needs root or CAP_SYS_NICE")
+    assert Priorities(0, 0).usable() == (Priorities(0, 0), "")
