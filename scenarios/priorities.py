@@ -8,7 +8,9 @@ whatever else is runnable: at `REGION=all` a process that does nothing but sleep
 in bursts, host-wide stalls rather than work of their own (docs/scenarios.md). So a scenario
 runs its processes at SCHED_FIFO, in the order of what they are:
 
-- the impairment engine (the wire: topology/impairment, 20) and calibration's probes (10);
+- the impairment engine (the wire: topology/impairment, 20), the kernel's softirq threads that
+  carry packets between the emulated hosts (``softirq_threads``, 15) and calibration's probes
+  (10);
 - the edge's services: fronts, relays, transceivers, agents, Redis, TURN servers (``services``);
 - the aiortc load clients (``clients``), below the edge they measure and above everything else;
 - the rest ordinary: the scenario runner, Chromium (its renderer would hold a core at a
@@ -21,12 +23,14 @@ its 20 ms tick flags the sessions it carried.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from voiceedge.errors import ConfigError
 from services.relay.scheduling import check_realtime
 
 PROBES = 10   # topology/probe.py's PROBE_REALTIME: the edge's services stay below it
+SOFTIRQ = 15  # the kernel's packet work: above the probes, below the engine (20)
 
 
 @dataclass(frozen=True)
@@ -71,3 +75,59 @@ class Priorities:
         except ConfigError as exc:
             return Priorities(0, 0), str(exc).replace("--realtime", "SCHED_FIFO priority")
         return self, ""
+
+
+class Raised:
+    """``with Raised(tids, priority):`` the threads ``tids`` at SCHED_FIFO ``priority`` for the
+    block, then as they were (0: left alone). Threads that end meanwhile are skipped."""
+
+    def __init__(self, tids: list[int], priority: int) -> None:
+        self.tids = tids
+        self.priority = priority
+        self.saved: dict[int, tuple[int, int]] = {}   # tid -> (policy, priority) before
+
+    def __enter__(self) -> "Raised":
+        if self.priority:
+            for tid in self.tids:
+                try:
+                    before = os.sched_getscheduler(tid), os.sched_getparam(tid).sched_priority
+                    os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(self.priority))
+                except (ProcessLookupError, PermissionError):
+                    continue
+                self.saved[tid] = before
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for tid, (policy, priority) in self.saved.items():
+            try:
+                os.sched_setscheduler(tid, policy, os.sched_param(priority))
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.saved.clear()
+
+
+def softirq_threads() -> list[int]:
+    """The kernel's ``ksoftirqd/N`` threads. Under load the kernel hands them its pending
+    packet work (every datagram between the emulated hosts crosses veth pairs in softirq
+    context); at an ordinary priority, with the services and clients at real-time ones, they
+    waited 133 ms a second on the run queue (p50; p90 336 ms) at REGION=all. Run them with
+    the wire (``SOFTIRQ``) for a run: ``Raised(softirq_threads(), SOFTIRQ)``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/comm") as comm:
+                    if comm.read().startswith("ksoftirqd/"):
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def own_threads() -> list[int]:
+    """Every thread of this process. Calibration's probe threads share the runner's GIL: while
+    they probe at load, every thread of the runner must run at their priority, or an ordinary
+    thread holding the GIL, waiting behind the real-time services, holds the probes up too
+    (calibration at load failed on 13 paths that way: +2-3 ms mean, outliers of tens of ms,
+    with the engine's releases on time)."""
+    return [int(t) for t in os.listdir("/proc/self/task")]

@@ -26,6 +26,7 @@ from scenarios.architectures.base import BACKBONE
 from scenarios.edge import (ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, Host,
                             IngressPlan, TurnPlan, count_ports)
 from scenarios.faults import FaultInjector, FaultRecord
+from scenarios.priorities import PROBES, SOFTIRQ, Raised, own_threads, softirq_threads
 from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
 from scenarios.clients import ClientCommand, RegionClients, results_suffixes
 from scenarios.clients import commands as client_commands
@@ -217,6 +218,10 @@ class ScenarioRunner:
     def run_in(self, world: World) -> RunResult:
         """Calibrate ``world`` (built from this runner's spec, or re-impaired to it) and run
         each architecture in it; CalibrationFailed when the world is off. The world stays up."""
+        with Raised(softirq_threads(), 0 if self.priorities.ordinary else SOFTIRQ):
+            return self._run_in(world)
+
+    def _run_in(self, world: World) -> RunResult:
         self.directory.mkdir(parents=True, exist_ok=False)
         (self.directory / "logs").mkdir()
         backend = world.backend
@@ -515,8 +520,14 @@ class _AtLoad:
         links = session_links(world, runner.client_regions, runner.clusters)
         count = min(100, sc.calibration_count)
         prepare_verdicts(links, count)   # the runner makes this before the clients start
-        self._start = lambda: calibrate_under_load(world, arch, links, live=lambda: watch.live,
-                                                   count=count, rate=sc.calibration_rate)
+        probes = 0 if runner.priorities.ordinary else PROBES
+
+        def start() -> LoadCalibration:
+            with Raised(own_threads(), probes):   # scenarios/priorities.py: own_threads
+                return calibrate_under_load(world, arch, links, live=lambda: watch.live,
+                                            count=count, rate=sc.calibration_rate)
+
+        self._start = start
         self._say = runner.say
         self._arch = arch
         self._thread: threading.Thread | None = None

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from scenarios.priorities import Priorities
+from scenarios.priorities import (SOFTIRQ, Priorities, Raised, own_threads,
+                                  softirq_threads)
 from scenarios.processes import ServiceProcess
 from scenarios.spec import Scenario, ScenarioError
 
@@ -84,3 +85,37 @@ def test_priorities_not_allowed_fall_back_to_ordinary_and_say_why(monkeypatch):
     assert Priorities().usable() == (Priorities(0, 0),
                                      "SCHED_FIFO priority 5 needs root or CAP_SYS_NICE")
     assert Priorities(0, 0).usable() == (Priorities(0, 0), "")
+
+
+@pytest.mark.root
+def test_the_kernels_softirq_threads_run_with_the_wire_for_the_block_then_as_they_were():
+    pids = softirq_threads()
+    assert pids, "a Linux kernel has a ksoftirqd thread per CPU"
+    before = {p: (os.sched_getscheduler(p), os.sched_getparam(p).sched_priority) for p in pids}
+    with pytest.raises(RuntimeError):
+        with Raised(softirq_threads(), SOFTIRQ):
+            assert {(os.sched_getscheduler(p), os.sched_getparam(p).sched_priority)
+                    for p in pids} == {(os.SCHED_FIFO, SOFTIRQ)}
+            raise RuntimeError("a run that fails (or is stopped) puts them back too")
+    assert {p: (os.sched_getscheduler(p), os.sched_getparam(p).sched_priority)
+            for p in pids} == before
+    with Raised(softirq_threads(), 0):   # ordinary runs leave them alone
+        assert {p: (os.sched_getscheduler(p), os.sched_getparam(p).sched_priority)
+                for p in pids} == before
+
+
+@pytest.mark.root
+def test_every_thread_of_the_runner_can_run_at_the_probes_priority_while_they_probe():
+    import threading
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        mine = {threading.get_native_id(), other.native_id}
+        with Raised(own_threads(), 7):
+            assert {(os.sched_getscheduler(t), os.sched_getparam(t).sched_priority)
+                    for t in mine} == {(os.SCHED_FIFO, 7)}
+        assert {os.sched_getscheduler(t) for t in mine} == {os.SCHED_OTHER}
+    finally:
+        stop.set()
