@@ -271,7 +271,8 @@ class ScenarioRunner:
             "clusters": self.clusters, "world_regions": list(self.spec.regions),
             "architectures": list(self.scenario.architectures), "order": list(self.order),
             "baseline": self.scenario.baseline,
-            "realtime": asdict(self.priorities), "backend": result.backend, "commit": commit, "impairments": impairments,
+            "realtime": asdict(self.priorities), "backend": result.backend, "commit": commit,
+            "impairments": impairments,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2, default=str))
         write_architectures(self.directory, self.scenario)
 
