@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from bench.fuzzing import Harness, Tally, Target, command
+from bench.fuzzing import Harness, InputReader, Tally, Target, command
 
 REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / "build" / "fuzz-admission"
@@ -47,22 +47,6 @@ class Violation(AssertionError):
 def check(ok: bool, what: str, *detail) -> None:
     if not ok:
         raise Violation(what + (": " + ", ".join(repr(d) for d in detail) if detail else ""))
-
-
-class Reader:
-    def __init__(self, data: bytes) -> None:
-        self.data, self.pos = data, 0
-
-    def byte(self) -> int:
-        if self.pos >= len(self.data):
-            raise EOFError
-        self.pos += 1
-        return self.data[self.pos - 1]
-
-    def take(self, n: int) -> bytes:
-        out = self.data[self.pos:self.pos + n]
-        self.pos += len(out)
-        return out
 
 
 class World:
@@ -91,7 +75,7 @@ class Case:
         from services.relay.admission import FirstPacketLimiter, PendingFlows
         from services.relay.config import RouteTable
         from services.relay.routing import Router
-        self.w, self.r = world, Reader(data)
+        self.w, self.r = world, InputReader(data)
         cfg, cfg2 = self.r.byte(), self.r.byte()
         self.cap = 1 + (cfg & 7)
         self.per_ip, self.per_prefix = 1 + (cfg >> 3 & 3), 1 + (cfg >> 3 & 3) + (cfg >> 5 & 1)

@@ -27,7 +27,7 @@ import select
 import socket
 from pathlib import Path
 
-from bench.fuzzing import Harness, Tally, Target, command
+from bench.fuzzing import Harness, InputReader, Tally, Target, command
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = Target(suffix="._fastpath", work=REPO / "build" / "fuzz-fastpath",
@@ -92,10 +92,10 @@ class Case:
 
     def __init__(self, world: World, data: bytes) -> None:
         from services.relay.flows import Flow
-        self.w, self.data, self.pos = world, data, 1
+        self.w, self.r = world, InputReader(data)
         self.flows: dict[int, Flow] = {}     # client index -> its flow
         self.table: dict[int, int] = {}
-        setup = data[0]
+        setup = self.r.byte()
         for k, client in enumerate(world.clients):
             how = setup >> (2 * k) & 3
             if not how:
@@ -113,21 +113,10 @@ class Case:
         from services.relay import mmsg
         return int.from_bytes(mmsg.sockaddr(*addr)[:8], "little") >> 16
 
-    def byte(self) -> int:
-        if self.pos >= len(self.data):
-            raise EOFError
-        self.pos += 1
-        return self.data[self.pos - 1]
-
-    def take(self, n: int) -> bytes:
-        out = self.data[self.pos:self.pos + n]
-        self.pos += len(out)
-        return out
-
     def run(self) -> None:
         try:
             for _ in range(MAX_OPS):
-                op = self.byte()
+                op = self.r.byte()
                 if op >> 6 == 3:
                     self.flush()
                 elif op >> 6 == 2 and op & 1:
@@ -147,10 +136,10 @@ class Case:
 
     def send(self, op: int) -> None:
         target = op % 3
-        kind = self.byte()
+        kind = self.r.byte()
         client = self.w.clients[kind & 3].getsockname()
         flags = (0x00, 0x01, 0x00, 0x01, 0x04, 0x02, 0x80, 0x00)[kind >> 2 & 7]
-        body = self.take(self.byte() % 64)
+        body = self.r.take(self.r.byte() % 64)
         if kind >> 5 == 7:
             datagram = b"\x0e\x00" + bytes(SLOT)                  # past the slot: truncated
         elif kind >> 5 >= 5:

@@ -207,6 +207,25 @@ class Tally(dict):
             os.replace(path + ".tmp", path)
 
 
+class InputReader:
+    """A fuzz input consumed front to back; ``EOFError`` once it is spent (the harness's
+    program ends there)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def byte(self) -> int:
+        if self.pos >= len(self.data):
+            raise EOFError
+        self.pos += 1
+        return self.data[self.pos - 1]
+
+    def take(self, n: int) -> bytes:
+        out = self.data[self.pos:self.pos + n]
+        self.pos += len(out)
+        return out
+
+
 @dataclass(frozen=True)
 class Harness:
     """A fuzzer's own parts: ``python -m MODULE --child fuzz|replay`` loads the build, makes

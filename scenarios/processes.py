@@ -45,7 +45,6 @@ class ServiceProcess:
         /proc/PID/ns/net). ``realtime``: run it (and every thread and child it starts) at this
         SCHED_FIFO priority; 0: ordinary (scenarios/priorities.py)."""
         self.name = name
-        self.realtime = realtime
         if netns is None:
             prefix = []
         elif netns.startswith("/"):
