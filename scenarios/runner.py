@@ -66,9 +66,21 @@ SAMPLE_FIELDS = ("architecture", "client_region", "session", "t_ms", "packets_re
 # cluster (steering_changed: cluster is the new one, reason why), from the fronts' logs.
 STEERING_FIELDS = ("architecture", "client_region", "front", "event", "unix", "call",
                    "cluster", "nearest", "reason")
-# A fault run's clients are given a time for their first call this far ahead of their launch
-# (their start-up, imports and the native pump, takes 0.6 s on a quiet 2-core host).
-CALLS_LEAD_S = 1.5
+# Every client process of an architecture starts up (imports, the native pump, a warm-up
+# offer: 0.6 s of CPU each here) before any of them calls: up, each waits for the file
+# CALLS_START, which the runner writes once all have logged CLIENT_UP_EVENT, with a time
+# CALLS_LEAD_S ahead. (Ten processes starting beside the first calls of the others lagged
+# them 100-280 ms in REGION=all.) A process up early is still lagged by the others' start-up
+# (0.5-0.6 s in REGION=all), so the first calls are due a second later: the lag is then in a
+# second of its own, not in one a call was live in (the lag watch's windows are whole seconds).
+CALLS_LEAD_S = 1.0
+CALLS_START = "calls-start"      # in an architecture's logs: when its clients' first calls are due
+CLIENT_UP_EVENT = "client_warm_up"
+CLIENT_UP_TIMEOUT_S = 120.0
+# The edge's public UDP bindings are read at every new peak of live sessions and otherwise this
+# often (a pass over /proc: read twice a second it took 15-20% of a core in REGION=all, and
+# while calibration at load runs the runner is at a real-time priority above the services).
+BINDINGS_EVERY_S = 2.0
 ARCHITECTURES_FILE = "architectures.json"  # analysis/archinfo.py reads it
 PORT_FIELDS = ("architecture", "concurrent_sessions", "public_udp_ports", "public_udp_ports_max",
                "bindings")
@@ -360,6 +372,7 @@ class ScenarioRunner:
                 injector = FaultInjector(sc.faults, edge, world, self.say)
                 injector.start(calls_at)
             watch.start()
+            results = ResultCount(logs)
             # The plan only bounds the progress bar and the deadline (a fault run's calls may
             # each call again: 10 s set-up and 1 s wait per attempt, the client's own bounds);
             # what ran is counted from the clients' results, live sessions from the edge. It
@@ -370,7 +383,7 @@ class ScenarioRunner:
             while any(c.alive() for c in clients):
                 if time.monotonic() > deadline:
                     raise ServiceError(f"[{arch}] clients did not finish in time")
-                done, failed = _count_results(logs)
+                done, failed = results.poll()
                 self.progress(arch, done, planned)
                 self.say(f"[{arch}] {done} of {planned} planned sessions done, {failed} failed, "
                          f"{watch.live} live, "
@@ -423,9 +436,9 @@ class ScenarioRunner:
         """Every client region's client processes, one per client type of the scenario's mix
         (scenarios/clients/), appended to ``clients`` as they start (the caller stops them).
         The types with a ready event (the browsers) are launched, and ready, before any call
-        starts: their start-up is seconds of CPU and must not lie under the calls. A run with
-        faults gives the others one time their first call is due (``CALLS_LEAD_S`` ahead, to
-        cover their start-up) and returns it: the faults count from it."""
+        starts: their start-up is seconds of CPU and must not lie under the calls. The others
+        are all up before any of them calls (``CALLS_START``); a run with faults gets the time
+        their first calls were due: its faults count from it."""
         sc = self.scenario
         verifies, extra_args = self.client_options(arch)
         regions = []
@@ -451,13 +464,19 @@ class ScenarioRunner:
         for proc, c in warming:
             proc.wait_ready(lambda p=proc, e=c.ready_event: _logged(p.log_path, e),
                             timeout=c.ready_timeout_s)
-        calls_at = time.time() + CALLS_LEAD_S if sc.faults else None
-        for netns, where in regions:
-            where = replace(where, start_at_unix=calls_at)
-            for c in client_commands(sc, where, verifies, extra_args):
-                if c.ready_event is None:
-                    start(c, netns)
-        return calls_at
+        start_file = logs / CALLS_START
+        starting = [(start(c, netns), c) for netns, where in regions
+                    for c in client_commands(sc, replace(where, start_file=start_file),
+                                             verifies, extra_args)
+                    if c.ready_event is None]
+        for proc, c in starting:
+            proc.wait_ready(lambda p=proc: _logged(p.log_path, CLIENT_UP_EVENT),
+                            timeout=CLIENT_UP_TIMEOUT_S)
+        calls_at = time.time() + CALLS_LEAD_S
+        written = start_file.with_suffix(".tmp")
+        written.write_text(f"{calls_at:.6f}")
+        written.rename(start_file)  # whole, as the clients read it
+        return calls_at if sc.faults else None
 
     def client_options(self, arch: str) -> tuple[tuple[str, ...], list[str]]:
         """(what ``arch``'s clients verify, their extra options: under TURN, relay-only
@@ -580,6 +599,7 @@ class _PeakWatch:
         self.bindings_at_peak: list = []
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._next_bindings = 0.0
 
     def start(self) -> None:
         for ns, url, read in self._targets:
@@ -600,8 +620,17 @@ class _PeakWatch:
         """Live sessions on every transceiver, as last polled."""
         return sum(self._live.values())
 
-    def sample(self) -> None:
+    def sample(self, now: float | None = None) -> None:
+        """Live sessions now (as polled); the edge's bindings (a pass over /proc, the costliest
+        thing the runner does while calls run) at each new peak of live sessions, otherwise
+        every BINDINGS_EVERY_S (``ports_max``)."""
         live = self.live
+        now = time.monotonic() if now is None else now
+        new_peak = live > self.peak_sessions or (live == self.peak_sessions
+                                                 and not self.bindings_at_peak)
+        if not new_peak and now < self._next_bindings:
+            return
+        self._next_bindings = now + BINDINGS_EVERY_S
         bindings = self._edge.public_bindings()
         ports = count_ports(bindings)
         self.ports_max = max(self.ports_max, ports)
@@ -705,17 +734,35 @@ def _logged(path: Path, event: str) -> bool:
     return f'"event": "{event}"' in path.read_text(errors="replace")
 
 
-def _count_results(logs: Path) -> tuple[int, int]:
-    done = failed = 0
-    for path in logs.glob("sessions-*.jsonl"):
-        for line in path.read_text().splitlines():
+class ResultCount:
+    """Sessions done and failed so far in an architecture's results files (sessions-*.jsonl),
+    polled while its clients run: each poll reads only what was appended since the last (the
+    runner polls twice a second, while calibration at load runs at a real-time priority)."""
+
+    def __init__(self, logs: Path) -> None:
+        self._logs = logs
+        self._read: dict[Path, int] = {}
+        self.done = self.failed = 0
+
+    def poll(self) -> tuple[int, int]:
+        for path in sorted(self._logs.glob("sessions-*.jsonl")):
+            start = self._read.get(path, 0)
             try:
-                ok = json.loads(line).get("ok")
-            except ValueError:  # a line the client is still writing
+                with path.open("rb") as f:
+                    f.seek(start)
+                    chunk = f.read()
+            except OSError:
                 continue
-            done += 1
-            failed += not ok
-    return done, failed
+            end = chunk.rfind(b"\n") + 1   # a line still being written waits for the next poll
+            self._read[path] = start + end
+            for line in chunk[:end].splitlines():
+                try:
+                    ok = json.loads(line).get("ok")
+                except ValueError:
+                    continue
+                self.done += 1
+                self.failed += not ok
+        return self.done, self.failed
 
 
 def _checks(names: list | None) -> str | None:

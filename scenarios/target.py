@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
 from scenarios.clients import RegionClients
 from scenarios.clients import commands as client_commands
-from scenarios.runner import (ArchitectureRun, RunResult, _count_results, _logged,
+from scenarios.runner import (ArchitectureRun, RunResult, ResultCount, _logged,
                               _upstream_gaps, client_rows, git_commit, write_results)
 from scenarios.saturation import LagWindows
 from scenarios.spec import Scenario, ScenarioError
@@ -132,12 +132,13 @@ class TargetRunner:
         interrupted = False
         try:
             self._start_clients(logs, clients)
+            results = ResultCount(logs)
             planned = sc.total_per_region
             deadline = (time.monotonic() + planned / sc.start_rate + sc.call_duration_s + 90)
             while any(c.alive() for c in clients):
                 if time.monotonic() > deadline:
                     raise ServiceError("the clients did not finish in time")
-                done, failed = _count_results(logs)
+                done, failed = results.poll()
                 self.progress(ARCHITECTURE, done, planned)
                 self.say(f"{done} of {planned} sessions done, {failed} failed, "
                          f"{time.monotonic() - started:.0f} s", transient=True)

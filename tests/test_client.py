@@ -547,6 +547,37 @@ def test_a_client_up_after_its_start_time_starts_at_once_and_says_how_late(echo_
     assert late.fields["due_unix"] == due and 2.0 <= late.fields["late_s"] < 3.0
 
 
+def test_sessions_wait_for_the_start_file_and_start_on_its_time(echo_peer, tmp_path):
+    """--start-file: a client that is up waits until the run writes its first call's time."""
+    start_file = tmp_path / "calls-start"
+    cfg = config(echo_peer.url(), start_rate=5.0, duration_s=0.5, start_file=str(start_file))
+
+    async def main():
+        run = asyncio.create_task(run_sessions(cfg, 1))
+        await asyncio.sleep(1.0)
+        assert not run.done()                     # up, and waiting: no call yet
+        due = time.time() + 0.3
+        start_file.write_text(f"{due:.6f}")
+        return due, await run
+
+    due, [result] = asyncio.run(main())
+    assert result.ok, result.error
+    assert due <= result.started_unix < due + 0.15
+
+
+def test_a_start_file_that_never_comes_or_holds_no_time_is_an_error(tmp_path):
+    from services.client.runner import StartFileError, start_time_from
+
+    with pytest.raises(StartFileError, match="no start time in .* after 0.2 s"):
+        asyncio.run(start_time_from(tmp_path / "never", timeout=0.2))
+    (tmp_path / "bad").write_text("soon")
+    with pytest.raises(StartFileError, match="does not hold a Unix time"):
+        asyncio.run(start_time_from(tmp_path / "bad"))
+    with pytest.raises(ValueError, match="not both"):
+        ClientConfig(url="http://10.0.0.1/v1/calls", start_at_unix=time.time(),
+                     start_file=str(tmp_path / "x"))
+
+
 def test_a_start_time_must_be_a_unix_time():
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="start_at_unix"):

@@ -112,6 +112,15 @@ def test_a_fault_runs_clock_reaches_the_client_as_its_first_calls_time(tmp_path)
     assert config.start_at_unix == 1796543728.254737
 
 
+def test_a_runs_start_file_reaches_the_client(tmp_path):
+    sc = load(tmp_path, "clients: {aiortc: 3}\n")
+    where = RegionClients("http://127.0.0.1:8080/v1/calls", "eu-west", LOGS,
+                          start_file=LOGS / "calls-start")
+    [aiortc] = commands(sc, where)
+    config = config_from_args(build_parser().parse_args(list(aiortc.argv)))
+    assert config.start_file == str(LOGS / "calls-start") and config.start_at_unix is None
+
+
 def test_a_scenarios_mix_is_checked_with_the_registrys_words(tmp_path):
     with pytest.raises(ScenarioError, match="clients: .*types aiortc, chromium"):
         load(tmp_path, "clients: {aiortc: 2, webkit: 1}\n")

@@ -119,3 +119,22 @@ def test_every_thread_of_the_runner_can_run_at_the_probes_priority_while_they_pr
         assert {os.sched_getscheduler(t) for t in mine} == {os.SCHED_OTHER}
     finally:
         stop.set()
+
+
+STEPS_DOWN = ("import threading, time; from services.priority import step_down; "
+              "threading.Thread(target=time.sleep, args=(30,)).start(); time.sleep(0.5); "
+              "import sys; print('lowered', step_down(), file=sys.stderr, flush=True); "
+              "time.sleep(30)")
+
+
+@pytest.mark.root
+def test_a_process_whose_calls_are_over_steps_down_with_every_thread(tmp_path):
+    """services/priority.py: what a client runs once its calls are done (its exit) runs
+    ordinary, every thread of it."""
+    proc = ServiceProcess("steps-down", [sys.executable, "-c", STEPS_DOWN],
+                          tmp_path / "steps-down.log", realtime=4).start()
+    try:
+        proc.wait_ready(lambda: "lowered 2" in proc.log_path.read_text(), timeout=15)
+        assert _policies(proc.pid) == {(os.SCHED_OTHER, 0)}
+    finally:
+        proc.stop()

@@ -34,5 +34,7 @@ class AiortcClient(ClientType):
                 *(["--retry-setup"] if where.retry_setup else []),
                 *(["--start-at", f"{where.start_at_unix:.6f}"]
                   if where.start_at_unix is not None else []),
+                *(["--start-file", str(where.start_file)] if where.start_file is not None
+                  else []),
                 *(["--rx-log", str(where.rx_log)] if where.rx_log is not None else []),
                 *self._verify(verifies), *self._outputs(where), *extra_args]

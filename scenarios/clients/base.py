@@ -25,6 +25,9 @@ class RegionClients:
     # When the first call is due (Unix s; None: once the process is up). Fault runs set it:
     # their faults count from it. Types with a ready event start before it is known.
     start_at_unix: float | None = None
+    # Or: a file the run writes that time into once all its client processes are up (types
+    # without a ready event wait for it after their start-up).
+    start_file: Path | None = None
 
 
 @dataclass(frozen=True)

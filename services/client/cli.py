@@ -10,6 +10,7 @@ from services.client.config import KINDS, ClientConfig, IceServer
 from services.client.results import SessionResult
 from services.client.verify import CHECKS, DEFAULT_VERIFIES, parse_verifies
 from services.lag import LoopLagMonitor
+from services.priority import step_down
 from services.logs import log_event
 from voiceedge.errors import UserError
 
@@ -29,6 +30,10 @@ def add_parser(sub) -> None:
                    help="wall-clock time (Unix seconds) the first session is due, the others "
                         "following at --rate from there; a client up later starts at once and "
                         "logs calls_late (default: as soon as it is up)")
+    p.add_argument("--start-file", metavar="PATH",
+                   help="after warming up, wait for PATH to hold --start-at's time (a run "
+                        "starts every client process, then writes it, so that no call runs "
+                        "beside another process's start-up)")
     p.add_argument("--concurrency", type=int,
                    help="at most this many sessions at once (default: no limit)")
     p.add_argument("--duration", type=float, default=5.0,
@@ -132,7 +137,7 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
         raise UserError("give --ice-server or --ice-from-signaling, not both")
     try:
         return ClientConfig(url=args.url, duration_s=args.duration, start_rate=args.rate,
-                            start_at_unix=args.start_at,
+                            start_at_unix=args.start_at, start_file=args.start_file,
                             concurrency=args.concurrency, ice_servers=servers,
                             ice_transport_policy="relay" if args.ice_relay_only else "all",
                             ice_from_signaling=args.ice_from_signaling,
@@ -206,7 +211,7 @@ def summary(results: list[SessionResult]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.client.runner import run_sessions
+    from services.client.runner import StartFileError, run_sessions
 
     config = config_from_args(args)
     full = args.sessions if config.full_sessions is None else config.full_sessions
@@ -216,13 +221,20 @@ def run(args: argparse.Namespace) -> int:
               duration_s=config.duration_s)
     async def measured() -> list[SessionResult]:
         async with LoopLagMonitor(log):  # a lagging client measures itself: say when
-            return await run_sessions(config, args.sessions, results_path=args.results,
-                                      samples_path=args.samples, arrivals_path=args.rx_log,
-                                      on_result=None if args.quiet else log_result,
-                                      index_base=args.index_base)
+            results = await run_sessions(config, args.sessions, results_path=args.results,
+                                         samples_path=args.samples, arrivals_path=args.rx_log,
+                                         on_result=None if args.quiet else log_result,
+                                         index_base=args.index_base)
+        # Its calls are over (and the lag watch's last second logged): the teardown runs
+        # ordinary, behind the other clients' calls (services/priority.py).
+        if lowered := step_down():
+            log_event(log, "stepped_down", threads=lowered)
+        return results
 
     try:
         results = asyncio.run(measured())
+    except StartFileError as exc:
+        raise UserError(str(exc)) from None
     except OSError as exc:  # the output files
         raise UserError(f"cannot write results: {exc}") from None
     log_event(log, "client_finished", sessions=len(results),

@@ -30,6 +30,9 @@ class ClientConfig:
     # from there; None: as soon as run_sessions starts. A scenario with faults gives one, so
     # its faults and its calls keep one clock whatever the client's start-up costs.
     start_at_unix: float | None = None
+    # A file that will hold start_at_unix, written once every client of a run is up (waited
+    # for after the warm-up, START_FILE_WAIT_S at most).
+    start_file: str | None = None
     concurrency: int | None = None        # at most this many sessions at once; None: no limit
     ice_servers: tuple[IceServer, ...] = ()
     ice_transport_policy: str = "all"     # "relay": relay candidates only (TURN)
@@ -80,6 +83,8 @@ class ClientConfig:
                 raise ValueError(f"{name} must be positive")
         if self.start_at_unix is not None and not self.start_at_unix > 0:
             raise ValueError("start_at_unix must be a positive Unix time")
+        if self.start_file is not None and self.start_at_unix is not None:
+            raise ValueError("give start_at_unix or start_file, not both")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if self.full_sessions is not None and self.full_sessions < 0:

@@ -14,6 +14,8 @@ from services.gcpolicy import SessionCollections
 from services.logs import log_event
 
 log = logging.getLogger("voiceedge.client")
+START_FILE_WAIT_S = 120.0
+START_FILE_POLL_S = 0.01
 LATE_S = 0.05  # a first call later than this after its given start is logged (calls_late)
 
 
@@ -74,7 +76,10 @@ async def run_sessions(config: ClientConfig, n: int, *,
     log_event(log, "client_warm_up", ms=await warm_up(config))
     gc_policy = SessionCollections(log)
     gc_policy.start()
-    t0 = await _first_due(config.start_at_unix)
+    start_at = config.start_at_unix
+    if config.start_file is not None:
+        start_at = await start_time_from(Path(config.start_file))
+    t0 = await _first_due(start_at)
     try:
         for i in range(n):
             delay = t0 + i / config.start_rate - time.monotonic()
@@ -93,6 +98,24 @@ async def run_sessions(config: ClientConfig, n: int, *,
         out.close()
         gc_policy.stop()
     return sorted(results, key=lambda r: r.index)
+
+
+class StartFileError(Exception):
+    """The start file never came, or holds no time."""
+
+
+async def start_time_from(path: Path, timeout: float = START_FILE_WAIT_S) -> float:
+    """The Unix time a run writes into ``path`` once all its clients are up (waited for)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return float(path.read_text())
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise StartFileError(f"no start time in {path} after {timeout:g} s") from None
+        except ValueError:  # written as a whole by a rename; anything else is not ours
+            raise StartFileError(f"{path} does not hold a Unix time") from None
+        await asyncio.sleep(START_FILE_POLL_S)
 
 
 async def _first_due(start_at_unix: float | None) -> float:
