@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import subprocess
 import threading
 import time
@@ -71,9 +72,10 @@ STEERING_FIELDS = ("architecture", "client_region", "front", "event", "unix", "c
 # CALLS_START, which the runner writes once all have logged CLIENT_UP_EVENT, with a time
 # CALLS_LEAD_S ahead. (Ten processes starting beside the first calls of the others lagged
 # them 100-280 ms in REGION=all.) A process up early is still lagged by the others' start-up
-# (0.5-0.6 s in REGION=all), so the first calls are due a second later: the lag is then in a
-# second of its own, not in one a call was live in (the lag watch's windows are whole seconds).
-CALLS_LEAD_S = 1.0
+# (0.5-0.6 s in REGION=all), so with more than one, the first calls are due just after the
+# next whole second: the lag is then in a second of its own, not in one a call was live in
+# (the lag watch's windows are whole seconds).
+CALLS_LEAD_S = 0.05
 CALLS_START = "calls-start"      # in an architecture's logs: when its clients' first calls are due
 CLIENT_UP_EVENT = "client_warm_up"
 CLIENT_UP_TIMEOUT_S = 120.0
@@ -472,7 +474,8 @@ class ScenarioRunner:
         for proc, c in starting:
             proc.wait_ready(lambda p=proc: _logged(p.log_path, CLIENT_UP_EVENT),
                             timeout=CLIENT_UP_TIMEOUT_S)
-        calls_at = time.time() + CALLS_LEAD_S
+        now = time.time()
+        calls_at = (math.floor(now) + 1 if len(starting) > 1 else now) + CALLS_LEAD_S
         written = start_file.with_suffix(".tmp")
         written.write_text(f"{calls_at:.6f}")
         written.rename(start_file)  # whole, as the clients read it
