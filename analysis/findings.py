@@ -95,11 +95,13 @@ def saturation(stats: Stats) -> str:
     if not hit:
         return ""
     parts = ", ".join(f"{a}: {n} of {ok}" for a, n, ok in hit)
-    return (f"Host saturated: some sessions were measured while a process on their path "
-            f"(client, front, relays, transceiver or agent: a stall of 10 ms or more; the "
-            f"impairment engine: a release 2 ms late) ({parts}). Their figures are the testbed's, not the "
-            f"architecture's: they are left out of every statistic and comparison below; "
-            f"sessions.csv names what lagged (saturated_by).")
+    return (f"Host saturated: some sessions were measured while a process on their path lagged "
+            f"(a second in which a tenth of its 20 ms ticks came 5 ms late or more, or one came "
+            f"100 ms late; the impairment engine: a tenth of its releases 2 ms late, or one "
+            f"100 ms late) ({parts}). Their figures are the testbed's, not the architecture's: "
+            f"they are left out of every statistic and comparison below; sessions.csv names "
+            f"what lagged (saturated_by), and the Calibration section where the host's CPU went "
+            f"while the calls ran.")
 
 
 def lead(results: Results, stats: Stats) -> str:

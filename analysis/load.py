@@ -60,6 +60,7 @@ class Results:
     calibration: dict
     summary: dict
     calibration_at_load: dict = field(default_factory=dict)  # architecture -> its probes
+    host_cpu: dict = field(default_factory=dict)  # architecture -> host_cpu.json's window
     missing_files: list[str] = field(default_factory=list)
     timings: dict = field(default_factory=dict)  # timings.json: run and per-architecture times
     steering: pd.DataFrame = field(default_factory=lambda: _empty(STEERING_COLUMNS))
@@ -291,4 +292,5 @@ def load_results(path: str | Path, require_sessions: bool = True) -> Results:
                    summary=optional_json("summary.json"), missing_files=missing,
                    timings=optional_json("timings.json"),
                    calibration_at_load=optional_json("calibration_at_load.json"),
+                   host_cpu=optional_json("host_cpu.json"),
                    archfacts=archinfo.read(path, config))

@@ -256,6 +256,9 @@ def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: E
         parts += ["<h2 id='calibration'>Calibration</h2>",
                   tables.to_html(tables.calibration_at_load(results)),
                   tables.to_html(tables.calibration(results))]
+        if results.host_cpu:
+            parts += ["<h3 id='host-cpu'>Host CPU while the calls ran</h3>",
+                      tables.to_html(tables.host_cpu(results))]
     parts += ["<h2 id='config'>Configuration</h2>", tables.to_html(tables.configuration(results))]
     if not results.target:
         parts += ["<details><summary>emulated paths (impairments)</summary>",
@@ -322,6 +325,9 @@ def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], mode
         lines += [f"![{name}]({rel.as_posix()})", "", f"_{CAPTIONS.get(name, '')}_", ""]
     if not results.target:
         lines += ["## Calibration", "", tables.to_markdown(tables.calibration_at_load(results))]
+        if results.host_cpu:
+            lines += ["### Host CPU while the calls ran", "",
+                      tables.to_markdown(tables.host_cpu(results))]
     lines += ["Full tables, calibration and configuration: `report.html`.", "", "## Method", ""]
     lines += [f"- {line}" for line in _method(stats.bootstrap, model)]
     return "\n".join(lines) + "\n"

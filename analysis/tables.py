@@ -347,6 +347,45 @@ def calibration_at_load(results: Results) -> Table:
     return table
 
 
+HOST_CPU_GROUPS = ("clients", "engine", "relay", "ingress", "transceiver", "agent", "signaling",
+                   "turn", "redis", "external", "runner")
+
+
+def host_cpu(results: Results) -> Table:
+    """Where the host's CPU went while each architecture's calls ran (host_cpu.json)."""
+    windows = results.host_cpu
+    groups = [g for g in HOST_CPU_GROUPS if any(g in w.get("groups", {}) for w in windows.values())]
+    groups += sorted({g for w in windows.values() for g in w.get("groups", {})} - set(groups))
+    table = Table(["architecture", "window s", "host busy (% of all cores)",
+                   "idle process lagged (s)", "steal", "interrupts"] + groups + ["other"],
+                  note="Measured in this run, from the first calls due to the last moment every "
+                       "client still ran: the host's busy time (wall time on every core minus "
+                       "/proc/stat's idle) and each group's scheduler time (every thread), in % of "
+                       "ONE core unless said; steal and interrupts are the kernel's tick samples. "
+                       "'runner' includes what the runner started for the world (hosts' shells, "
+                       "probes, captures); 'other' is busy time no group claims (kernel threads, "
+                       "packet work in interrupts). A host near all its cores busy delays every "
+                       "process on it: what the lag watch flags as saturated. 'idle process "
+                       "lagged': seconds in which a process with no work at the clients' "
+                       "priority (scenarios/idleprobe.py) lagged by the same rule: the host's "
+                       "share of the clients' lagged seconds.")
+    for arch, w in windows.items():
+        g = w.get("groups", {})
+        table.rows.append([arch, f"{w.get('seconds', 0):.0f}",
+                           f"{w.get('busy_of_host_pct', 0):.0f}% ({w.get('busy_pct', 0):.0f} of "
+                           f"{100 * w.get('cpus', 1)})", _idle_probe(w.get("idle_probe")),
+                           f"{w.get('steal_pct', 0):.1f}", f"{w.get('irq_pct', 0):.1f}"]
+                          + [f"{g[k]:.1f}" if k in g else "-" for k in groups]
+                          + [f"{w.get('other_pct', 0):.1f}"])
+    return table
+
+
+def _idle_probe(probe: dict | None) -> str:
+    if not probe:
+        return "-"
+    return f"{probe.get('lagged_seconds', 0)} of {probe.get('seconds', 0)}"
+
+
 def configuration(results: Results) -> Table:
     """The run's scenario and world, one setting per row."""
     c = results.config

@@ -15,7 +15,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -27,6 +29,8 @@ from scenarios.architectures.base import BACKBONE
 from scenarios.edge import (ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, Host,
                             IngressPlan, TurnPlan, count_ports)
 from scenarios.faults import FaultInjector, FaultRecord
+from scenarios.hostcpu import HostCpu, HostCpuWatch, lagged_seconds, process_groups
+from scenarios.idleprobe import SERVICE as IDLE_PROBE
 from scenarios.priorities import PROBES, SOFTIRQ, Raised, own_threads, softirq_threads
 from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
 from scenarios.clients import ClientCommand, RegionClients, results_suffixes
@@ -121,6 +125,7 @@ class ArchitectureRun:
     attempts: list[dict] = field(default_factory=list)  # attempts.csv rows
     gaps: list[dict] = field(default_factory=list)      # gaps.csv rows
     faults: list[FaultRecord] = field(default_factory=list)
+    host_cpu: HostCpu | None = None  # where the host's CPU went while the calls ran
 
     @property
     def success_pct(self) -> float:
@@ -351,6 +356,7 @@ class ScenarioRunner:
         load_calibration = None
         injector: FaultInjector | None = None
         faults: list[FaultRecord] = []
+        idle_probe: ServiceProcess | None = None
         edge = Edge(plan, logs, realtime=self.priorities.services)
         captures = None
         finished = False
@@ -369,6 +375,11 @@ class ScenarioRunner:
             # Made before the clients start: it prepares its verdicts then, not beside them.
             at_load = (_AtLoad(self, world, arch, watch)
                        if sc.calibration_at_load and not sc.faults else None)
+            cpu = HostCpuWatch(lambda: cpu_groups(world, edge, clients),
+                               lambda: all(c.alive() for c in clients))
+            idle_probe = ServiceProcess(IDLE_PROBE, [sys.executable, "-m", "scenarios.idleprobe"],
+                                        logs / f"{IDLE_PROBE}.log",
+                                        realtime=self.priorities.clients).start()
             calls_at = self._start_clients(world, arch, edge, logs, captures, clients)
             if sc.faults:
                 injector = FaultInjector(sc.faults, edge, world, self.say)
@@ -391,6 +402,10 @@ class ScenarioRunner:
                          f"{watch.live} live, "
                          f"{time.monotonic() - started:.0f} s", transient=True)
                 watch.sample()
+                if cpu.is_open:
+                    cpu.sample()
+                elif time.time() >= calls_at:
+                    cpu.open()
                 if captures is not None:
                     captures.poll()
                 if at_load is not None:
@@ -408,6 +423,8 @@ class ScenarioRunner:
         finally:
             for proc in clients:  # stopped with the services, also on Ctrl-C
                 proc.stop()
+            if idle_probe is not None:
+                idle_probe.stop()
             if injector is not None:  # an error or Ctrl-C: mend links before the next run
                 faults = injector.stop()
             if captures is not None:
@@ -421,6 +438,12 @@ class ScenarioRunner:
             if keep_edge:
                 edge.stop()
             raise
+        host_cpu = cpu.result()
+        if host_cpu is not None:
+            seconds, lagged = lagged_seconds(logs / f"{IDLE_PROBE}.log", host_cpu.start_unix,
+                                             host_cpu.end_unix)
+            host_cpu.idle_probe = {"priority": self.priorities.clients, "seconds": seconds,
+                                   "lagged_seconds": lagged}
         ok = sum(1 for s in sessions if s["ok"])
         self.progress(arch, len(sessions), len(sessions))
         self.say(f"[{arch}] {ok}/{len(sessions)} sessions ok in {time.monotonic() - started:.0f} s")
@@ -430,17 +453,17 @@ class ScenarioRunner:
                                 for b in watch.bindings_at_peak],
                                round(time.monotonic() - started, 1), load_calibration,
                                steering_rows(arch, logs / TIMELINE), attempts, gaps,
-                               faults), edge if keep_edge else None
+                               faults, host_cpu), edge if keep_edge else None
 
     def _start_clients(self, world: World, arch: str, edge: Edge, logs: Path,
                        captures: WorldCapture | None, clients: list[ServiceProcess]
-                       ) -> float | None:
+                       ) -> float:
         """Every client region's client processes, one per client type of the scenario's mix
         (scenarios/clients/), appended to ``clients`` as they start (the caller stops them).
         The types with a ready event (the browsers) are launched, and ready, before any call
         starts: their start-up is seconds of CPU and must not lie under the calls. The others
-        are all up before any of them calls (``CALLS_START``); a run with faults gets the time
-        their first calls were due: its faults count from it."""
+        are all up before any of them calls (``CALLS_START``). Returns when their first calls
+        are due (Unix time): a run's faults and its host CPU window count from it."""
         sc = self.scenario
         verifies, extra_args = self.client_options(arch)
         regions = []
@@ -479,7 +502,7 @@ class ScenarioRunner:
         written = start_file.with_suffix(".tmp")
         written.write_text(f"{calls_at:.6f}")
         written.rename(start_file)  # whole, as the clients read it
-        return calls_at if sc.faults else None
+        return calls_at
 
     def client_options(self, arch: str) -> tuple[tuple[str, ...], list[str]]:
         """(what ``arch``'s clients verify, their extra options: under TURN, relay-only
@@ -644,6 +667,17 @@ class _PeakWatch:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5)
+
+
+def cpu_groups(world: World, edge: Edge, clients: list[ServiceProcess]) -> dict[str, list[int]]:
+    """The pids of what runs an architecture's calls, by what they are: the impairment engine,
+    the clients (a browser's helpers too), the edge's services by role (their workers too),
+    and the runner with whatever else it started (the emulated hosts' shells, calibration's
+    probes)."""
+    roots = [("engine", getattr(world.backend, "engine_pid", None))]
+    roots += [("clients", c.pid) for c in clients if c.alive()]
+    roots += [(s.role, s.process.pid) for s in edge.services.values() if s.process.alive()]
+    return process_groups(roots + [("runner", os.getpid())])
 
 
 def steering_rows(arch: str, timeline: Path) -> list[dict]:
@@ -820,6 +854,10 @@ def write_results(result: RunResult) -> None:
                for a in result.architectures if a.load_calibration is not None}
     if at_load:
         (d / "calibration_at_load.json").write_text(json.dumps(at_load, indent=2))
+    host_cpu = {a.architecture: a.host_cpu.to_dict()
+                for a in result.architectures if a.host_cpu is not None}
+    if host_cpu:
+        (d / "host_cpu.json").write_text(json.dumps(host_cpu, indent=2))
     result.timings["architectures"] = {a.architecture: a.seconds for a in result.architectures}
     (d / "timings.json").write_text(json.dumps(result.timings, indent=2))
     result.summary = finalize(d)

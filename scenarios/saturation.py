@@ -1,8 +1,9 @@
 """Which sessions were measured while the testbed itself lagged.
 
 Every process of a run reports the wall-clock seconds in which it could not keep up
-(services/lag.py: ``loop_lag`` events, a stall of 10 ms or more, in the architecture's timeline;
-the impairment engine: seconds in which it released a packet 2 ms or more late). A session is *saturated* when any
+(services/lag.py: ``loop_lag`` events, in the architecture's timeline: a tenth of a second's
+20 ms ticks 5 ms late or more, or one 100 ms late; the impairment engine: a tenth of a second's
+releases 2 ms late or more, or one 100 ms late). A session is *saturated* when any
 process on its path lagged during its set-up, or for a fifth of its call or more (``flag``):
 its figures are the host's, not the architecture's. The path of a session is its architecture's
 (``Architecture.path``, scenarios/architectures/): its client, its region's signaling front, the

@@ -38,15 +38,21 @@ def alive(pid: int) -> bool:
         return False
 
 
-def descendants(pid: int | None) -> list[int]:
-    """``pid`` (if it is still there) and every process below it, parents first."""
-    if pid is None:
-        return []
+def process_tree() -> tuple[set[int], dict[int, list[int]]]:
+    """(every pid now, parent pid -> its children's pids), in one pass over /proc."""
     children: dict[int, list[int]] = {}
     alive = set()
     for p, fields in processes():
         alive.add(p)
         children.setdefault(int(fields[1]), []).append(p)
+    return alive, children
+
+
+def descendants(pid: int | None) -> list[int]:
+    """``pid`` (if it is still there) and every process below it, parents first."""
+    if pid is None:
+        return []
+    alive, children = process_tree()
     out, todo = [], [pid] if pid in alive else []
     while todo:
         p = todo.pop(0)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -107,6 +108,29 @@ def test_the_world_is_calibrated_again_while_the_calls_run(ci_results, kernel_ba
         assert idle["releases_per_s"] > 0 and idle["lateness_p99_us"] is not None
     report = (directory / "report.md").read_text()
     assert "at load: global-relay" in report and "idle (before the calls)" in report
+
+
+def test_where_the_hosts_cpu_went_is_measured_per_architecture(ci_results, kernel_backend):
+    _, directory = ci_results
+    windows = json.loads((directory / "host_cpu.json").read_text())
+    assert list(windows) == ["port-per-session", "cluster-relay", "global-relay"]
+    services = {"port-per-session": {"transceiver", "agent", "signaling"},
+                "cluster-relay": {"relay", "transceiver"},
+                "global-relay": {"ingress", "relay", "transceiver"}}
+    for arch, w in windows.items():
+        groups = w["groups"]
+        assert w["seconds"] >= 2 and w["cpus"] == os.cpu_count(), (arch, w)
+        assert services[arch] <= set(groups) and "runner" in groups, (arch, groups)
+        assert groups["clients"] > 0 and groups["transceiver"] > 0, (arch, groups)
+        if kernel_backend == "userspace":
+            assert groups["engine"] > 0, (arch, groups)
+        # what the groups claim is part of what the host was busy with (tick-sampled)
+        assert sum(groups.values()) <= w["busy_pct"] * 1.2 + 2, (arch, w)
+        probe = w["idle_probe"]   # a process with no work, at the clients' priority
+        assert probe["seconds"] >= 2 and 0 <= probe["lagged_seconds"] <= probe["seconds"], w
+    logs = directory / "logs" / "global-relay"
+    assert '"loop_lag_summary"' in (logs / "idle-probe.log").read_text()
+    assert "Host CPU while the calls ran" in (directory / "report.md").read_text()
 
 
 def test_results_folder_has_everything_and_nothing_else(ci_results, kernel_backend):

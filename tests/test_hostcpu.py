@@ -1,0 +1,128 @@
+"""Where the host's CPU went while the calls ran (scenarios/hostcpu.py), and its report table."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from analysis.load import load_results
+from analysis.tables import host_cpu, to_markdown
+from scenarios.hostcpu import HostCpuWatch, HostTimes, lagged_seconds, process_groups
+from tests.test_analysis import write_run
+
+BUSY = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+PARENT = ("import subprocess, sys, time\n"
+          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+          "time.sleep(30)\n")
+
+
+@pytest.fixture
+def spawn():
+    procs = []
+
+    def start(code: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+        procs.append(proc)
+        return proc
+    yield start
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def test_host_times_read_proc_stat_fields(tmp_path):
+    hz = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text(f"cpu  {10 * hz} {hz} {4 * hz} {50 * hz} {2 * hz} {hz} {3 * hz} {5 * hz} 0 0\n"
+                    "cpu0 1 2 3 4 5 6 7 8 0 0\n")
+    t = HostTimes.read(str(stat))
+    assert (t.idle, t.steal, t.irq) == (52.0, 5.0, 4.0)
+
+
+def test_groups_take_each_root_and_what_it_started(spawn):
+    parent = spawn(PARENT)
+    deadline = time.monotonic() + 10
+    while True:
+        groups = process_groups([("service", parent.pid), ("runner", os.getpid())])
+        if len(groups.get("service", [])) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert groups["service"][0] == parent.pid and len(groups["service"]) == 2
+    # the runner (this process) started the parent too, but a process counts in one group
+    assert os.getpid() in groups["runner"]
+    assert not set(groups["runner"]) & set(groups["service"])
+    assert "gone" not in process_groups([("gone", 2 ** 22 + 1)])
+
+
+def test_a_busy_group_and_an_idle_one_measured_apart(spawn):
+    busy, idle = spawn(BUSY), spawn("import time; time.sleep(30)")
+    watch = HostCpuWatch(lambda: {"busy": [busy.pid], "idle": [idle.pid]}, lambda: True,
+                         every_s=0.1)
+    assert watch.result() is None
+    watch.open()
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        watch.sample()
+        time.sleep(0.05)
+    r = watch.result()
+    assert r is not None and 1.3 < r.seconds < 3
+    assert r.groups["busy"] > 40          # a spinning process, most of a core
+    assert r.groups["idle"] < 2           # a sleeping one, next to nothing
+    assert r.busy_pct >= r.groups["busy"] * 0.8   # the host saw it too (tick-sampled)
+    assert r.busy_of_host_pct == pytest.approx(r.busy_pct / (os.cpu_count() or 1), abs=0.1)
+
+
+def test_the_window_closes_at_the_last_reading_with_every_client_running():
+    now = {"t": 100.0, "cpu": 1.0, "idle": 50.0}
+    alive = {"all": True}
+    watch = HostCpuWatch(lambda: {"clients": [1]}, lambda: alive["all"],
+                         read_host=lambda: HostTimes(now["idle"], 0.5, 0.25),
+                         read_cpu=lambda pid: now["cpu"], every_s=1.0,
+                         clock=lambda: now["t"], cpus=2)
+    watch.open()
+    now.update(t=100.5, cpu=1.2)
+    watch.sample()                        # not due yet: no reading
+    now.update(t=104.0, cpu=2.0, idle=55.0)
+    watch.sample()
+    alive["all"] = False                  # a client ended: what follows is the tail
+    now.update(t=110.0, cpu=9.0, idle=56.0)
+    watch.sample()
+    r = watch.result()
+    assert r.seconds == 4.0 and r.cpus == 2
+    assert r.groups == {"clients": 25.0}  # 1 s of CPU in 4 s
+    assert r.busy_pct == 75.0             # 8 core-seconds, 5 of them idle
+    assert r.other_pct == 50.0 and r.steal_pct == 0.0 and r.busy_of_host_pct == 37.5
+
+
+def test_the_report_shows_where_the_cpu_went(tmp_path):
+    run = write_run(tmp_path / "default-all-20260101-000000")
+    (run / "host_cpu.json").write_text(json.dumps({"global-relay": {
+        "seconds": 96.0, "cpus": 2, "busy_pct": 171.3, "steal_pct": 1.2, "irq_pct": 14.0,
+        "groups": {"clients": 52.5, "engine": 31.0, "ingress": 20.2, "runner": 1.4},
+        "other_pct": 66.2, "busy_of_host_pct": 85.7,
+        "idle_probe": {"priority": 2, "seconds": 95, "lagged_seconds": 36}}}))
+    table = to_markdown(host_cpu(load_results(run)))
+    assert ("| global-relay | 96 | 86% (171 of 200) | 36 of 95 | 1.2 | 14.0 | 52.5 | 31.0 | 20.2 "
+            "| 1.4 | 66.2 |") in table
+    header = table.splitlines()[0]
+    assert header.index("clients") < header.index("engine") < header.index("ingress")
+    shutil.rmtree(run)
+
+
+def test_lagged_seconds_counts_whole_seconds_of_the_window(tmp_path):
+    log = tmp_path / "idle-probe.log"
+    lines = [{"event": "loop_lag", "window_start": t, "max_ms": 30.0} for t in (99, 100, 104, 105)]
+    lines.insert(1, {"event": "loop_lag_summary", "seconds_lagged": 4})
+    log.write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
+    # whole seconds 100..104 of [99.5, 105.2]: 100 and 104 lagged; 99 and 105 are cut
+    assert lagged_seconds(log, 99.5, 105.2) == (5, 2)
+    assert lagged_seconds(tmp_path / "missing.log", 0, 10) == (10, 0)
