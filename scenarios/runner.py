@@ -80,6 +80,9 @@ STEERING_FIELDS = ("architecture", "client_region", "front", "event", "unix", "c
 # next whole second: the lag is then in a second of its own, not in one a call was live in
 # (the lag watch's windows are whole seconds).
 CALLS_LEAD_S = 0.05
+POLL_S = 0.5                      # the runner's progress and watches while calls run
+EXIT_CHECK_S = 0.05               # how soon it notices the last client process ended
+RELAY_PUBLISH_S = 0.6             # relays publish their counters twice a second
 CALLS_START = "calls-start"      # in an architecture's logs: when its clients' first calls are due
 CLIENT_UP_EVENT = "client_warm_up"
 CLIENT_UP_TIMEOUT_S = 120.0
@@ -410,14 +413,16 @@ class ScenarioRunner:
                     captures.poll()
                 if at_load is not None:
                     at_load.poll(done)
-                time.sleep(0.5)
+                _while_any_runs(clients, POLL_S)
+            ended = time.monotonic()
             if at_load is not None:
                 load_calibration = at_load.finish()
             if injector is not None:
                 faults = _note_late_clients(injector.stop(), logs)
                 injector = None
             watch.stop()
-            time.sleep(0.6)  # relays publish their counters twice a second
+            # relays publish their counters twice a second: one more after the last datagram
+            time.sleep(max(0.0, ended + RELAY_PUBLISH_S - time.monotonic()))
             relays = edge.relay_counters()
             finished = True
         finally:
@@ -667,6 +672,14 @@ class _PeakWatch:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5)
+
+
+def _while_any_runs(clients: list[ServiceProcess], timeout_s: float) -> None:
+    """Wait ``timeout_s``, or less if the last client process ends first (the run goes on at
+    once, not at the next poll)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and any(c.alive() for c in clients):
+        time.sleep(EXIT_CHECK_S)
 
 
 def cpu_groups(world: World, edge: Edge, clients: list[ServiceProcess]) -> dict[str, list[int]]:
