@@ -372,6 +372,8 @@ class ScenarioRunner:
                     say=lambda msg: self.say(f"[{arch}] {msg}"))
                 captures.start()
                 self.say(f"[{arch}] capturing at {len(captures.points)} hosts")
+            # The clients that wait for the start file warm up while the services start.
+            waiting = self._launch_waiting_clients(world, arch, edge, logs, captures, clients)
             edge.start()
             watch = _PeakWatch(edge)
             # No calibration at load while faults break paths on purpose (docs/faults.md).
@@ -383,7 +385,8 @@ class ScenarioRunner:
             idle_probe = ServiceProcess(IDLE_PROBE, [sys.executable, "-m", "scenarios.idleprobe"],
                                         logs / f"{IDLE_PROBE}.log",
                                         realtime=self.priorities.clients).start()
-            calls_at = self._start_clients(world, arch, edge, logs, captures, clients)
+            calls_at = self._start_clients(world, arch, edge, logs, captures, clients,
+                                           waiting)
             if sc.faults:
                 injector = FaultInjector(sc.faults, edge, world, self.say)
                 injector.start(calls_at)
@@ -460,50 +463,65 @@ class ScenarioRunner:
                                steering_rows(arch, logs / TIMELINE), attempts, gaps,
                                faults, host_cpu), edge if keep_edge else None
 
-    def _start_clients(self, world: World, arch: str, edge: Edge, logs: Path,
-                       captures: WorldCapture | None, clients: list[ServiceProcess]
-                       ) -> float:
-        """Every client region's client processes, one per client type of the scenario's mix
-        (scenarios/clients/), appended to ``clients`` as they start (the caller stops them).
-        The types with a ready event (the browsers) are launched, and ready, before any call
-        starts: their start-up is seconds of CPU and must not lie under the calls. The others
-        are all up before any of them calls (``CALLS_START``). Returns when their first calls
-        are due (Unix time): a run's faults and its host CPU window count from it."""
-        sc = self.scenario
-        verifies, extra_args = self.client_options(arch)
+    def _regions(self, world: World, edge: Edge, logs: Path, captures: WorldCapture | None
+                 ) -> list[tuple[str, RegionClients]]:
+        """(the client host's namespace, what its clients need) for every client region."""
         regions = []
         for n, front in enumerate(edge.plan.fronts):
             host = f"client{world.index[front.region]}"
             where = RegionClients(
                 edge.signaling_url(front), front.region, logs, n, len(edge.plan.fronts),
-                retry_setup=bool(sc.faults),
+                retry_setup=bool(self.scenario.faults),
                 rx_log=(captures.directory / f"{host}{RX_LOG_SUFFIX}"
                         if captures is not None else None))
             regions.append((world.node(host).ns_path, where))
+        return regions
 
-        def start(command: ClientCommand, netns: str) -> ServiceProcess:
-            proc = ServiceProcess(command.name, voiceedge_cmd(*command.argv),
-                                  command.log_path(logs), netns=netns,
-                                  realtime=self.priorities.clients * command.realtime).start()
-            clients.append(proc)
-            return proc
+    def _start_client(self, command: ClientCommand, netns: str, logs: Path,
+                      clients: list[ServiceProcess]) -> ServiceProcess:
+        proc = ServiceProcess(command.name, voiceedge_cmd(*command.argv),
+                              command.log_path(logs), netns=netns,
+                              realtime=self.priorities.clients * command.realtime).start()
+        clients.append(proc)
+        return proc
 
-        warming = [(start(c, netns), c) for netns, where in regions
-                   for c in client_commands(sc, where, verifies, extra_args)
+    def _launch_waiting_clients(self, world: World, arch: str, edge: Edge, logs: Path,
+                                captures: WorldCapture | None, clients: list[ServiceProcess]
+                                ) -> list[ServiceProcess]:
+        """The client processes that call only once ``CALLS_START`` is written (every type
+        without a ready event), launched before the edge's services: their start-up and
+        warm-up overlap the services' (they neither call nor send before the file)."""
+        verifies, extra_args = self.client_options(arch)
+        start_file = logs / CALLS_START
+        return [self._start_client(c, netns, logs, clients)
+                for netns, where in self._regions(world, edge, logs, captures)
+                for c in client_commands(self.scenario, replace(where, start_file=start_file),
+                                         verifies, extra_args)
+                if c.ready_event is None]
+
+    def _start_clients(self, world: World, arch: str, edge: Edge, logs: Path,
+                       captures: WorldCapture | None, clients: list[ServiceProcess],
+                       waiting: list[ServiceProcess]) -> float:
+        """The client types with a ready event (the browsers), launched once the edge is up
+        and ready before any call starts (their start-up is seconds of CPU and must not lie
+        under the calls); then the ``waiting`` ones (``_launch_waiting_clients``) once they
+        are up, released together by ``CALLS_START``. Appended to ``clients`` as they start
+        (the caller stops them). Returns when the first calls are due (Unix time): a run's
+        faults and its host CPU window count from it."""
+        verifies, extra_args = self.client_options(arch)
+        warming = [(self._start_client(c, netns, logs, clients), c)
+                   for netns, where in self._regions(world, edge, logs, captures)
+                   for c in client_commands(self.scenario, where, verifies, extra_args)
                    if c.ready_event is not None]
         for proc, c in warming:
             proc.wait_ready(lambda p=proc, e=c.ready_event: _logged(p.log_path, e),
                             timeout=c.ready_timeout_s)
-        start_file = logs / CALLS_START
-        starting = [(start(c, netns), c) for netns, where in regions
-                    for c in client_commands(sc, replace(where, start_file=start_file),
-                                             verifies, extra_args)
-                    if c.ready_event is None]
-        for proc, c in starting:
+        for proc in waiting:
             proc.wait_ready(lambda p=proc: _logged(p.log_path, CLIENT_UP_EVENT),
                             timeout=CLIENT_UP_TIMEOUT_S)
         now = time.time()
-        calls_at = (math.floor(now) + 1 if len(starting) > 1 else now) + CALLS_LEAD_S
+        calls_at = (math.floor(now) + 1 if len(waiting) > 1 else now) + CALLS_LEAD_S
+        start_file = logs / CALLS_START
         written = start_file.with_suffix(".tmp")
         written.write_text(f"{calls_at:.6f}")
         written.rename(start_file)  # whole, as the clients read it

@@ -31,9 +31,9 @@ def add_parser(sub) -> None:
                         "following at --rate from there; a client up later starts at once and "
                         "logs calls_late (default: as soon as it is up)")
     p.add_argument("--start-file", metavar="PATH",
-                   help="after warming up, wait for PATH to hold --start-at's time (a run "
-                        "starts every client process, then writes it, so that no call runs "
-                        "beside another process's start-up)")
+                   help="after warming up, wait (10 minutes at most) for PATH to hold "
+                        "--start-at's time (a run starts every client process, then writes it, "
+                        "so that no call runs beside another process's start-up)")
     p.add_argument("--concurrency", type=int,
                    help="at most this many sessions at once (default: no limit)")
     p.add_argument("--duration", type=float, default=5.0,

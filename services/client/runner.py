@@ -14,7 +14,8 @@ from services.gcpolicy import SessionCollections
 from services.logs import log_event
 
 log = logging.getLogger("voiceedge.client")
-START_FILE_WAIT_S = 120.0
+# A scenario launches its clients while its services (and any browser) start: minutes at most.
+START_FILE_WAIT_S = 600.0
 START_FILE_POLL_S = 0.01
 LATE_S = 0.05  # a first call later than this after its given start is logged (calls_late)
 
