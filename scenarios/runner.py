@@ -373,7 +373,8 @@ class ScenarioRunner:
                 captures.start()
                 self.say(f"[{arch}] capturing at {len(captures.points)} hosts")
             # The clients that wait for the start file warm up while the services start.
-            waiting = self._launch_waiting_clients(world, arch, edge, logs, captures, clients)
+            regions = self._regions(world, edge, logs, captures)
+            waiting = self._launch_waiting_clients(arch, regions, logs, clients)
             edge.start()
             watch = _PeakWatch(edge)
             # No calibration at load while faults break paths on purpose (docs/faults.md).
@@ -385,8 +386,7 @@ class ScenarioRunner:
             idle_probe = ServiceProcess(IDLE_PROBE, [sys.executable, "-m", "scenarios.idleprobe"],
                                         logs / f"{IDLE_PROBE}.log",
                                         realtime=self.priorities.clients).start()
-            calls_at = self._start_clients(world, arch, edge, logs, captures, clients,
-                                           waiting)
+            calls_at = self._start_clients(arch, regions, logs, clients, waiting)
             if sc.faults:
                 injector = FaultInjector(sc.faults, edge, world, self.say)
                 injector.start(calls_at)
@@ -485,8 +485,8 @@ class ScenarioRunner:
         clients.append(proc)
         return proc
 
-    def _launch_waiting_clients(self, world: World, arch: str, edge: Edge, logs: Path,
-                                captures: WorldCapture | None, clients: list[ServiceProcess]
+    def _launch_waiting_clients(self, arch: str, regions: list[tuple[str, RegionClients]],
+                                logs: Path, clients: list[ServiceProcess]
                                 ) -> list[ServiceProcess]:
         """The client processes that call only once ``CALLS_START`` is written (every type
         without a ready event), launched before the edge's services: their start-up and
@@ -494,14 +494,13 @@ class ScenarioRunner:
         verifies, extra_args = self.client_options(arch)
         start_file = logs / CALLS_START
         return [self._start_client(c, netns, logs, clients)
-                for netns, where in self._regions(world, edge, logs, captures)
+                for netns, where in regions
                 for c in client_commands(self.scenario, replace(where, start_file=start_file),
                                          verifies, extra_args)
                 if c.ready_event is None]
 
-    def _start_clients(self, world: World, arch: str, edge: Edge, logs: Path,
-                       captures: WorldCapture | None, clients: list[ServiceProcess],
-                       waiting: list[ServiceProcess]) -> float:
+    def _start_clients(self, arch: str, regions: list[tuple[str, RegionClients]], logs: Path,
+                       clients: list[ServiceProcess], waiting: list[ServiceProcess]) -> float:
         """The client types with a ready event (the browsers), launched once the edge is up
         and ready before any call starts (their start-up is seconds of CPU and must not lie
         under the calls); then the ``waiting`` ones (``_launch_waiting_clients``) once they
@@ -510,7 +509,7 @@ class ScenarioRunner:
         faults and its host CPU window count from it."""
         verifies, extra_args = self.client_options(arch)
         warming = [(self._start_client(c, netns, logs, clients), c)
-                   for netns, where in self._regions(world, edge, logs, captures)
+                   for netns, where in regions
                    for c in client_commands(self.scenario, where, verifies, extra_args)
                    if c.ready_event is not None]
         for proc, c in warming:
