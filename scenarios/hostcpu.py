@@ -17,13 +17,11 @@ watch's own reads) is ``other``.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from services.procfs import precise_cpu_seconds, process_tree
 
@@ -87,6 +85,12 @@ class HostCpu:
     def busy_of_host_pct(self) -> float:
         """Busy as a share of all the host's cores."""
         return self.busy_pct / self.cpus if self.cpus else 0.0
+
+    def whole_seconds(self) -> tuple[int, int]:
+        """[first, last) of the wall-clock seconds wholly inside the window (the lag watch's
+        windows are whole seconds)."""
+        first = math.ceil(self.start_unix)
+        return first, max(first, math.floor(self.end_unix))
 
     def to_dict(self) -> dict:
         return {**asdict(self), "busy_of_host_pct": round(self.busy_of_host_pct, 1)}
@@ -163,24 +167,3 @@ class HostCpuWatch:
                        groups={g: round(v * pct, 1) for g, v in sorted(groups.items())},
                        other_pct=round(max(0.0, busy - claimed) * pct, 1),
                        start_unix=round(u0, 3), end_unix=round(u1, 3))
-
-
-def lagged_seconds(log: Path, start_unix: float, end_unix: float) -> tuple[int, int]:
-    """(whole seconds in [start_unix, end_unix], how many of them ``log``'s ``loop_lag``
-    events call lagged)."""
-    first, last = math.ceil(start_unix), math.floor(end_unix)
-    lagged = set()
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("event") == "loop_lag":
-            second = int(record.get("window_start", -1))
-            if first <= second < last:
-                lagged.add(second)
-    return max(0, last - first), len(lagged)

@@ -29,7 +29,7 @@ from scenarios.architectures.base import BACKBONE
 from scenarios.edge import (ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, Host,
                             IngressPlan, TurnPlan, count_ports)
 from scenarios.faults import FaultInjector, FaultRecord
-from scenarios.hostcpu import HostCpu, HostCpuWatch, lagged_seconds, process_groups
+from scenarios.hostcpu import HostCpu, HostCpuWatch, process_groups
 from scenarios.idleprobe import SERVICE as IDLE_PROBE
 from scenarios.priorities import PROBES, SOFTIRQ, Raised, own_threads, softirq_threads
 from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
@@ -441,17 +441,16 @@ class ScenarioRunner:
                 edge.stop()
             merge_timeline(logs)
         try:
-            sessions, samples, attempts, gaps = self._collect(world, arch, logs)
+            sessions, samples, attempts, gaps, lag = self._collect(world, arch, logs)
         except BaseException:
             if keep_edge:
                 edge.stop()
             raise
         host_cpu = cpu.result()
         if host_cpu is not None:
-            seconds, lagged = lagged_seconds(logs / f"{IDLE_PROBE}.log", host_cpu.start_unix,
-                                             host_cpu.end_unix)
-            host_cpu.idle_probe = {"priority": self.priorities.clients, "seconds": seconds,
-                                   "lagged_seconds": lagged}
+            first, last = host_cpu.whole_seconds()
+            host_cpu.idle_probe = {"priority": self.priorities.clients, "seconds": last - first,
+                                   "lagged_seconds": round(lag.covered([IDLE_PROBE], first, last))}
         ok = sum(1 for s in sessions if s["ok"])
         self.progress(arch, len(sessions), len(sessions))
         self.say(f"[{arch}] {ok}/{len(sessions)} sessions ok in {time.monotonic() - started:.0f} s")
@@ -564,7 +563,8 @@ class ScenarioRunner:
                 "floor_setup_ms": round(signaling + 2 * media, 2)}
 
     def _collect(self, world: World, arch: str, logs: Path):
-        """(sessions, samples, attempts, gaps) rows of one architecture from its logs."""
+        """(sessions, samples, attempts, gaps) rows of one architecture from its logs, and the
+        lagged windows of its processes."""
         engine = world.backend.stats().get("lagged_seconds")  # userspace engine only
         lag = LagWindows.from_run(logs / TIMELINE, engine)
         upstream = _upstream_gaps(logs / TIMELINE)
@@ -575,7 +575,7 @@ class ScenarioRunner:
                                lambda cluster, r=region: self.floors(r, cluster, arch), path)
             for total, part in zip(out, rows):
                 total += part
-        return out
+        return (*out, lag)
 
 
 class _AtLoad:

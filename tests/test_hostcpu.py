@@ -12,7 +12,8 @@ import pytest
 
 from analysis.load import load_results
 from analysis.tables import host_cpu, to_markdown
-from scenarios.hostcpu import HostCpuWatch, HostTimes, lagged_seconds, process_groups
+from scenarios.hostcpu import HostCpu, HostCpuWatch, HostTimes, process_groups
+from scenarios.saturation import LagWindows
 from tests.test_analysis import write_run
 
 BUSY = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
@@ -118,11 +119,12 @@ def test_the_report_shows_where_the_cpu_went(tmp_path):
     shutil.rmtree(run)
 
 
-def test_lagged_seconds_counts_whole_seconds_of_the_window(tmp_path):
-    log = tmp_path / "idle-probe.log"
-    lines = [{"event": "loop_lag", "window_start": t, "max_ms": 30.0} for t in (99, 100, 104, 105)]
-    lines.insert(1, {"event": "loop_lag_summary", "seconds_lagged": 4})
-    log.write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
-    # whole seconds 100..104 of [99.5, 105.2]: 100 and 104 lagged; 99 and 105 are cut
-    assert lagged_seconds(log, 99.5, 105.2) == (5, 2)
-    assert lagged_seconds(tmp_path / "missing.log", 0, 10) == (10, 0)
+def test_the_idle_probe_is_counted_over_the_windows_whole_seconds():
+    window = HostCpu(seconds=5.7, cpus=2, busy_pct=0, steal_pct=0, irq_pct=0,
+                     start_unix=99.5, end_unix=105.2)
+    assert window.whole_seconds() == (100, 105)
+    lag = LagWindows()
+    for second in (99, 100, 104, 105):
+        lag.add("idle-probe", float(second), 1.0, 30.0)
+    # whole seconds 100..104: 100 and 104 lagged; 99 and 105 are outside
+    assert lag.covered(["idle-probe"], *window.whole_seconds()) == 2
