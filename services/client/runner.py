@@ -53,7 +53,8 @@ async def run_sessions(config: ClientConfig, n: int, *,
         from services.client.pump import LightPump
         from services.client.tone import opus_tone
 
-        pump = LightPump(opus_tone(config.tone_hz), capacity=max(n, 1))
+        pump = LightPump(opus_tone(config.tone_hz), capacity=max(n, 1),
+                         read_on_tick=config.light_read == "tick")
         await pump.start()
     slots = asyncio.Semaphore(config.concurrency) if config.concurrency else None
     results: list[SessionResult] = []
