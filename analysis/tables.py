@@ -406,7 +406,9 @@ def configuration(results: Results) -> Table:
              ("start rate (sessions/s)", scenario.get("start_rate")),
              ("last mile", scenario.get("last_mile")),
              ("profile overrides", scenario.get("profiles") or "none"),
-             ("impairment backend", c.get("backend")), ("commit", c.get("commit")),
+             ("impairment backend", c.get("backend")),
+             ("idle cores poll before halting", c.get("halt_polling")),
+             ("commit", c.get("commit")),
              ("started", c.get("started"))]
     for key, value in items:
         table.rows.append([key, "-" if value in (None, "") else str(value)])

@@ -31,6 +31,7 @@ from scenarios.edge import (ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, 
 from scenarios.faults import FaultInjector, FaultRecord
 from scenarios.hostcpu import HostCpu, HostCpuWatch, process_groups
 from scenarios.idleprobe import SERVICE as IDLE_PROBE
+from scenarios.haltpoll import HaltPolling
 from scenarios.priorities import PROBES, SOFTIRQ, Raised, own_threads, softirq_threads
 from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
 from scenarios.clients import ClientCommand, RegionClients, results_suffixes
@@ -211,6 +212,7 @@ class ScenarioRunner:
         self.order = tuple(order or scenario.architectures)
         # the SCHED_FIFO priorities the run gives (ordinary where it may not)
         self.priorities, self.priorities_refused = scenario.realtime.usable()
+        self.halt_polling = ""   # what the run had (haltpoll.py), once it runs
         if sorted(self.order) != sorted(scenario.architectures):
             raise ValueError(f"order {self.order} is not the scenario's architectures")
 
@@ -240,7 +242,9 @@ class ScenarioRunner:
     def run_in(self, world: World) -> RunResult:
         """Calibrate ``world`` (built from this runner's spec, or re-impaired to it) and run
         each architecture in it; CalibrationFailed when the world is off. The world stays up."""
-        with Raised(softirq_threads(), 0 if self.priorities.ordinary else SOFTIRQ):
+        with (Raised(softirq_threads(), 0 if self.priorities.ordinary else SOFTIRQ),
+              HaltPolling(self.scenario.halt_poll_us) as polling):
+            self.halt_polling = polling.state
             return self._run_in(world)
 
     def _run_in(self, world: World) -> RunResult:
@@ -293,7 +297,8 @@ class ScenarioRunner:
             "clusters": self.clusters, "world_regions": list(self.spec.regions),
             "architectures": list(self.scenario.architectures), "order": list(self.order),
             "baseline": self.scenario.baseline,
-            "realtime": asdict(self.priorities), "backend": result.backend, "commit": commit,
+            "realtime": asdict(self.priorities), "halt_polling": self.halt_polling,
+            "backend": result.backend, "commit": commit,
             "impairments": impairments,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2, default=str))
         write_architectures(self.directory, self.scenario)

@@ -55,6 +55,7 @@ class Scenario:
     sweep: SweepSpec | None = None    # the parameters a sweep varies (scenarios/sweepspec.py)
     external: tuple[External, ...] = ()  # architectures of the file's own (bring your own edge)
     realtime: Priorities = Priorities()  # SCHED_FIFO of services and clients (priorities.py)
+    halt_poll_us: int = 2000          # idle cores poll this long before halting (haltpoll.py)
     description: str = ""
     source: str = ""
 
@@ -99,7 +100,7 @@ class Scenario:
                  "start_rate", "architectures", "last_mile", "profiles", "calibration",
                  "min_success_pct", "full_clients_per_region", "transceivers_per_cluster",
                  "faults", "client", "clients", "sweep", "external",
-                 "media_path", "light_path", "live_at_once", "realtime"}
+                 "media_path", "light_path", "live_at_once", "realtime", "halt_poll_us"}
         unknown = set(doc) - known
         if unknown:
             raise ScenarioError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -201,6 +202,9 @@ class Scenario:
             faults=faults,
             media_timeout_s=float(media_timeout), reconnect_attempts=attempts, sweep=sweep,
             external=external, realtime=realtime,
+            halt_poll_us=int(need("halt_poll_us", int, lambda v: 0 <= v <= 10_000,
+                                  "0..10000 us (0: the host's setting)"))
+            if "halt_poll_us" in doc else 2000,
             description=str(doc.get("description", "")).strip(), source=str(path))
         if scenario.calibration_count < 20 or scenario.calibration_rate <= 0:
             raise ScenarioError(f"{path}: calibration: count >= 20 and a positive rate")

@@ -151,6 +151,9 @@ def test_results_folder_has_everything_and_nothing_else(ci_results, kernel_backe
     config = json.loads((directory / "config.json").read_text())
     assert config["backend"] == kernel_backend and config["clusters"] == ["na-east"]
     assert config["baseline"] == "port-per-session"
+    # idle cores polled through the run where this guest has haltpoll (tests/test_haltpoll.py)
+    if os.access("/sys/module/haltpoll/parameters/guest_halt_poll_ns", os.W_OK):
+        assert config["halt_polling"].startswith("2000 us"), config["halt_polling"]
     sessions = list(csv.DictReader(open(directory / "sessions.csv")))
     assert len(sessions) == 3 * N and {r["cluster_region"] for r in sessions} == {"na-east"}
     samples = list(csv.DictReader(open(directory / "samples.csv")))
