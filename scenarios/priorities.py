@@ -122,12 +122,3 @@ def softirq_threads() -> list[int]:
             except OSError:
                 continue
     return pids
-
-
-def own_threads() -> list[int]:
-    """Every thread of this process. Calibration's probe threads share the runner's GIL: while
-    they probe at load, every thread of the runner must run at their priority, or an ordinary
-    thread holding the GIL, waiting behind the real-time services, holds the probes up too
-    (calibration at load failed on 13 paths that way: +2-3 ms mean, outliers of tens of ms,
-    with the engine's releases on time)."""
-    return [int(t) for t in os.listdir("/proc/self/task")]

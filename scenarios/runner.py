@@ -32,7 +32,7 @@ from scenarios.faults import FaultInjector, FaultRecord
 from scenarios.hostcpu import HostCpu, HostCpuWatch, process_groups
 from scenarios.idleprobe import SERVICE as IDLE_PROBE
 from scenarios.haltpoll import HaltPolling
-from scenarios.priorities import PROBES, SOFTIRQ, Raised, own_threads, softirq_threads
+from scenarios.priorities import SOFTIRQ, Raised, softirq_threads
 from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
 from scenarios.clients import ClientCommand, RegionClients, results_suffixes
 from scenarios.clients import commands as client_commands
@@ -88,8 +88,7 @@ CALLS_START = "calls-start"      # in an architecture's logs: when its clients' 
 CLIENT_UP_EVENT = "client_warm_up"
 CLIENT_UP_TIMEOUT_S = 120.0
 # The edge's public UDP bindings are read at every new peak of live sessions and otherwise this
-# often (a pass over /proc: read twice a second it took 15-20% of a core in REGION=all, and
-# while calibration at load runs the runner is at a real-time priority above the services).
+# often (a pass over /proc: read twice a second it took 15-20% of a core in REGION=all).
 BINDINGS_EVERY_S = 2.0
 ARCHITECTURES_FILE = "architectures.json"  # analysis/archinfo.py reads it
 PORT_FIELDS = ("architecture", "concurrent_sessions", "public_udp_ports", "public_udp_ports_max",
@@ -593,12 +592,10 @@ class _AtLoad:
         links = session_links(world, runner.client_regions, runner.clusters)
         count = min(100, sc.calibration_count)
         prepare_verdicts(links, count)   # the runner makes this before the clients start
-        probes = 0 if runner.priorities.ordinary else PROBES
 
-        def start() -> LoadCalibration:
-            with Raised(own_threads(), probes):   # scenarios/priorities.py: own_threads
-                return calibrate_under_load(world, arch, links, live=lambda: watch.live,
-                                            count=count, rate=sc.calibration_rate)
+        def start() -> LoadCalibration:   # the probes in a process of their own
+            return calibrate_under_load(world, arch, links, live=lambda: watch.live,
+                                        count=count, rate=sc.calibration_rate)
 
         self._start = start
         self._say = runner.say
@@ -809,7 +806,7 @@ def _logged(path: Path, event: str) -> bool:
 class ResultCount:
     """Sessions done and failed so far in an architecture's results files (sessions-*.jsonl),
     polled while its clients run: each poll reads only what was appended since the last (the
-    runner polls twice a second, while calibration at load runs at a real-time priority)."""
+    runner polls twice a second)."""
 
     def __init__(self, logs: Path) -> None:
         self._logs = logs

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from scenarios.priorities import (SOFTIRQ, Priorities, Raised, own_threads,
-                                  softirq_threads)
+from scenarios.priorities import SOFTIRQ, Priorities, Raised, softirq_threads
 from scenarios.processes import ServiceProcess
 from scenarios.spec import Scenario, ScenarioError
 
@@ -105,7 +104,7 @@ def test_the_kernels_softirq_threads_run_with_the_wire_for_the_block_then_as_the
 
 
 @pytest.mark.root
-def test_every_thread_of_the_runner_can_run_at_the_probes_priority_while_they_probe():
+def test_threads_run_at_a_priority_for_the_block_then_as_they_were():
     import threading
 
     stop = threading.Event()
@@ -113,7 +112,7 @@ def test_every_thread_of_the_runner_can_run_at_the_probes_priority_while_they_pr
     other.start()
     try:
         mine = {threading.get_native_id(), other.native_id}
-        with Raised(own_threads(), 7):
+        with Raised(sorted(mine), 7):
             assert {(os.sched_getscheduler(t), os.sched_getparam(t).sched_priority)
                     for t in mine} == {(os.SCHED_FIFO, 7)}
         assert {os.sched_getscheduler(t) for t in mine} == {os.SCHED_OTHER}

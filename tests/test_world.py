@@ -85,6 +85,21 @@ def test_a_150_ms_path_with_jitter_and_bursty_loss_measures_inside_its_bands():
     assert result.received < result.sent
 
 
+def test_calibration_in_a_child_process_measures_the_same_path():
+    """Calibration at load probes from a process of its own (topology/probeprocess.py): the
+    same path, the same verdict as from this process, and the child gone after."""
+    spec = WorldSpec(regions=("a1", "b1"), clusters=(),
+                     impairments={("public", "a1", "b1"): Impairment(delay_ms=40, jitter_ms=4)})
+    with World(spec, make_backend("userspace")) as world:
+        here = calibrate(world, count=200, rate=200)
+        child = calibrate(world, count=200, rate=200, in_child=True)
+    for report in (here, child):
+        [result] = [p for p in report.paths if p.kind == "public"]
+        assert report.ok and result.received == 200, result
+        assert 38 < result.mean_ms < 42 and 3 < result.sd_robust_ms < 5, result
+    assert leftovers()["processes"] == []
+
+
 def test_a_killed_engine_is_caught_by_calibration_not_reported_as_good():
     spec = WorldSpec(regions=("a1", "b1"), clusters=(),
                      impairments={("public", "a1", "b1"): Impairment(delay_ms=20)})

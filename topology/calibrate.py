@@ -30,6 +30,7 @@ import numpy as np
 
 from topology.impairment.model import BernoulliLoss, Impairment, LossModel
 from topology.probe import ProbeResult, udp_probe
+from topology.probeprocess import ProbeSpec, probe_in_child
 from topology.world import ImpairedLink, World
 from voiceedge.delayrule import DelayExpectation, judge_delays
 
@@ -157,15 +158,18 @@ class _Job:
     expectation: Expectation
 
 
-def _probe(world: World, job: _Job, count: int, rate: float,
-           stop: threading.Event) -> ProbeResult:
-    """Probe one path between two hosts of the world, waiting for stragglers as long as the
-    configured delay could hold them."""
+def _spec(world: World, job: _Job, count: int, rate: float) -> ProbeSpec:
+    """The probe of one path between two hosts of the world, waiting for stragglers as long as
+    the configured delay could hold them."""
     exp = job.expectation
-    drain_s = 1.0 + (exp.mean_ms + 6 * exp.sd_ms) / 1000
-    return udp_probe(world.node(job.sender).ns_path, world.node(job.receiver).ns_path,
-                     job.target_ip, count=count, rate=rate, size=PROBE_BYTES, drain_s=drain_s,
-                     stop=stop)
+    return ProbeSpec(world.node(job.sender).ns_path, world.node(job.receiver).ns_path,
+                     job.target_ip, count, rate, PROBE_BYTES,
+                     1.0 + (exp.mean_ms + 6 * exp.sd_ms) / 1000)
+
+
+def _probe(spec: ProbeSpec, stop: threading.Event) -> ProbeResult:
+    return udp_probe(spec.src_ns, spec.dst_ns, spec.dst_addr, count=spec.count, rate=spec.rate,
+                     size=spec.size, drain_s=spec.drain_s, stop=stop)
 
 
 def session_links(world: World, client_regions: list[str],
@@ -190,13 +194,16 @@ def prepare_verdicts(links: list[ImpairedLink], count: int) -> None:
 
 def calibrate(world: World, count: int = 200, rate: float = 100.0, parallel: int = 4,
               progress: Callable[[int, int], None] | None = None,
-              links: list[ImpairedLink] | None = None) -> CalibrationReport:
+              links: list[ImpairedLink] | None = None,
+              in_child: bool = False) -> CalibrationReport:
     """Probe every impaired direction of the world, or only ``links``, and one unimpaired
     path, and judge each.
 
     ``progress(paths_done, paths_total)`` is called once with 0 before the first probe and
-    then after each path is probed. Probes run ``parallel`` at a time; verdicts are computed
-    after the last probe, so the loss bands' simulation never competes with a probe."""
+    then after each path is probed (``in_child``: once more, at the end). Probes run
+    ``parallel`` at a time, in threads of this process or (``in_child``) of a child process
+    (probeprocess.py: beside the calls); verdicts are computed after the last probe, so the
+    loss bands' simulation never competes with a probe."""
     jobs = [_Job(link.kind, link.src, link.dst, link.sender, link.receiver, link.receiver_ip,
                  Expectation.of(link.impairment))
             for link in (world.links if links is None else links)]
@@ -206,22 +213,33 @@ def calibrate(world: World, count: int = 200, rate: float = 100.0, parallel: int
                      Expectation.of(None)))
     if progress is not None:
         progress(0, len(jobs))
-    stop = threading.Event()
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        futures = [pool.submit(_probe, world, job, count, rate, stop) for job in jobs]
-        try:
-            for done, _ in enumerate(as_completed(futures), start=1):
-                if progress is not None:
-                    progress(done, len(jobs))
-        except BaseException:  # Ctrl-C or a stop signal: the probes end now, not in count/rate s
-            stop.set()
-            pool.shutdown(cancel_futures=True)
-            raise
+    specs = [_spec(world, job, count, rate) for job in jobs]
+    if in_child:
+        probes = probe_in_child(specs, parallel)
+        if progress is not None:
+            progress(len(jobs), len(jobs))
+    else:
+        probes = _probe_here(specs, parallel, progress)
     results = []
-    for job, future in zip(jobs, futures):
-        probe = future.result()
+    for job, probe in zip(jobs, probes):
         results.append(judge(job.expectation, count, probe.first_delays_ms, probe.reordered,
                              job.kind, job.src, job.dst, job.sender, job.receiver,
                              paths=len(jobs), lost_runs=probe.lost_runs))
     return CalibrationReport(backend=world.backend.name, paths=results,
                              baseline_ms=results[-1].mean_ms)
+
+
+def _probe_here(specs: list[ProbeSpec], parallel: int,
+                progress: Callable[[int, int], None] | None) -> list[ProbeResult]:
+    stop = threading.Event()
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        futures = [pool.submit(_probe, spec, stop) for spec in specs]
+        try:
+            for done, _ in enumerate(as_completed(futures), start=1):
+                if progress is not None:
+                    progress(done, len(specs))
+        except BaseException:  # Ctrl-C or a stop signal: the probes end now, not in count/rate s
+            stop.set()
+            pool.shutdown(cancel_futures=True)
+            raise
+    return [future.result() for future in futures]

@@ -82,7 +82,8 @@ def calibrate_under_load(world: World, architecture: str, links: list[ImpairedLi
     before, started = engine_stats(world), time.monotonic()
     sampler.start()
     try:
-        report = calibrate(world, count=count, rate=rate, parallel=parallel, links=links)
+        report = calibrate(world, count=count, rate=rate, parallel=parallel, links=links,
+                           in_child=True)
     finally:
         done.set()
         sampler.join(timeout=2)
