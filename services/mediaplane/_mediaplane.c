@@ -1215,31 +1215,33 @@ static PyObject *Plane_read(Plane *p, PyObject *args) {
     return read_socket(p, p->fd, NULL, max_batches);
 }
 
-static PyObject *Plane_read_session(Plane *p, PyObject *args) {
-    PyObject *arg;
+/* The session on channel ``arg`` that has a socket of its own; NULL with KeyError (or the
+ * argument's error) otherwise. */
+static Session *own_socket_session(Plane *p, PyObject *arg) {
     uint32_t channel;
-    int max_batches = 2;
-    if (!PyArg_ParseTuple(args, "O|i", &arg, &max_batches) || channel_arg(arg, &channel) < 0)
-        return NULL;
-    Session *s = by_channel(p, (uint32_t)channel);
+    if (channel_arg(arg, &channel) < 0) return NULL;
+    Session *s = by_channel(p, channel);
     if (!s || s->fd < 0) {
         PyErr_SetString(PyExc_KeyError, "no session with a socket of its own on that channel");
         return NULL;
     }
-    return read_socket(p, s->fd, s, max_batches);
+    return s;
+}
+
+static PyObject *Plane_read_session(Plane *p, PyObject *args) {
+    PyObject *arg;
+    int max_batches = 2;
+    if (!PyArg_ParseTuple(args, "O|i", &arg, &max_batches)) return NULL;
+    Session *s = own_socket_session(p, arg);
+    return s ? read_socket(p, s->fd, s, max_batches) : NULL;
 }
 
 static PyObject *Plane_read_on_tick(Plane *p, PyObject *args) {
     PyObject *arg;
-    uint32_t channel;
     int on = 1;
-    if (!PyArg_ParseTuple(args, "O|p", &arg, &on) || channel_arg(arg, &channel) < 0)
-        return NULL;
-    Session *s = by_channel(p, (uint32_t)channel);
-    if (!s || s->fd < 0) {
-        PyErr_SetString(PyExc_KeyError, "no session with a socket of its own on that channel");
-        return NULL;
-    }
+    if (!PyArg_ParseTuple(args, "O|p", &arg, &on)) return NULL;
+    Session *s = own_socket_session(p, arg);
+    if (!s) return NULL;
     s->tick_read = on;
     Py_RETURN_NONE;
 }
