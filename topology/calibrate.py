@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from topology.impairment.model import BernoulliLoss, Impairment, LossModel
-from topology.probe import ProbeResult, udp_probe
-from topology.probeprocess import ProbeSpec, probe_in_child
+from topology.probeprocess import ProbeSpec, probe_in_child, run_probes
 from topology.world import ImpairedLink, World
 from voiceedge.delayrule import DelayExpectation, judge_delays
 
@@ -167,11 +164,6 @@ def _spec(world: World, job: _Job, count: int, rate: float) -> ProbeSpec:
                      1.0 + (exp.mean_ms + 6 * exp.sd_ms) / 1000)
 
 
-def _probe(spec: ProbeSpec, stop: threading.Event) -> ProbeResult:
-    return udp_probe(spec.src_ns, spec.dst_ns, spec.dst_addr, count=spec.count, rate=spec.rate,
-                     size=spec.size, drain_s=spec.drain_s, stop=stop)
-
-
 def session_links(world: World, client_regions: list[str],
                   clusters: list[str]) -> list[ImpairedLink]:
     """The impaired directions a call from ``client_regions`` to ``clusters`` can cross: the
@@ -219,7 +211,7 @@ def calibrate(world: World, count: int = 200, rate: float = 100.0, parallel: int
         if progress is not None:
             progress(len(jobs), len(jobs))
     else:
-        probes = _probe_here(specs, parallel, progress)
+        probes = run_probes(specs, parallel, progress)
     results = []
     for job, probe in zip(jobs, probes):
         results.append(judge(job.expectation, count, probe.first_delays_ms, probe.reordered,
@@ -227,19 +219,3 @@ def calibrate(world: World, count: int = 200, rate: float = 100.0, parallel: int
                              paths=len(jobs), lost_runs=probe.lost_runs))
     return CalibrationReport(backend=world.backend.name, paths=results,
                              baseline_ms=results[-1].mean_ms)
-
-
-def _probe_here(specs: list[ProbeSpec], parallel: int,
-                progress: Callable[[int, int], None] | None) -> list[ProbeResult]:
-    stop = threading.Event()
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        futures = [pool.submit(_probe, spec, stop) for spec in specs]
-        try:
-            for done, _ in enumerate(as_completed(futures), start=1):
-                if progress is not None:
-                    progress(done, len(specs))
-        except BaseException:  # Ctrl-C or a stop signal: the probes end now, not in count/rate s
-            stop.set()
-            pool.shutdown(cancel_futures=True)
-            raise
-    return [future.result() for future in futures]

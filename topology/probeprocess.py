@@ -8,7 +8,7 @@ probes up. In the scenario runner that meant all of the runner's threads, whose 
 the calls' lagged seconds gathered in the calibration's 36 s (docs/scenarios.md). Here the
 probes share a lock only with each other, and the runner stays ordinary.
 
-    results = probe_in_child([ProbeSpec(...), ...], parallel=3, stop=event)
+    results = probe_in_child([ProbeSpec(...), ...], parallel=3)
 
 The child reads the specs as JSON on stdin and writes the results as JSON on stdout.
 """
@@ -18,7 +18,8 @@ import json
 import subprocess
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 
 from topology.probe import ProbeResult, udp_probe
@@ -38,39 +39,36 @@ class ProbeSpec:
 
 
 def run_probes(specs: list[ProbeSpec], parallel: int,
-               stop: threading.Event | None = None) -> list[ProbeResult]:
-    """The probes, ``parallel`` at a time in this process, in the order of ``specs``."""
-    stop = stop or threading.Event()
+               progress: Callable[[int, int], None] | None = None) -> list[ProbeResult]:
+    """The probes, ``parallel`` at a time in this process, in the order of ``specs``;
+    ``progress(done, total)`` after each. Ctrl-C (or any error) ends them now, not in
+    count/rate seconds."""
+    stop = threading.Event()
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         futures = [pool.submit(udp_probe, s.src_ns, s.dst_ns, s.dst_addr, count=s.count,
                                rate=s.rate, size=s.size, drain_s=s.drain_s, stop=stop)
                    for s in specs]
+        try:
+            for done, _ in enumerate(as_completed(futures), start=1):
+                if progress is not None:
+                    progress(done, len(specs))
+        except BaseException:
+            stop.set()
+            pool.shutdown(cancel_futures=True)
+            raise
         return [f.result() for f in futures]
 
 
-def probe_in_child(specs: list[ProbeSpec], parallel: int,
-                   stop: threading.Event | None = None) -> list[ProbeResult]:
-    """``run_probes`` in a child process; ``stop`` set (or Ctrl-C here) ends it at once."""
+def probe_in_child(specs: list[ProbeSpec], parallel: int) -> list[ProbeResult]:
+    """``run_probes`` in a child process; Ctrl-C here ends it at once."""
     child = subprocess.Popen([sys.executable, "-m", "topology.probeprocess", str(parallel)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    done = threading.Event()
-
-    def watch() -> None:  # a set ``stop`` ends the child
-        while not done.wait(0.1):
-            if stop is not None and stop.is_set():
-                child.terminate()
-                return
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
     try:
         out, _ = child.communicate(json.dumps([asdict(s) for s in specs]))
     except BaseException:
         child.kill()
         child.wait()
         raise
-    finally:
-        done.set()
     if child.returncode != 0:
         raise RuntimeError(f"the probe process exited with {child.returncode}")
     return [ProbeResult(r["sent"], [tuple(a) for a in r["arrivals"]], r["recv_ms"])
