@@ -43,6 +43,15 @@ NEEDS_ROOT = ("world", "netns", "root")
 MAKES_NAMESPACES = ("world", "netns")
 
 
+def scenario_file(tmp_path: Path, text: str):
+    """The scenario a YAML file of ``text`` in ``tmp_path`` loads as (ScenarioError if bad)."""
+    from scenarios.spec import Scenario
+
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return Scenario.load(path)
+
+
 def needs(*markers: str):
     """Put under ``@pytest.fixture``: every test that uses the fixture, directly or through
     another fixture, gets ``markers`` (e.g. ``@needs("netns")`` on a lab fixture)."""

@@ -22,7 +22,7 @@ from services.client.config import FULL, LIGHT, ClientConfig
 from services.client.runner import kinds, run_sessions
 from services.client.session import run_session
 from services.client.voiced import VOICED_MIN_BYTES, VoicedCount
-from tests.conftest import needs
+from tests.conftest import needs, scenario_file
 from topology.netns import in_namespace, lab_namespace
 from voiceedge.errors import UserError
 
@@ -194,9 +194,7 @@ def test_scenario_field_full_clients_per_region(tmp_path):
     base = "name: x\nclusters: [na-east]\ncall_duration_s: 3\nstart_rate: 1\n"
 
     def load(extra: str) -> Scenario:
-        path = tmp_path / "s.yaml"
-        path.write_text(base + extra)
-        return Scenario.load(path)
+        return scenario_file(tmp_path, base + extra)
 
     assert load("sessions_per_region: 7\n").full_clients_per_region == 2
     assert load("sessions_per_region: 1\n").full_clients_per_region == 1

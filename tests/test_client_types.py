@@ -14,7 +14,7 @@ from scenarios.clients import (CLIENT_TYPES, REGISTRY, RegionClients, client_typ
 from scenarios.spec import Scenario, ScenarioError
 from services.client.cli import config_from_args
 from services.client.verify import (ENVELOPE, RAW, echo_form, parse_verifies, verified)
-from tests.conftest import REPO
+from tests.conftest import REPO, scenario_file
 from voiceedge.cli import build_parser
 
 BASE = ("name: mix\nclusters: [na-east]\ncall_duration_s: 4\nstart_rate: 2\n"
@@ -23,9 +23,7 @@ LOGS = Path("/run/logs")
 
 
 def load(tmp_path, text: str) -> Scenario:
-    path = tmp_path / "s.yaml"
-    path.write_text(BASE + text)
-    return Scenario.load(path)
+    return scenario_file(tmp_path, BASE + text)
 
 
 def test_the_registry_names_the_client_types_that_sessions_csv_carries():

@@ -9,6 +9,7 @@ import pytest
 
 from scenarios.haltpoll import PARAMETERS, HaltPolling
 from scenarios.spec import Scenario, ScenarioError
+from tests.conftest import scenario_file
 
 WINDOW, SHRINK = PARAMETERS / "guest_halt_poll_ns", PARAMETERS / "guest_halt_poll_allow_shrink"
 writable = pytest.mark.skipif(not os.access(WINDOW, os.W_OK),
@@ -52,9 +53,7 @@ def test_the_scenario_field(tmp_path):
             "start_rate: 2\n")
 
     def load(extra: str) -> Scenario:
-        path = tmp_path / "s.yaml"
-        path.write_text(base + extra)
-        return Scenario.load(path)
+        return scenario_file(tmp_path, base + extra)
 
     assert load("").halt_poll_us == 2000
     assert load("halt_poll_us: 0\n").halt_poll_us == 0
