@@ -20,8 +20,7 @@ with a socket of its own; sessions added later may be AEAD_AES_128_GCM too), the
 to 64 operations: datagrams (the harness's bytes as RTP protected by the peer with the
 session's keys, with another session's keys, protected then tampered, or raw; with or without
 the relay's hop header; from the session's address, a stranger's, the other path's; through
-``process`` or through the real loopback socket and ``read``/``read_session``/``read_sessions``
-(a socket read on the tick), in bursts of up
+``process`` or through the real loopback socket and ``read``/``read_session``, in bursts of up
 to 80 copies or series of up to 16 packets), ``put_batch`` records (well-formed or raw),
 ``tick``, ``take_batch``, ``add`` (good and bad parameters, sessions with a socket of their own:
 a client's with a script, a port-per-session server's without, either through a TURN channel
@@ -49,7 +48,6 @@ import select
 import socket
 import struct
 import sys
-import time
 from collections import deque
 from pathlib import Path
 
@@ -629,24 +627,12 @@ class Case:
             for _ in range(burst):
                 sock.sendto(wire, w.name[own.fileno()] if own is not None else w.addr)
             out = []
-            on_tick = own is not None and aux & 0x08 and hasattr(self.plane, "read_sessions")
-            if on_tick:   # read as a light client reads once a frame, arrivals timed
-                self.plane.read_on_tick(ref.channel)
             for i in range(4):
                 batches = (aux & 7) - 1 if i == 0 else 4
-                if on_tick:
-                    got = self.plane.read_sessions(batches)
-                    check(all(c == ref.channel and 0 < at <= time.monotonic()
-                              for c, _, _, at in got), "read_sessions", got[:2])
-                    out += [(d, a) for _, d, a, _ in got]
-                else:
-                    out += (self.plane.read_session(ref.channel, batches) if own is not None
-                            else self.plane.read(batches))
+                out += (self.plane.read_session(ref.channel, batches) if own is not None
+                        else self.plane.read(batches))
                 if self.plane.counters()["datagrams"] - self.prev["datagrams"] >= burst:
                     break
-            if on_tick:
-                self.plane.read_on_tick(ref.channel, False)
-                self.tally.add("datagram_on_tick", burst)
             out = [(bytes(d), tuple(a)) for d, a in out]
         else:
             result = self.plane.process(wire, src)

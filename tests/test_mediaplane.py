@@ -283,69 +283,6 @@ def test_a_client_session_on_its_own_socket_plays_its_script_and_logs_arrivals(s
     client.close()
 
 
-def test_a_session_read_on_the_tick_is_timed_by_the_kernel_not_by_when_it_was_read(server):
-    """A light client reads its sessions once a frame (read_on_tick, read_sessions): what it
-    notes of a datagram (the arrival log, the arrival handed back with STUN, RTCP's RTT) is
-    when the kernel received it, not the read 80 ms later; a session not read on the tick is
-    left to read_session."""
-    from aiortc.rtp import RtcpReceiverInfo, RtcpRrPacket
-    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
-    peer = Peer(profile, key_len)
-    sockets = []
-    for _ in range(2):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.bind(("127.0.0.1", 0))
-        sock.setblocking(False)
-        sockets.append(sock)
-    client, other = sockets
-    plane = Plane(-1, 4)
-    channel = plane.add(peer.address, None, profile, peer.up_key, peer.down_key, 77, 10, 0,
-                        111, b"0", MID_ID, AST_ID, SILENCE, False, client.fileno(),
-                        batch((0, b"tone")), rtcp=True, cname=b"c")
-    plane.read_on_tick(channel)
-    plane.tick(1)
-    peer.sock.recv(2048)
-    assert plane.report(channel)                     # our SR, which the RR below answers
-    ntp = sr_ntp(peer)
-    untouched = plane.add(peer.address, None, profile, peer.up_key, peer.down_key, 78, 10, 0,
-                          111, b"0", MID_ID, AST_ID, SILENCE, False, other.fileno(),
-                          batch((0, b"tone")))
-    stun = b"\x01\x01\x00\x00" + bytes(16)
-    sent = []
-    for i in range(2):
-        sent.append(time.monotonic())
-        peer.sock.sendto(peer.tx.protect(rtp(100 + i, 960 * i, 0xAB, b"e")), client.getsockname())
-        if i == 0:
-            time.sleep(0.03)
-    peer.sock.sendto(peer.tx.protect_rtcp(bytes(RtcpRrPacket(ssrc=0xAB, reports=[
-        RtcpReceiverInfo(ssrc=77, fraction_lost=0, packets_lost=0, highest_sequence=0,
-                         jitter=0, lsr=ntp_middle(ntp), dlsr=0)]))), client.getsockname())
-    peer.sock.sendto(stun, client.getsockname())
-    peer.sock.sendto(stun, other.getsockname())
-    time.sleep(0.08)
-    read_at = time.monotonic()
-    ((got_channel, data, addr, at),) = plane.read_sessions()
-    assert (got_channel, data, addr) == (channel, stun, peer.address)
-    assert sent[1] - 0.001 <= at <= sent[1] + 0.02 < read_at - 0.05
-    arrivals = [at for at, *_ in struct.iter_unpack("=dIHH", plane.take_arrivals(channel))]
-    assert len(arrivals) == 2
-    assert abs(arrivals[0] - sent[0]) < 0.02 and abs(arrivals[1] - sent[1]) < 0.02
-    assert 0.02 <= arrivals[1] - arrivals[0] <= 0.06  # 30 ms apart, though read together
-    assert 0 <= plane.stats(channel)["rtt_s"] < 0.05 + (sent[1] - sent[0])
-    assert plane.read_sessions() == []
-    assert plane.read_session(untouched) == [(stun, peer.address)]
-    for c in (channel, untouched):
-        plane.remove(c)
-    for sock in sockets:
-        sock.close()
-
-
-def sr_ntp(peer: Peer) -> int:
-    """The NTP time of the SR the peer gets next."""
-    (sr, _sdes) = reports(peer)
-    return sr.sender_info.ntp_timestamp
-
-
 def test_a_server_session_on_its_own_socket_queues_what_it_hears_for_the_agent():
     """A port-per-session transceiver's session: its own socket, no script: what its client
     sends is queued for the agent, the agent's replies go out on that socket, no arrival

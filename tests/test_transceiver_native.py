@@ -35,7 +35,7 @@ lab = lab_fixture("venative")
 
 def _calls(lab, media_path: str, light_path: str, codecs=("opus", "pcm16"),
            duration_s: float = DURATION_S, srtp: str = "openssl", mode: str = SHARED,
-           event_loop: str = ASYNCIO, light_read: str = "tick"):
+           event_loop: str = ASYNCIO):
     async def scenario():
         async with AgentServer(AgentConfig(port=0)) as agent:
             cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, mode=mode, media_host=EDGE,
@@ -45,8 +45,7 @@ def _calls(lab, media_path: str, light_path: str, codecs=("opus", "pcm16"),
             async with TransceiverServer(cfg) as server:
                 client = ClientConfig(url=f"http://127.0.0.1:{server.control_port}/sessions",
                                       duration_s=duration_s, start_rate=20, full_sessions=FULL,
-                                      light_path=light_path, record_arrivals=True,
-                                      light_read=light_read)
+                                      light_path=light_path, record_arrivals=True)
                 calls = asyncio.create_task(run_sessions(client, SESSIONS))
                 taken: set[str] = set()   # the codecs the agent chose, while the calls run
                 while not calls.done():
@@ -92,27 +91,6 @@ def test_both_paths_carry_the_same_calls(both):
         assert n.rtt_ms <= p.rtt_ms + 1.0, (p.rtt_ms, n.rtt_ms)
         if p.client == "full":   # the echo's level, decoded: the same audio came back
             assert abs(p.echo_rms - n.echo_rms) <= 0.2 * p.echo_rms, (p.echo_rms, n.echo_rms)
-
-
-def test_light_clients_reading_once_a_frame_measure_what_reading_each_datagram_does(both, lab):
-    """The pump reads a light session once a frame after its setup (light_read "tick"), each
-    datagram timed by the kernel; "ready" reads each as it arrives (the reference). The same
-    calls: packets, RTT, jitter, and arrivals 20 ms apart as sent, not bunched by the reads."""
-    (_, _, _, _), (tick, _, _, _) = both
-    ready, _, _, _ = _calls(lab, "native", "native", light_read="ready")
-    light = [(t, r) for t, r in zip(tick, ready) if t.client == "light"]
-    assert len(light) == SESSIONS - FULL
-    for t, r in light:
-        assert (t.media_read, r.media_read) == ("tick", "ready")
-        assert t.ok and r.ok and t.echo_verified and r.echo_verified
-        assert abs(t.packets_received - r.packets_received) <= 0.1 * DURATION_S * 50
-        assert abs(t.rtt_ms - r.rtt_ms) <= 2.0, (t.rtt_ms, r.rtt_ms)
-        assert t.jitter_ms <= r.jitter_ms + 1.0, (t.jitter_ms, r.jitter_ms)
-        for result in (t, r):
-            times = [at for _, _, at in result.rx_arrivals]
-            gaps = [b - a for a, b in zip(times, times[1:])]
-            bunched = sum(g < 0.010 for g in gaps)
-            assert bunched <= 0.05 * len(gaps), (result.media_read, bunched, len(gaps))
 
 
 def test_on_the_native_path_the_rtp_never_reaches_python(both):

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import json
 
-from services.client.config import KINDS, LIGHT_READS, ClientConfig, IceServer
+from services.client.config import KINDS, ClientConfig, IceServer
 from services.client.results import SessionResult
 from services.client.verify import CHECKS, DEFAULT_VERIFIES, parse_verifies
 from services.lag import LoopLagMonitor
@@ -104,10 +104,6 @@ def add_output_args(p) -> None:
     p.add_argument("--light-path", choices=("python", "native"), default="python",
                    help="who carries a light session's RTP once connected: aiortc (python, "
                         "the reference) or one native pump for the process (native; docs/client.md)")
-    p.add_argument("--light-read", choices=LIGHT_READS, default="tick",
-                   help="how the native pump reads a session once its setup is measured: once "
-                        "per 20 ms frame, arrivals timed by the kernel (tick, the default), or "
-                        "as each datagram arrives (ready, the reference)")
     p.add_argument("--results", metavar="FILE", help="append one JSON line per session")
     p.add_argument("--samples", metavar="FILE", help="append per-second media samples (JSON lines)")
     p.add_argument("-q", "--quiet", action="store_true",
@@ -152,7 +148,7 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
                             reconnect_attempts=args.reconnect_attempts,
                             retry_setup=args.retry_setup,
                             record_arrivals=bool(args.rx_log), verifies=verifies,
-                            light_path=args.light_path, light_read=args.light_read)
+                            light_path=args.light_path)
     except ValueError as exc:
         raise UserError(str(exc)) from None
 

@@ -7,7 +7,6 @@ from services.client.verify import DEFAULT_VERIFIES, parse_verifies
 
 FULL, LIGHT = "full", "light"   # client kinds: docs/client.md (Two kinds of client)
 KINDS = (FULL, LIGHT)
-LIGHT_READS = ("tick", "ready")  # ClientConfig.light_read
 ICE_POLICIES = ("all", "relay")  # RTCIceTransportPolicy: every candidate, or TURN relays only
 
 
@@ -69,11 +68,6 @@ class ClientConfig:
     # Who carries a light session's RTP once it is connected: aiortc ("python"), or the
     # process's native pump ("native", services/client/pump.py; direct pairs only).
     light_path: str = "python"
-    # How the native pump reads a session's socket once its setup is measured (its data
-    # channel's echo came back): "tick", once per 20 ms frame, every arrival timed by the
-    # kernel (one wake-up a frame for the process); "ready", as each datagram arrives (one
-    # wake-up a datagram: the reference).
-    light_read: str = "tick"
     # What the session checks came back (services/client/verify.py): the edge's to declare;
     # by default the project's edge, whose agent echoes audio and wraps events in agent.echo.
     verifies: tuple[str, ...] = DEFAULT_VERIFIES
@@ -81,8 +75,6 @@ class ClientConfig:
     def __post_init__(self) -> None:
         if self.light_path not in ("python", "native"):
             raise ValueError("light_path is python or native")
-        if self.light_read not in LIGHT_READS:
-            raise ValueError(f"light_read is {' or '.join(LIGHT_READS)}")
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url {self.url!r} is not an http(s) URL")
         for name in ("duration_s", "start_rate", "setup_timeout_s", "signaling_timeout_s",

@@ -125,21 +125,15 @@ class StunProbe:
             return result
 
         def datagram_received(data: bytes, addr: tuple[Any, ...]) -> None:
-            self.answered(data, time.monotonic())
+            if self._pending and len(data) >= 20 and data[:2] == _BINDING_SUCCESS:
+                record = self._pending.get(bytes(data[8:20]))
+                if record is not None and record.answered_at is None:
+                    record.answered_at = time.monotonic()
             received_orig(data, addr)
 
         protocol.request = request
         protocol.datagram_received = datagram_received
         self._protocols.append(protocol)
-
-    def answered(self, data: bytes, at: float) -> None:
-        """``data`` arrived at ``at`` (monotonic): if it answers a pending binding request,
-        that is when it was answered. The native pump says so before aioice reads a datagram
-        it read later than it arrived (pump.py)."""
-        if self._pending and len(data) >= 20 and data[:2] == _BINDING_SUCCESS:
-            record = self._pending.get(bytes(data[8:20]))
-            if record is not None and record.answered_at is None:
-                record.answered_at = at
 
     def detach(self) -> None:
         for protocol in self._protocols:

@@ -37,8 +37,6 @@ class _Pumped:
     channel: int
     probe: object          # services.client.probes.RtpProbe
     socket: SessionSocket
-    stun: object = None    # services.client.probes.StunProbe: consent checks' answers
-    on_tick: bool = False  # its socket read once a frame (read_on_tick)
 
 
 class LightPump:
@@ -46,11 +44,8 @@ class LightPump:
     connected (None: it stays on the Python path), ``detach`` before closing; ``await
     stop()``."""
 
-    def __init__(self, script: tuple[bytes, ...], capacity: int = 1024,
-                 read_on_tick: bool = True) -> None:
+    def __init__(self, script: tuple[bytes, ...], capacity: int = 1024) -> None:
         self.plane = Plane(-1, capacity)
-        self.read_on_tick_enabled = read_on_tick
-        self._on_tick_count = 0
         self._script = b"".join(struct.pack("!IH", 0, len(p)) + p for p in script)
         self._clock = FrameClock()
         self._tick: int | None = None
@@ -75,7 +70,7 @@ class LightPump:
         """Keep aiortc from sending RTP and RTCP (call before negotiation)."""
         return IdleSender(transceiver.sender, transceiver.receiver)
 
-    def attach(self, pc, idle: IdleSender, pair, probe, stun=None) -> int | None:
+    def attach(self, pc, idle: IdleSender, pair, probe) -> int | None:
         """Move a connected session's RTP to the plane, if its pair is direct or through TURN
         over UDP (hooks.SessionSocket); returns its channel, or None (it stays on aiortc)."""
         socket = SessionSocket.of(pair)
@@ -93,28 +88,9 @@ class LightPump:
             socket.discard()
             raise
         socket.read_through(self.plane, channel)
-        self._sessions[channel] = _Pumped(channel, probe, socket, stun)
+        self._sessions[channel] = _Pumped(channel, probe, socket)
         self.attached_total += 1
         return channel
-
-    def setup_measured(self, channel: int) -> None:
-        """The session's setup figures are all in (its data channel's echo came back): its
-        socket is read once a frame from now on, unless this pump reads as datagrams arrive
-        (``read_on_tick`` False). The kernel times every arrival, so what is read later is
-        still timed when it came (RTP, RTCP, and the consent checks' answers, which the
-        StunProbe is told before aioice reads them); what waits up to a frame is aioice's and
-        aiortc's handling of them (consent, DTLS, SCTP), which times nothing."""
-        pumped = self._sessions.get(channel)
-        if pumped is None or pumped.on_tick or not self.read_on_tick_enabled:
-            return
-        pumped.socket.read_on_tick(self.plane, channel)
-        pumped.on_tick = True
-        self._on_tick_count += 1
-
-    def read_mode(self, channel: int) -> str | None:
-        """How the session's socket is read now: "tick", "ready", None (not on the plane)."""
-        pumped = self._sessions.get(channel)
-        return None if pumped is None else "tick" if pumped.on_tick else "ready"
 
     def media_stats(self, channel: int) -> tuple[float | None, float | None]:
         """(jitter of what the session hears, RTT of what it sends) in ms, as getStats'."""
@@ -123,13 +99,9 @@ class LightPump:
     def detach(self, channel: int) -> None:
         """Give the session's socket back to aioice, after its last arrivals are counted and
         its last report and BYE are sent."""
-        pumped = self._sessions.get(channel)
+        pumped = self._sessions.pop(channel, None)
         if pumped is None:
             return
-        if pumped.on_tick:  # what came since the last tick, this session's included
-            self._deliver(self.plane.read_sessions())
-            self._on_tick_count -= 1
-        del self._sessions[channel]
         self._drain(pumped)
         self.plane.remove(channel, True)
         pumped.socket.give_back()
@@ -144,17 +116,8 @@ class LightPump:
     def _on_tick(self, tick: int) -> None:
         frames = 1 if self._tick is None else min(max(tick - self._tick, 1), _MAX_CATCH_UP)
         self._tick = tick
-        if self._on_tick_count:
-            self._deliver(self.plane.read_sessions())
         if self._sessions:
             self.plane.tick(frames)
-
-    def _deliver(self, datagrams: list) -> None:
-        """What the plane read on the tick and is not its own, to each session's aioice."""
-        for channel, data, addr, at in datagrams:
-            pumped = self._sessions.get(channel)
-            if pumped is not None:
-                pumped.socket.deliver(data, addr, at, pumped.stun)
 
     def _drain(self, pumped: _Pumped) -> None:
         """The logged arrivals into the session's probe."""

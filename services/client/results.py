@@ -48,7 +48,6 @@ class SessionResult:
     client: str = "full"                  # full (decodes, RMS echo) or light (RTP headers only)
     client_type: str = AIORTC             # which WebRTC stack: services/clienttypes.py
     media_path: str = "python"            # who carried its RTP: aiortc, or the native pump
-    media_read: str | None = None         # the pump's reads after setup: "tick" or "ready"
     offer_style: str = "gathered"         # offer sent after ICE gathering, or "immediate"
 
     # timeline

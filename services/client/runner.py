@@ -53,8 +53,7 @@ async def run_sessions(config: ClientConfig, n: int, *,
         from services.client.pump import LightPump
         from services.client.tone import opus_tone
 
-        pump = LightPump(opus_tone(config.tone_hz), capacity=max(n, 1),
-                         read_on_tick=config.light_read == "tick")
+        pump = LightPump(opus_tone(config.tone_hz), capacity=max(n, 1))
         await pump.start()
     slots = asyncio.Semaphore(config.concurrency) if config.concurrency else None
     results: list[SessionResult] = []

@@ -348,14 +348,12 @@ class CallSession:
         """Hand the connected attempt's RTP to the native pump (aiortc keeps it when the pair
         goes through TURN)."""
         pair = conn.stun.selected_pair()
-        channel = (self._pump.attach(conn.pc, conn.idle, pair, conn.rtp, conn.stun)
-                   if pair else None)
+        channel = self._pump.attach(conn.pc, conn.idle, pair, conn.rtp) if pair else None
         if channel is None:
             conn.idle.release()
             return
         conn.pump_channel = channel
         self.result.media_path = "native"
-        self.result.media_read = self._pump.read_mode(channel)
 
     def _on_track(self, conn: _Connection, track: MediaStreamTrack) -> None:
         if track.kind == "audio" and self.kind == FULL and conn.consumer is None:
@@ -380,9 +378,6 @@ class CallSession:
         form = echo_form(conn.sent_event, message)
         if form is not None and r.datachannel_echo != ENVELOPE:  # the envelope, once seen, stays
             r.datachannel_echo = form
-        if form is not None and conn.pump_channel is not None:
-            self._pump.setup_measured(conn.pump_channel)
-            r.media_read = self._pump.read_mode(conn.pump_channel)
 
     # -- call ----------------------------------------------------------------------------------
 

@@ -25,12 +25,8 @@
  * read_session(channel), must come from the session's peer, and it sends on that socket. A
  * client session is one given a ``script`` (pre-encoded Opus payloads): it sends the script
  * in a loop when nothing is queued, keeps nothing of what it hears, and logs every packet's
- * arrival (take_arrivals) for the client's own statistics. Such a socket carries the
- * kernel's receive time on every datagram (SO_TIMESTAMPNS), and every arrival the plane notes
- * (statistics, gaps, the arrival log, RTCP's RTT) is that time, however late it reads: a
- * client reads its sessions once a frame (read_on_tick, read_sessions), so its process wakes
- * once per 20 ms rather than once per datagram. A session on its own socket may also go
- * through a TURN server (``turn_channel``, RFC 8656 12: its ``client`` is then the
+ * arrival (take_arrivals) for the client's own statistics. A session on its own socket may
+ * also go through a TURN server (``turn_channel``, RFC 8656 12: its ``client`` is then the
  * server): what it sends is ChannelData of that channel, and only ChannelData of that channel
  * from the server reaches it; everything else on the socket (the allocation's STUN, other
  * channels, the peer's DTLS and STUN inside the channel) goes back to Python unchanged.
@@ -164,7 +160,6 @@ typedef struct {
     uint32_t remote_highest, remote_jitter;
     /* a session with a socket of its own (a client's) */
     int fd;                             /* -1: the plane's shared socket */
-    int tick_read;                      /* fd read by read_sessions() on the frame clock */
     uint16_t turn_channel;              /* on fd, through a TURN server (0: direct) */
     uint8_t *script;                    /* payloads sent in a loop when nothing is queued */
     uint16_t *script_len;
@@ -191,12 +186,7 @@ typedef struct {
     struct mmsghdr rmsgs[BATCH];
     struct iovec riov[BATCH];
     struct sockaddr_in rnames[BATCH];
-    uint8_t rctl[BATCH][CMSG_SPACE(sizeof(struct timespec))];   /* SCM_TIMESTAMPNS */
     uint8_t *rbuf;
-    /* the arrival of the datagram being handled: the kernel's receive time when its socket
-     * gives one (SO_TIMESTAMPNS, the sockets of client sessions), else when it was read */
-    struct timespec rx_real;
-    int64_t rx_mono_ns;
     /* send batch */
     struct mmsghdr smsgs[BATCH];
     struct iovec siov[BATCH];
@@ -323,41 +313,12 @@ static inline void put32(uint8_t *b, uint32_t v) {
     b[0] = (uint8_t)(v >> 24); b[1] = (uint8_t)(v >> 16); b[2] = (uint8_t)(v >> 8); b[3] = (uint8_t)v;
 }
 
-static uint64_t ntp_of(const struct timespec *ts) {
-    uint64_t sec = (uint64_t)ts->tv_sec + 2208988800ull;
-    uint64_t frac = ((uint64_t)ts->tv_nsec << 32) / 1000000000ull;
-    return sec << 32 | frac;
-}
-
 static uint64_t ntp_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    return ntp_of(&ts);
-}
-
-/* The datagram about to be handled arrived now (it was not timestamped by the kernel). */
-static inline void arrived_now(Plane *p) {
-    clock_gettime(CLOCK_REALTIME, &p->rx_real);
-    p->rx_mono_ns = mono_ns();
-}
-
-/* The kernel's receive time of message i (SCM_TIMESTAMPNS, wall clock), mapped onto the
- * monotonic clock with one reading of both clocks per batch (``real_ns``, ``mono_ns``); 0 when
- * the message carries none. */
-static inline int arrived_at_kernel_time(Plane *p, int i, int64_t real_now, int64_t mono_now) {
-    struct msghdr *h = &p->rmsgs[i].msg_hdr;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(h); c; c = CMSG_NXTHDR(h, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_TIMESTAMPNS ||
-            c->cmsg_len < CMSG_LEN(sizeof(struct timespec)))
-            continue;
-        memcpy(&p->rx_real, CMSG_DATA(c), sizeof p->rx_real);
-        int64_t real = (int64_t)p->rx_real.tv_sec * 1000000000ll + p->rx_real.tv_nsec;
-        int64_t age = real_now - real;
-        if (age < 0) age = 0;   /* the wall clock stepped back meanwhile */
-        p->rx_mono_ns = mono_now - age;
-        return 1;
-    }
-    return 0;
+    uint64_t sec = (uint64_t)ts.tv_sec + 2208988800ull;
+    uint64_t frac = ((uint64_t)ts.tv_nsec << 32) / 1000000000ull;
+    return sec << 32 | frac;
 }
 
 /* The next report's time: 0.5-1.5 s on, uniformly, as aiortc spaces its reports. */
@@ -369,7 +330,7 @@ static int64_t next_report_ns(Plane *p, int64_t now) {
 
 /* ------------------------------------------------------------------ receive */
 
-static void stats_add(const Plane *p, Session *s, uint16_t seq, uint32_t ts, uint32_t ssrc) {
+static void stats_add(Session *s, uint16_t seq, uint32_t ts, uint32_t ssrc) {
     if (s->have_ssrc && ssrc != s->rx_ssrc) {   /* a new stream: its statistics start over */
         s->have_ssrc = 0;
         s->packets_received = 0;
@@ -387,7 +348,8 @@ static void stats_add(const Plane *p, Session *s, uint16_t seq, uint32_t ts, uin
         s->base_seq = seq;
     }
     if (in_order) {
-        const struct timespec now = p->rx_real;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
         int64_t arrival = (int64_t)now.tv_sec * 48000 + (int64_t)now.tv_nsec * 48 / 1000000;
         if (!first && seq < s->max_seq) s->cycles += 1u << 16;
         s->max_seq = seq;
@@ -401,18 +363,14 @@ static void stats_add(const Plane *p, Session *s, uint16_t seq, uint32_t ts, uin
     }
 }
 
-static inline double real_s(const struct timespec *ts) {
-    return (double)ts->tv_sec + ts->tv_nsec / 1e9;
-}
-
-static void note_arrival(const Plane *p, Session *s) {
-    int64_t now = p->rx_mono_ns;
-    s->last_wall = real_s(&p->rx_real);
+static void note_arrival(Session *s) {
+    int64_t now = mono_ns();
+    s->last_wall = wall_s();
     if (!s->first_wall) s->first_wall = s->last_wall;
     if (s->last_ns && now - s->last_ns >= GAP_NS) {
         if (s->ngaps < GAPS) {
             double seconds = (now - s->last_ns) / 1e9;
-            s->gaps[s->ngaps][0] = s->last_wall - seconds;
+            s->gaps[s->ngaps][0] = wall_s() - seconds;
             s->gaps[s->ngaps][1] = seconds;
             s->ngaps++;
         } else {
@@ -455,7 +413,7 @@ static int unprotect(Plane *p, Session *s, uint8_t *pkt, int *len, int rtcp) {
 }
 
 /* A report block (RFC 3550 6.4.1) about our stream: what the peer saw, and the RTT. */
-static void report_block(Session *s, const uint8_t *b, uint64_t arrived_ntp) {
+static void report_block(Session *s, const uint8_t *b) {
     if (be32(b) != s->ssrc) return;
     s->remote_report = 1;
     s->remote_fraction = b[4];
@@ -467,7 +425,7 @@ static void report_block(Session *s, const uint8_t *b, uint64_t arrived_ntp) {
     int ours = 0;
     for (unsigned k = 0; k < LSRS && k < s->nlsr; k++) ours |= lsr && s->our_lsr[k] == lsr;
     if (!ours) return;   /* no SR of ours yet, or one too old to be sure of */
-    uint32_t rtt = (uint32_t)(arrived_ntp >> 16) - lsr - dlsr;   /* 1/65536 s, mod 2^32 */
+    uint32_t rtt = (uint32_t)(ntp_now() >> 16) - lsr - dlsr;   /* 1/65536 s, mod 2^32 */
     if (rtt >= 0x80000000u) return;   /* negative: the peer's DLSR is more than it waited */
     s->rtt_last_s = rtt / 65536.0;
     s->rtt_s = s->rtt_samples ? RTT_ALPHA * s->rtt_s + (1 - RTT_ALPHA) * s->rtt_last_s
@@ -485,8 +443,7 @@ static int handle_rtcp(Plane *p, Session *s, uint8_t *pkt, int plen, int len, in
     p->counters[C_RTCP_IN]++;
     p->counters[C_BYTES_IN] += (uint64_t)len;
     s->rtcp_in++;
-    int64_t now = p->rx_mono_ns;
-    uint64_t arrived_ntp = ntp_of(&p->rx_real);
+    int64_t now = mono_ns();
     /* a compound packet: each part's header says its length; a bad one ends the walk (the
      * datagram was taken: rtcp_bad_part says what of it was not read) */
     for (int off = 0; off + 4 <= clear;) {
@@ -501,7 +458,7 @@ static int handle_rtcp(Plane *p, Session *s, uint8_t *pkt, int plen, int len, in
                 s->sr_lsr = be32(h + 10);              /* NTP's middle 32 bits */
                 s->sr_at_ns = now;
             }
-            for (unsigned k = 0; k < count; k++) report_block(s, h + first + 24 * k, arrived_ntp);
+            for (unsigned k = 0; k < count; k++) report_block(s, h + first + 24 * k);
         } else if (type == 203) {                       /* BYE */
             s->bye = 1;
             p->counters[C_RTCP_BYE]++;
@@ -567,12 +524,12 @@ static int handle(Plane *p, uint8_t *data, int len, const struct sockaddr_in *sr
     uint32_t ts = (uint32_t)pkt[4] << 24 | pkt[5] << 16 | pkt[6] << 8 | pkt[7];
     uint32_t ssrc = (uint32_t)pkt[8] << 24 | pkt[9] << 16 | pkt[10] << 8 | pkt[11];
     if (s->have_ssrc && ssrc != s->rx_ssrc) p->counters[C_SSRC_CHANGES]++;
-    stats_add(p, s, seq, ts, ssrc);
-    note_arrival(p, s);
+    stats_add(s, seq, ts, ssrc);
+    note_arrival(s);
     if (s->arrivals) {
         if (s->narrivals < ARRIVALS) {
             Arrival *a = &s->arrivals[s->narrivals++];
-            a->at = p->rx_mono_ns / 1e9;
+            a->at = mono_ns() / 1e9;
             a->ssrc = ssrc;
             a->seq = seq;
             a->size = (uint16_t)(end - off);
@@ -1013,13 +970,6 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
         s->pcm = 1;
     }
     s->fd = fd;
-    s->tick_read = 0;
-    if (fd >= 0) {
-        /* the kernel's receive time on every datagram: arrivals are timed when they came,
-         * however late the plane reads them (read_sessions reads once a frame) */
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
-    }
     s->turn_channel = (uint16_t)turn_channel;
     if (fd >= 0 && script.buf) {
         /* a client session's script: records [u32 ignored][u16 length][payload], as take_batch packs them */
@@ -1148,27 +1098,18 @@ static PyObject *Plane_remove(Plane *p, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
-/* Read ``fd`` (at most ``max_batches`` batches) into ``out``: what the plane does not take
- * goes there as (data, addr), or as (channel, data, addr, arrival) when ``channel`` >= 0
- * (read_sessions: the datagram was read later than it arrived). 0, or -1 with an exception. */
-static int read_socket_into(Plane *p, int fd, Session *own, int max_batches, PyObject *out,
-                            long channel) {
+static PyObject *read_socket(Plane *p, int fd, Session *own, int max_batches) {
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
     for (int b = 0; b < max_batches; b++) {
         for (int i = 0; i < BATCH; i++) {
             p->rmsgs[i].msg_hdr.msg_name = &p->rnames[i];
             p->rmsgs[i].msg_hdr.msg_namelen = sizeof p->rnames[i];
-            p->rmsgs[i].msg_hdr.msg_control = p->rctl[i];
-            p->rmsgs[i].msg_hdr.msg_controllen = sizeof p->rctl[i];
             p->rmsgs[i].msg_hdr.msg_flags = 0;
         }
         int n = recvmmsg(fd, p->rmsgs, BATCH, MSG_DONTWAIT, NULL);
         if (n <= 0) break;      /* EAGAIN, or an error Python's own read will see */
-        struct timespec real_ts;
-        clock_gettime(CLOCK_REALTIME, &real_ts);
-        int64_t real_now = (int64_t)real_ts.tv_sec * 1000000000ll + real_ts.tv_nsec;
-        int64_t mono_now = mono_ns();
         for (int i = 0; i < n; i++) {
-            if (!arrived_at_kernel_time(p, i, real_now, mono_now)) arrived_now(p);
             uint8_t *data = p->rbuf + (size_t)i * SLOT_BYTES;
             int len = (int)p->rmsgs[i].msg_len;
             p->counters[C_DATAGRAMS]++;
@@ -1182,29 +1123,16 @@ static int read_socket_into(Plane *p, int fd, Session *own, int max_batches, PyO
             }
             if (handle(p, data, len, &p->rnames[i], own)) continue;
             p->counters[C_TO_PYTHON]++;
-            PyObject *item;
-            if (channel < 0) {
-                item = to_python(data, len, &p->rnames[i]);
-            } else {
-                char host[INET_ADDRSTRLEN];
-                inet_ntop(AF_INET, &p->rnames[i].sin_addr, host, sizeof host);
-                item = Py_BuildValue("(ly#(si)d)", channel, data, (Py_ssize_t)len, host,
-                                     (int)ntohs(p->rnames[i].sin_port), p->rx_mono_ns / 1e9);
-            }
+            PyObject *item = to_python(data, len, &p->rnames[i]);
             if (!item || PyList_Append(out, item) < 0) {
                 Py_XDECREF(item);
-                return -1;
+                Py_DECREF(out);
+                return NULL;
             }
             Py_DECREF(item);
         }
         if (n < BATCH) break;
     }
-    return 0;
-}
-
-static PyObject *read_socket(Plane *p, int fd, Session *own, int max_batches) {
-    PyObject *out = PyList_New(0);
-    if (out && read_socket_into(p, fd, own, max_batches, out, -1) < 0) Py_CLEAR(out);
     return out;
 }
 
@@ -1215,51 +1143,18 @@ static PyObject *Plane_read(Plane *p, PyObject *args) {
     return read_socket(p, p->fd, NULL, max_batches);
 }
 
-/* The session on channel ``arg`` that has a socket of its own; NULL with KeyError (or the
- * argument's error) otherwise. */
-static Session *own_socket_session(Plane *p, PyObject *arg) {
+static PyObject *Plane_read_session(Plane *p, PyObject *args) {
+    PyObject *arg;
     uint32_t channel;
-    if (channel_arg(arg, &channel) < 0) return NULL;
-    Session *s = by_channel(p, channel);
+    int max_batches = 2;
+    if (!PyArg_ParseTuple(args, "O|i", &arg, &max_batches) || channel_arg(arg, &channel) < 0)
+        return NULL;
+    Session *s = by_channel(p, (uint32_t)channel);
     if (!s || s->fd < 0) {
         PyErr_SetString(PyExc_KeyError, "no session with a socket of its own on that channel");
         return NULL;
     }
-    return s;
-}
-
-static PyObject *Plane_read_session(Plane *p, PyObject *args) {
-    PyObject *arg;
-    int max_batches = 2;
-    if (!PyArg_ParseTuple(args, "O|i", &arg, &max_batches)) return NULL;
-    Session *s = own_socket_session(p, arg);
-    return s ? read_socket(p, s->fd, s, max_batches) : NULL;
-}
-
-static PyObject *Plane_read_on_tick(Plane *p, PyObject *args) {
-    PyObject *arg;
-    int on = 1;
-    if (!PyArg_ParseTuple(args, "O|p", &arg, &on)) return NULL;
-    Session *s = own_socket_session(p, arg);
-    if (!s) return NULL;
-    s->tick_read = on;
-    Py_RETURN_NONE;
-}
-
-static PyObject *Plane_read_sessions(Plane *p, PyObject *args) {
-    int max_batches = 2;
-    if (!PyArg_ParseTuple(args, "|i", &max_batches)) return NULL;
-    PyObject *out = PyList_New(0);
-    if (!out) return NULL;
-    for (unsigned i = 0; i < p->live; i++) {
-        Session *s = &p->sessions[p->order[i]];
-        if (s->fd < 0 || !s->tick_read) continue;
-        if (read_socket_into(p, s->fd, s, max_batches, out, (long)s->channel) < 0) {
-            Py_DECREF(out);
-            return NULL;
-        }
-    }
-    return out;
+    return read_socket(p, s->fd, s, max_batches);
 }
 
 static PyObject *Plane_take_arrivals(Plane *p, PyObject *arg) {
@@ -1292,7 +1187,6 @@ static PyObject *Plane_process(Plane *p, PyObject *args) {
     memcpy(buf, data.buf, (size_t)data.len);
     int len = (int)data.len;
     PyBuffer_Release(&data);
-    arrived_now(p);
     if (handle(p, buf, len, &src, NULL)) Py_RETURN_NONE;
     p->counters[C_TO_PYTHON]++;
     result = PyBytes_FromStringAndSize((const char *)buf, len);
@@ -1469,12 +1363,6 @@ static PyMethodDef Plane_methods[] = {
      "read(max_batches=4) -> [(datagram, (host, port))] that are Python's"},
     {"read_session", (PyCFunction)Plane_read_session, METH_VARARGS,
      "read_session(channel, max_batches=2) -> what of its own socket's datagrams is Python's"},
-    {"read_on_tick", (PyCFunction)Plane_read_on_tick, METH_VARARGS,
-     "read_on_tick(channel, on=True): its own socket is read by read_sessions(), not by "
-     "read_session()"},
-    {"read_sessions", (PyCFunction)Plane_read_sessions, METH_VARARGS,
-     "read_sessions(max_batches=2) -> [(channel, data, addr, arrival)] of every session read "
-     "on the tick: what is Python's, with its arrival (the kernel's, monotonic seconds)"},
     {"take_arrivals", (PyCFunction)Plane_take_arrivals, METH_O,
      "take_arrivals(channel) -> the logged arrivals, packed '=dIHH' (at, ssrc, seq, size)"},
     {"process", (PyCFunction)Plane_process, METH_VARARGS,

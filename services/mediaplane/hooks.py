@@ -190,22 +190,6 @@ class SessionSocket:
         remove(self.own_fd)
         add(self.fd, self._readable, plane, channel)
 
-    def read_on_tick(self, plane, channel: int) -> None:
-        """From now on the plane reads the socket once a frame (``Plane.read_sessions``)."""
-        plane.read_on_tick(channel)
-        remove, _ = _readers(asyncio.get_running_loop())
-        remove(self.fd)
-
-    def deliver(self, data: bytes, addr: tuple[str, int], at: float, stun=None) -> None:
-        """A datagram the plane read on the tick and handed back, which arrived at ``at``: to
-        the StunProbe (``stun``) with its arrival, then to aioice (or the TURN client)."""
-        if stun is not None:
-            inner = data
-            if self.turn_channel and len(data) >= 4 and data[0] & 0xC0 == 0x40:
-                inner = data[4:]  # ChannelData: the peer's STUN inside it
-            stun.answered(inner, at)
-        self.protocol.datagram_received(data, addr)
-
     def discard(self) -> None:
         """Close the duplicate of a socket the plane never took (its ``add`` failed)."""
         os.close(self.fd)
