@@ -393,14 +393,16 @@ class Edge:
 
     def live_session_sources(self) -> list[tuple[str, str, object]]:
         """(netns, URL, reader) per place that knows live sessions: every transceiver's
-        ``/status``; for an external edge, the fronts' ``/healthz`` (they count the calls
+        ``/status?brief=1`` (the full status walks every descriptor and session of the
+        transceiver, which the runner's polls four times a second must not cost it); for an
+        external edge, the fronts' ``/healthz`` (they count the calls
         they placed with it and saw ended)."""
         if self.plan.arch.external:
             port = self.plan.ports.signaling
             return [(f.host.netns, f"http://{f.listen}:{port}/healthz",
                      lambda doc: sum(int(t["sessions"]) for t in doc["transceivers"]))
                     for f in self.plan.fronts]
-        return [(c.host.netns, f"{self.control_url(c, tid)}/status",
+        return [(c.host.netns, f"{self.control_url(c, tid)}/status?brief=1",
                  lambda doc: int(doc["sessions"]))
                 for c in self.plan.clusters for tid in c.transceiver_ids]
 

@@ -535,6 +535,17 @@ def test_sessions_start_on_the_clock_they_are_given(echo_peer):
     assert 0.15 <= second - first <= 0.45
 
 
+def test_a_phase_starts_every_session_that_share_of_the_spacing_later(echo_peer):
+    """--phase 0.5 at 2 sessions/s: session 0 at the given time + 0.25 s, session 1 at + 0.75
+    (a client process of another region set up its calls between this one's)."""
+    due = time.time() + 0.8
+    cfg = config(echo_peer.url(), start_rate=2.0, duration_s=0.5, start_at_unix=due, phase=0.5)
+    results = asyncio.run(run_sessions(cfg, 2))
+    assert all(r.ok for r in results), [r.error for r in results]
+    first, second = (r.started_unix - due for r in results)
+    assert 0.25 <= first < 0.45 and 0.75 <= second < 0.95
+
+
 def test_a_client_up_after_its_start_time_starts_at_once_and_says_how_late(echo_peer, caplog):
     due = time.time() - 2.0
     cfg = config(echo_peer.url(), duration_s=0.5, start_at_unix=due)

@@ -79,7 +79,7 @@ def test_one_command_per_client_type_browsers_first_sessions_numbered_across_typ
         "client-apac-se", None, LOGS / "client-apac-se.log")
     assert list(aiortc.argv) == [
         "client", "--url", "http://203.0.113.10:8080/v1/calls", "-n", "6", "--rate", "2.0",
-        "--full-clients", "2", "--full-phase", "0.5", "--duration", "4.0",
+        "--full-clients", "2", "--phase", "0.5", "--duration", "4.0",
         "--media-timeout", "2.5",
         "--reconnect-attempts", "1", "--retry-setup", "--rx-log", "/run/cap/client3.rx.jsonl",
         "--results", "/run/logs/sessions-apac-se.jsonl",

@@ -24,8 +24,9 @@ class AiortcClient(ClientType):
         sc = scenario
         return ["client", "--url", where.url, "-n", str(sessions), "--rate", str(sc.start_rate),
                 "--full-clients", str(min(sc.full_clients_per_region, sessions)),
-                # each region's full sessions at their own times (they cost the most)
-                *(["--full-phase", f"{where.number / where.regions:g}"] if where.number else []),
+                # each region's set-ups and full sessions at their own times: at one phase,
+                # every region set up its i-th call at the same instant
+                *(["--phase", f"{where.number / where.regions:g}"] if where.number else []),
                 "--duration", str(sc.call_duration_s),
                 "--media-timeout", str(sc.media_timeout_s),
                 "--reconnect-attempts", str(sc.reconnect_attempts),

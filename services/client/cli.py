@@ -44,9 +44,11 @@ def add_parser(sub) -> None:
                    help="N of the sessions (spread over the run) decode what they receive and "
                         "check the echo's level; the others are light: RTP headers and payload "
                         "sizes only (default: all full)")
-    p.add_argument("--full-phase", type=float, default=0.0, metavar="F",
-                   help="shift the full sessions by F (0 to 1) of their spacing, so that client "
-                        "processes of several regions do not run theirs at once (default 0)")
+    p.add_argument("--phase", type=float, default=0.0, metavar="F",
+                   help="this process's place (0 to 1) among several calling at one rate: every "
+                        "session starts F of the spacing 1/--rate later, and the full ones fall "
+                        "F of their spacing later, so that the client processes of several "
+                        "regions neither set up nor run their full sessions at once (default 0)")
     p.add_argument("--signaling-timeout", type=float, default=5.0,
                    help="seconds for the offer POST (default 5)")
     p.add_argument("--media-timeout", type=float, default=1.5, metavar="S",
@@ -118,8 +120,8 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
         raise UserError("--sessions must be at least 1")
     if args.full_clients is not None and args.full_clients < 0:
         raise UserError("--full-clients must be at least 0")
-    if not 0.0 <= args.full_phase < 1.0:
-        raise UserError("--full-phase must be at least 0 and below 1")
+    if not 0.0 <= args.phase < 1.0:
+        raise UserError("--phase must be at least 0 and below 1")
     if args.index_base < 0:
         raise UserError("--index-base must be at least 0")
     verifies = verifies_from_args(args)
@@ -143,7 +145,7 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
                             ice_from_signaling=args.ice_from_signaling,
                             setup_timeout_s=args.setup_timeout,
                             signaling_timeout_s=args.signaling_timeout, headers=headers,
-                            full_sessions=args.full_clients, full_phase=args.full_phase,
+                            full_sessions=args.full_clients, phase=args.phase,
                             media_timeout_s=args.media_timeout,
                             reconnect_attempts=args.reconnect_attempts,
                             retry_setup=args.retry_setup,

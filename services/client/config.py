@@ -48,7 +48,9 @@ class ClientConfig:
     echo_min_rms: float = 0.02            # RMS (full scale 1.0) from which the echo counts (full)
     echo_min_voiced_pct: float = 25.0     # voiced payloads after echo_skip_ms (light)
     full_sessions: int | None = None      # run_sessions: this many full, the rest light; None: all
-    full_phase: float = 0.0               # where among the sessions the full ones fall (kinds)
+    # This process's place among several calling at one rate (0 to 1): sessions start that
+    # share of 1/start_rate later, the full ones fall that share of their spacing later (kinds).
+    phase: float = 0.0
     tone_hz: float = 440.0
     headers: dict[str, str] = field(default_factory=dict)  # extra HTTP headers, e.g. Authorization
     # Reconnection (docs/client.md): no RTP for media_timeout_s during the call is a failed
@@ -89,8 +91,8 @@ class ClientConfig:
             raise ValueError("concurrency must be at least 1")
         if self.full_sessions is not None and self.full_sessions < 0:
             raise ValueError("full_sessions must be at least 0")
-        if not 0.0 <= self.full_phase < 1.0:
-            raise ValueError("full_phase must be at least 0 and below 1")
+        if not 0.0 <= self.phase < 1.0:
+            raise ValueError("phase must be at least 0 and below 1")
         if (not isinstance(self.reconnect_attempts, int) or isinstance(self.reconnect_attempts, bool)
                 or self.reconnect_attempts < 0):
             raise ValueError("reconnect_attempts must be an integer, at least 0")

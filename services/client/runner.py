@@ -37,8 +37,8 @@ async def run_sessions(config: ClientConfig, n: int, *,
                        arrivals_path: Path | str | None = None,
                        on_result: Callable[[SessionResult], None] | None = None,
                        index_base: int = 0) -> list[SessionResult]:
-    """Run ``n`` sessions, session i starting at i / config.start_rate s (later if
-    config.concurrency sessions are still running); return their results in index order.
+    """Run ``n`` sessions, session i starting at (i + config.phase) / config.start_rate s
+    (later if config.concurrency sessions are still running); return their results in index order.
     ``config.full_sessions`` of them are full clients, the others light (``kinds``). Session
     i is recorded as index ``index_base + i`` (several client processes of one region).
 
@@ -58,7 +58,7 @@ async def run_sessions(config: ClientConfig, n: int, *,
     slots = asyncio.Semaphore(config.concurrency) if config.concurrency else None
     results: list[SessionResult] = []
     tasks: list[asyncio.Task] = []
-    kind_of = kinds(n, config.full_sessions, config.full_phase)
+    kind_of = kinds(n, config.full_sessions, config.phase)
 
     async def one(i: int) -> None:
         gc_policy.session_started()
@@ -83,7 +83,7 @@ async def run_sessions(config: ClientConfig, n: int, *,
     t0 = await _first_due(start_at)
     try:
         for i in range(n):
-            delay = t0 + i / config.start_rate - time.monotonic()
+            delay = t0 + (i + config.phase) / config.start_rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             if slots is not None:
