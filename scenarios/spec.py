@@ -27,6 +27,35 @@ class ScenarioError(ConfigError):
 
 
 @dataclass(frozen=True)
+class ManyRegions:
+    """The load of a run with more than ``more_than`` client regions, in place of the file's:
+    each region's client, ingress relay and front are processes of their own, so a live call
+    of a wide world costs the host more than one of a narrow world (docs/scenarios.md)."""
+
+    more_than: int
+    live_at_once: float
+    sessions_per_region: int | None = None   # aiortc sessions a region (None: the file's)
+
+    @classmethod
+    def parse(cls, raw, path) -> "ManyRegions":
+        keys = {"more_than", "live_at_once", "sessions_per_region"}
+        if not isinstance(raw, dict) or set(raw) - keys or not {"more_than", "live_at_once"} <= set(raw):
+            raise ScenarioError(f"{path}: many_regions: more_than and live_at_once, and "
+                                f"optionally sessions_per_region ({raw!r})")
+
+        def number(key, kind, low, high):
+            value = raw[key]
+            if not isinstance(value, kind) or isinstance(value, bool) or not low <= value <= high:
+                raise ScenarioError(f"{path}: many_regions: {key}: {low}..{high} ({value!r})")
+            return value
+
+        return cls(number("more_than", int, 1, 1000),
+                   float(number("live_at_once", (int, float), 1, 2000)),
+                   number("sessions_per_region", int, 1, 200)
+                   if "sessions_per_region" in raw else None)
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     clusters: tuple[str, ...]
@@ -56,6 +85,7 @@ class Scenario:
     external: tuple[External, ...] = ()  # architectures of the file's own (bring your own edge)
     realtime: Priorities = Priorities()  # SCHED_FIFO of services and clients (priorities.py)
     halt_poll_us: int = 2000          # idle cores poll this long before halting (haltpoll.py)
+    many_regions: ManyRegions | None = None  # the load of a world of many client regions
     description: str = ""
     source: str = ""
 
@@ -100,7 +130,8 @@ class Scenario:
                  "start_rate", "architectures", "last_mile", "profiles", "calibration",
                  "min_success_pct", "full_clients_per_region", "transceivers_per_cluster",
                  "faults", "client", "clients", "sweep", "external",
-                 "media_path", "light_path", "live_at_once", "realtime", "halt_poll_us"}
+                 "media_path", "light_path", "live_at_once", "realtime", "halt_poll_us",
+                 "many_regions"}
         unknown = set(doc) - known
         if unknown:
             raise ScenarioError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -174,6 +205,15 @@ class Scenario:
         if ("start_rate" in doc) == ("live_at_once" in doc):
             raise ScenarioError(f"{path}: give start_rate (calls started a second per client "
                                 "region) or live_at_once (calls live at once), one of them")
+        many = None
+        if doc.get("many_regions") is not None:
+            if "live_at_once" not in doc:
+                raise ScenarioError(f"{path}: many_regions: needs live_at_once (the load of "
+                                    "the narrower worlds)")
+            many = ManyRegions.parse(doc["many_regions"], path)
+            if many.sessions_per_region is not None and "clients" in doc:
+                raise ScenarioError(f"{path}: many_regions: sessions_per_region with a clients "
+                                    "mix: give the mix's aiortc count in sessions_per_region")
         live_at_once = None
         if "live_at_once" in doc:
             live_at_once = float(need("live_at_once", (int, float), lambda v: 1 <= v <= 2000,
@@ -205,6 +245,7 @@ class Scenario:
             halt_poll_us=int(need("halt_poll_us", int, lambda v: 0 <= v <= 10_000,
                                   "0..10000 us (0: the host's setting)"))
             if "halt_poll_us" in doc else 2000,
+            many_regions=many,
             description=str(doc.get("description", "")).strip(), source=str(path))
         if scenario.calibration_count < 20 or scenario.calibration_rate <= 0:
             raise ScenarioError(f"{path}: calibration: count >= 20 and a positive rate")
@@ -217,15 +258,24 @@ class Scenario:
 
     def for_client_regions(self, regions: int) -> "Scenario":
         """The scenario as run with ``regions`` client regions: ``live_at_once`` spread over
-        them as each region's start rate (unchanged without it)."""
+        them as each region's start rate (unchanged without it); with more client regions
+        than ``many_regions.more_than``, that block's load and sessions instead."""
         if self.live_at_once is None:
             return self
-        rate = self.live_at_once / (max(regions, 1) * self.call_duration_s)
+        scenario = self
+        many = self.many_regions
+        if many is not None and regions > many.more_than:
+            clients = (self.clients if many.sessions_per_region is None
+                       else {**self.clients, AIORTC: many.sessions_per_region})
+            scenario = replace(self, live_at_once=many.live_at_once, clients=clients,
+                               full_clients_per_region=min(self.full_clients_per_region,
+                                                           clients.get(AIORTC, 0)))
+        rate = scenario.live_at_once / (max(regions, 1) * scenario.call_duration_s)
         if not 0 < rate <= 50:
-            raise ScenarioError(f"{self.source}: live_at_once {self.live_at_once:g} over "
+            raise ScenarioError(f"{self.source}: live_at_once {scenario.live_at_once:g} over "
                                 f"{regions} client regions is {rate:.3g} calls a second per "
                                 "region (0..50)")
-        return replace(self, start_rate=rate)
+        return replace(scenario, start_rate=rate)
 
     def architecture(self, name: str) -> Architecture:
         """The architecture ``name`` this scenario runs: the file's own, or a registered one."""

@@ -179,6 +179,8 @@ def scenario_at(scenario, point: SweepPoint):
         elif name == SESSIONS:
             changes["clients"] = parse_mix({**scenario.clients, AIORTC: value})
             changes["full_clients_per_region"] = min(scenario.full_clients_per_region, value)
+            if scenario.many_regions is not None:  # the point's count rules
+                changes["many_regions"] = replace(scenario.many_regions, sessions_per_region=None)
         elif name == LIVE:
             calls = max(scenario.clients.get(AIORTC, 0), math.ceil(LIVE_CALLS * value))
             changes["clients"] = parse_mix({**scenario.clients, AIORTC: min(calls, 200)})

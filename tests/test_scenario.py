@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from scenarios.spec import Scenario, ScenarioError
-from tests.conftest import REPO, needs
+from tests.conftest import REPO, needs, scenario_file
 from topology.impairment.backend import detect
 
 CI = REPO / "scenarios" / "ci.yaml"
@@ -303,3 +303,39 @@ def test_the_load_as_calls_live_at_once_is_spread_over_the_client_regions(tmp_pa
         Scenario.load(path).for_client_regions(1)
     path.write_text(base + "start_rate: 0.5\n")
     assert Scenario.load(path).for_client_regions(10).start_rate == 0.5   # as given
+
+
+def test_a_world_of_many_client_regions_runs_its_own_load(tmp_path):
+    """many_regions: with more client regions than more_than, its calls live at once and
+    sessions a region instead of the file's; up to more_than, the file's."""
+    base = ("name: s\nclusters: [na-east]\nsessions_per_region: 45\ncall_duration_s: 15\n"
+            "full_clients_per_region: 2\narchitectures: [cluster-relay]\nlive_at_once: 63\n")
+    sc = scenario_file(tmp_path, base + "many_regions: {more_than: 3, live_at_once: 40, "
+                                        "sessions_per_region: 30}\n")
+    apac, wide = sc.for_client_regions(3), sc.for_client_regions(10)
+    assert (apac.live_at_once, apac.sessions_per_region) == (63, 45)
+    assert apac.start_rate == pytest.approx(1.4)
+    assert (wide.live_at_once, wide.sessions_per_region) == (40, 30)
+    assert wide.start_rate == pytest.approx(40 / 150)
+    assert wide.full_clients_per_region == 2
+    for block, message in (("{more_than: 3}", "more_than and live_at_once"),
+                           ("{more_than: 3, live_at_once: 40, rate: 1}", "more_than and"),
+                           ("{more_than: 0, live_at_once: 40}", "more_than: 1..1000"),
+                           ("{more_than: 3, live_at_once: 40, sessions_per_region: 0}",
+                            "sessions_per_region: 1..200")):
+        with pytest.raises(ScenarioError, match=message):
+            scenario_file(tmp_path, base + f"many_regions: {block}\n")
+    with pytest.raises(ScenarioError, match="needs live_at_once"):
+        scenario_file(tmp_path, base.replace("live_at_once: 63", "start_rate: 1")
+                      + "many_regions: {more_than: 3, live_at_once: 40}\n")
+
+
+def test_a_sweep_point_of_sessions_is_not_overridden_by_many_regions(tmp_path):
+    from scenarios.sweepspec import SweepPoint, scenario_at
+
+    sc = scenario_file(tmp_path, "name: s\nclusters: [na-east]\nsessions_per_region: 45\n"
+                       "call_duration_s: 15\narchitectures: [cluster-relay]\nlive_at_once: 63\n"
+                       "many_regions: {more_than: 3, live_at_once: 40, "
+                       "sessions_per_region: 30}\n")
+    wide = scenario_at(sc, SweepPoint(0, (("sessions_per_region", 12),))).for_client_regions(10)
+    assert (wide.sessions_per_region, wide.live_at_once) == (12, 40)
