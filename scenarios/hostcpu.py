@@ -23,10 +23,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from services.procfs import precise_cpu_seconds, process_tree
+from services.procfs import HostTimes, precise_cpu_seconds, process_tree
 
 SAMPLE_EVERY_S = 2.0
-_USER_HZ = os.sysconf("SC_CLK_TCK")
 # (monotonic, unix, the host's times, pid -> (group, CPU seconds))
 _Reading = tuple[float, float, "HostTimes", dict[int, tuple[str, float]]]
 
@@ -47,23 +46,6 @@ def process_groups(roots: list[tuple[str, int | None]]) -> dict[str, list[int]]:
             groups.setdefault(group, []).append(pid)
             todo.extend(children.get(pid, ()))
     return groups
-
-
-@dataclass(frozen=True)
-class HostTimes:
-    """Seconds since boot summed over every core, from ``/proc/stat``'s first line."""
-
-    idle: float      # idle + iowait
-    steal: float     # taken by the hypervisor (tick-sampled)
-    irq: float       # hardware and software interrupts, where accounted apart (tick-sampled)
-
-    @classmethod
-    def read(cls, path: str = "/proc/stat") -> "HostTimes":
-        with open(path) as f:
-            fields = [int(v) / _USER_HZ for v in f.readline().split()[1:9]]
-        fields += [0.0] * (8 - len(fields))
-        user, nice, system, idle, iowait, irq, softirq, steal = fields
-        return cls(idle + iowait, steal, irq + softirq)
 
 
 @dataclass

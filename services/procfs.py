@@ -9,8 +9,26 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 _TICK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class HostTimes:
+    """Seconds since boot summed over every core, from ``/proc/stat``'s first line."""
+
+    idle: float      # idle + iowait
+    steal: float     # taken by the hypervisor (tick-sampled)
+    irq: float       # hardware and software interrupts, where accounted apart (tick-sampled)
+
+    @classmethod
+    def read(cls, path: str = "/proc/stat") -> "HostTimes":
+        with open(path) as f:
+            fields = [int(v) / _TICK for v in f.readline().split()[1:9]]
+        fields += [0.0] * (8 - len(fields))
+        user, nice, system, idle, iowait, irq, softirq, steal = fields
+        return cls(idle + iowait, steal, irq + softirq)
 
 
 def stat_fields(pid: int | str) -> list[str]:

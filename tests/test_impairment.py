@@ -620,6 +620,10 @@ def test_bench_reports_cost_and_accuracy(root, capsys):
         assert abs(report["added_mean_ms"] - 10) <= _tolerance_ms(10)
         assert report["cpu_us_per_packet"] > 0 and report["lateness_p50_us"] is not None
         assert report["kernel_dropped"] == 0
+        assert report["host_us_per_packet_floor"] > 0 and report["host_us_per_packet"] > 0
+    # The Python engine costs tens of us a packet (its own CPU): the host's busy time, with
+    # it against without it, must show that.
+    assert reports[0]["added_host_us_per_packet"] > 10, reports[0]
     assert time.monotonic() - t0 < 30
 
 

@@ -4,17 +4,25 @@ Two namespaces joined by a veth (``lab.pair_lab``). First the floor: ``floor_sec
 same UDP traffic with no impairment. Then the engine impairs what ``b`` receives with
 ``delay_ms`` (+- ``jitter_ms``) and the probe sends ``rate`` datagrams per second for
 ``seconds``. Reported: the engine's CPU per packet (scheduler time, /proc/PID/schedstat) and
-the same as % of a core at 1000 packets/s, its release lateness (verdict time - due time), and
-the measured one-way delay against the configured one (mean minus the floor).
+the same as % of a core at 1000 packets/s, the host's CPU per packet in each phase (every core's
+busy time, /proc/stat) and so what impairing adds to it, the engine's release lateness
+(verdict time - due time), and the measured one-way delay against the configured one (mean
+minus the floor).
+
+The engine's own CPU includes the rest of each packet's trip up the stack, which a verdict
+runs in the engine's context and which, unimpaired, the kernel runs anyway in the sender's or
+a softirq's; the host's CPU in the two phases, side by side, says what the engine costs.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
 
+from services.procfs import HostTimes
 from topology.impairment.engine import CORES, NATIVE, check_core
 from topology.impairment.lab import pair_lab
 from topology.impairment.model import Impairment
@@ -34,14 +42,14 @@ class BenchConfig:
     rate: int = 1000
     seconds: float = 5.0
     size: int = 200
-    floor_seconds: float = 1.0
+    floor_seconds: float | None = None   # None: as long as the impaired phase
     spin_us: float = 0.0
     core: str = NATIVE
     tick_us: float | None = None  # None: the backend's default
 
     def __post_init__(self) -> None:
         check_core(self.core)
-        if self.rate < 1 or self.seconds <= 0 or self.floor_seconds < 0:
+        if self.rate < 1 or self.seconds <= 0 or (self.floor_seconds or 0) < 0:
             raise ValueError("rate and seconds must be positive")
         if self.spin_us < 0:
             raise ValueError("spin must not be negative")
@@ -74,6 +82,16 @@ class BenchResult:
     tick_us: float = 0.0  # the native core's busy-mode tick in this run (0: on every event)
     early_max_us: float | None = None
     ticks: int = 0
+    # Every core's busy time per packet sent, without impairment and with it (/proc/stat):
+    # the difference is what impairing costs the host (None without a floor phase).
+    host_us_per_packet_floor: float | None = None
+    host_us_per_packet: float | None = None
+
+    @property
+    def added_host_us_per_packet(self) -> float | None:
+        if self.host_us_per_packet_floor is None or self.host_us_per_packet is None:
+            return None
+        return round(self.host_us_per_packet - self.host_us_per_packet_floor, 2)
 
     @property
     def within_targets(self) -> bool:
@@ -84,17 +102,25 @@ class BenchResult:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["within_targets"] = self.within_targets
+        out["added_host_us_per_packet"] = self.added_host_us_per_packet
         return out
 
 
 def run_bench(cfg: BenchConfig, say=lambda msg: None) -> BenchResult:
     with pair_lab(prefix="vebench", subnet="10.99.1", subnet6="fd99:1::") as lab:
         def probe(seconds: float):
-            return udp_probe(lab.a.ns_path, lab.b.ns_path, lab.addr_b,
-                             count=max(1, round(cfg.rate * seconds)), rate=cfg.rate,
-                             size=cfg.size, drain_s=0.2 + (cfg.delay_ms + 4 * cfg.jitter_ms) / 1e3)
+            """The probe, and every core's busy seconds while it ran."""
+            before, t0 = HostTimes.read(), time.monotonic()
+            result = udp_probe(lab.a.ns_path, lab.b.ns_path, lab.addr_b,
+                               count=max(1, round(cfg.rate * seconds)), rate=cfg.rate,
+                               size=cfg.size,
+                               drain_s=0.2 + (cfg.delay_ms + 4 * cfg.jitter_ms) / 1e3)
+            busy = (time.monotonic() - t0) * cpus - (HostTimes.read().idle - before.idle)
+            return result, max(busy, 0.0)
 
-        floor = probe(cfg.floor_seconds) if cfg.floor_seconds else None
+        cpus = os.cpu_count() or 1
+        floor_seconds = cfg.seconds if cfg.floor_seconds is None else cfg.floor_seconds
+        floor, floor_busy = probe(floor_seconds) if floor_seconds else (None, None)
         floor_mean = floor.mean_ms if floor else 0.0
         say(f"floor: {floor_mean:.3f} ms one way without impairment")
         with UserspaceBackend(spin_us=cfg.spin_us, core=cfg.core,
@@ -106,7 +132,7 @@ def run_bench(cfg: BenchConfig, say=lambda msg: None) -> BenchResult:
             t0 = time.monotonic()
             say(f"impaired ({cfg.core} core): {cfg.rate} packets/s for {cfg.seconds:g} s, "
                 f"{cfg.delay_ms:g} +- {cfg.jitter_ms:g} ms")
-            result = probe(cfg.seconds)
+            result, busy = probe(cfg.seconds)
             wall = time.monotonic() - t0
             after = backend.stats()
         key = f"{lab.b.name}:{lab.if_b}"
@@ -127,6 +153,9 @@ def run_bench(cfg: BenchConfig, say=lambda msg: None) -> BenchResult:
             lateness_max_us=after["lateness_max_us"],
             tick_us=tick_us, early_max_us=after.get("early_max_us"),
             ticks=(after.get("ticks") or 0) - (before.get("ticks") or 0),
+            host_us_per_packet_floor=(round(floor_busy / floor.sent * 1e6, 2)
+                                      if floor else None),
+            host_us_per_packet=round(busy / result.sent * 1e6, 2),
             kernel_dropped=kernel.get("queue_dropped", 0) + kernel.get("user_dropped", 0))
 
 
@@ -150,6 +179,9 @@ def format_result(r: BenchResult) -> str:
                                              f"(target p50 < {LATENESS_P50_TARGET_US:g})"
                                              + (f"; released up to {r.early_max_us} us early"
                                                 if r.early_max_us else "")),
+        ("host CPU per packet", "no floor phase" if r.added_host_us_per_packet is None else
+         f"{r.host_us_per_packet_floor:.1f} us unimpaired, {r.host_us_per_packet:.1f} impaired: "
+         f"impairing adds {r.added_host_us_per_packet:.1f} us"),
         ("within targets", "yes" if r.within_targets else "NO"),
     ]
     width = max(len(k) for k, _ in rows)
@@ -166,8 +198,9 @@ def add_parser(sub) -> None:
     p.add_argument("--rate", type=int, default=1000, help="packets per second (default 1000)")
     p.add_argument("--seconds", type=float, default=5.0, help="impaired phase length (default 5)")
     p.add_argument("--size", type=int, default=200, help="UDP payload bytes (default 200)")
-    p.add_argument("--floor-seconds", type=float, default=1.0,
-                   help="unimpaired phase measuring the floor (default 1; 0 to skip)")
+    p.add_argument("--floor-seconds", type=float, default=None,
+                   help="unimpaired phase measuring the floor and the host's CPU without the "
+                        "engine (default: as long as the impaired phase; 0 to skip)")
     p.add_argument("--spin-us", type=float, default=0.0,
                    help="engine wakes this early and waits the rest awake (default 0)")
     p.add_argument("--tick-us", type=float, default=None,
