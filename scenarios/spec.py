@@ -38,8 +38,9 @@ class ManyRegions:
 
     @classmethod
     def parse(cls, raw, path) -> "ManyRegions":
-        keys = {"more_than", "live_at_once", "sessions_per_region"}
-        if not isinstance(raw, dict) or set(raw) - keys or not {"more_than", "live_at_once"} <= set(raw):
+        needed, keys = {"more_than", "live_at_once"}, {"more_than", "live_at_once",
+                                                      "sessions_per_region"}
+        if not isinstance(raw, dict) or set(raw) - keys or not needed <= set(raw):
             raise ScenarioError(f"{path}: many_regions: more_than and live_at_once, and "
                                 f"optionally sessions_per_region ({raw!r})")
 
