@@ -32,6 +32,7 @@ from scenarios.faults import FaultInjector, FaultRecord
 from scenarios.hostcpu import HostCpu, HostCpuWatch, process_groups
 from scenarios.idleprobe import SERVICE as IDLE_PROBE
 from scenarios.haltpoll import HaltPolling
+from scenarios.hostlock import HostLock
 from scenarios.priorities import SOFTIRQ, Raised, softirq_threads
 from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
 from scenarios.clients import ClientCommand, RegionClients, results_suffixes
@@ -212,6 +213,7 @@ class ScenarioRunner:
         # the SCHED_FIFO priorities the run gives (ordinary where it may not)
         self.priorities, self.priorities_refused = scenario.realtime.usable()
         self.halt_polling = ""   # what the run had (haltpoll.py), once it runs
+        self._host = HostLock()  # one run of a world at a time on this host (hostlock.py)
         if sorted(self.order) != sorted(scenario.architectures):
             raise ValueError(f"order {self.order} is not the scenario's architectures")
 
@@ -223,15 +225,16 @@ class ScenarioRunner:
         from topology.impairment.factory import make_backend
 
         started = time.monotonic()
-        backend = make_backend(self.backend_name)
-        self.say(f"world: {', '.join(self.spec.regions)} (clusters {', '.join(self.clusters)});"
-                 f" impairment backend: {backend.name}")
-        if self.priorities_refused:
-            self.say(f"services and clients run ordinary: {self.priorities_refused}")
-        world = World(self.spec, backend)
-        with world:
-            self.say(f"world built in {world.build_seconds:.1f} s")
-            result = self.run_in(world)
+        with self._host:
+            backend = make_backend(self.backend_name)
+            self.say(f"world: {', '.join(self.spec.regions)} (clusters "
+                     f"{', '.join(self.clusters)}); impairment backend: {backend.name}")
+            if self.priorities_refused:
+                self.say(f"services and clients run ordinary: {self.priorities_refused}")
+            world = World(self.spec, backend)
+            with world:
+                self.say(f"world built in {world.build_seconds:.1f} s")
+                result = self.run_in(world)
         result.timings.update(build_s=round(world.build_seconds, 2),
                               teardown_s=round(world.teardown_seconds, 2),
                               total_s=round(time.monotonic() - started, 1))
@@ -241,7 +244,8 @@ class ScenarioRunner:
     def run_in(self, world: World) -> RunResult:
         """Calibrate ``world`` (built from this runner's spec, or re-impaired to it) and run
         each architecture in it; CalibrationFailed when the world is off. The world stays up."""
-        with (Raised(softirq_threads(), 0 if self.priorities.ordinary else SOFTIRQ),
+        with (self._host,
+              Raised(softirq_threads(), 0 if self.priorities.ordinary else SOFTIRQ),
               HaltPolling(self.scenario.halt_poll_us) as polling):
             self.halt_polling = polling.state
             return self._run_in(world)
