@@ -124,6 +124,21 @@ class FaultBudget:
 
 
 @dataclass(frozen=True)
+class ConversationBudgets:
+    """The budgets file's ``conversation`` section: the conversation scenario, its region, and
+    budgets on the turns' figures (analysis/conversation.py METRICS; max or min of a
+    percentile over the turns)."""
+
+    scenario: str
+    region: str
+    budgets: tuple[Budget, ...]
+
+    def scenario_path(self) -> Path:
+        path = Path(self.scenario)
+        return path if path.is_absolute() else PACKAGE_ROOT / path
+
+
+@dataclass(frozen=True)
 class FaultBudgets:
     """The budgets file's ``faults`` section: the fault scenario, its region, its budgets."""
 
@@ -155,8 +170,10 @@ class Verdict:
 
     @property
     def set(self) -> str:
-        """'latency' or 'fault': which budgets the verdict belongs to."""
-        return "fault" if isinstance(self.budget, FaultBudget) else "latency"
+        """'latency', 'fault' or 'conversation': which budgets the verdict belongs to."""
+        if isinstance(self.budget, FaultBudget):
+            return "fault"
+        return "latency" if self.budget.metric in _METRICS else "conversation"
 
 
 def read_budgets_yaml(path: Path):
@@ -175,6 +192,7 @@ class BudgetFile:
     region: str
     budgets: tuple[Budget, ...]
     faults: FaultBudgets | None = None
+    conversation: ConversationBudgets | None = None
 
     @classmethod
     def load(cls, path: str | Path = BUDGETS_FILE) -> "BudgetFile":
@@ -186,7 +204,8 @@ class BudgetFile:
         if not budgets:
             raise BudgetError(f"{path}: no budgets")
         return cls(str(doc.get("scenario", "scenarios/ci.yaml")), str(doc.get("region", "")),
-                   tuple(budgets), _fault_budgets(path, doc.get("faults")))
+                   tuple(budgets), _fault_budgets(path, doc.get("faults")),
+                   _conversation_budgets(path, doc.get("conversation")))
 
     def scenario_path(self) -> Path:
         """The scenario file: absolute, or relative to the installed packages' folder."""
@@ -230,6 +249,46 @@ def _fault_budgets(path: Path, doc) -> FaultBudgets | None:
                               f"{', '.join(FAULT_METRICS)}")
         budgets.append(b)
     return FaultBudgets(str(doc["scenario"]), str(doc.get("region", "")), tuple(budgets))
+
+
+def _conversation_budgets(path: Path, doc) -> ConversationBudgets | None:
+    from analysis.conversation import METRICS
+
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or not doc.get("scenario") or not doc.get("budgets"):
+        raise BudgetError(f"{path}: conversation: needs a scenario and budgets")
+    budgets = []
+    for n, raw in enumerate(doc["budgets"]):
+        try:
+            b = Budget(**raw)
+        except TypeError as exc:
+            raise BudgetError(f"{path}: conversation budget {n + 1}: {exc}") from None
+        bounds = [x for x in _BOUNDS if getattr(b, x) is not None]
+        if b.metric not in METRICS or bounds not in (["max"], ["min"]) or b.percentile is None:
+            raise BudgetError(f"{path}: conversation budget {n + 1} ({raw}): needs one of "
+                              f"{', '.join(METRICS)}, a percentile and one bound (max or min)")
+        budgets.append(b)
+    return ConversationBudgets(str(doc["scenario"]), str(doc.get("region", "")),
+                               tuple(budgets))
+
+
+def check_conversation(results: Path, budgets: ConversationBudgets,
+                       boot: Bootstrap = Bootstrap()) -> list[Verdict]:
+    """Every conversation budget against a results folder with turns.csv: a percentile over
+    the turns of each architecture (turns of saturated sessions left out), with its
+    bootstrap interval by client region."""
+    from analysis.conversation import load
+
+    turns = load(Path(results))
+    if turns is None:
+        raise BudgetError(f"{results} has no turns.csv: not a conversation run")
+    turns = turns.assign(ok=True)
+    archs = list(dict.fromkeys(turns.architecture))
+    baseline = _baseline(Path(results))
+    return [check_one(turns, b, arch, baseline, boot, power=None)
+            for b in budgets.budgets
+            for arch in (archs if b.architecture == "*" else [b.architecture])]
 
 
 def _sessions(results: Path) -> pd.DataFrame:

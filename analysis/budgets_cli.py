@@ -13,17 +13,18 @@ from voiceedge.stopsignals import run_child
 
 # analysis.budgets's BUDGETS_FILE, without importing numpy and pandas for every command.
 BUDGETS_FILE = Path(__file__).with_name("budgets.yaml")
-SETS = ("latency", "faults")
+SETS = ("latency", "faults", "conversation")
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("budgets", help="check latency and fault budgets (CI gate)",
                        description="Check results folders against the latency budgets and the "
                                    "fault budgets; without a folder, run the budgets file's "
-                                   "scenarios first (the compact CI scenario, then the fault "
-                                   "scenario). A folder with faults.json or faults.csv is "
-                                   "checked against the fault budgets, any other against the "
-                                   "latency budgets. Exit status 1 when a budget is exceeded. "
+                                   "scenarios first (the compact CI scenario, the fault "
+                                   "scenario, the conversation scenario). A folder with "
+                                   "faults.json or faults.csv is checked against the fault "
+                                   "budgets, one with turns.csv against the conversation "
+                                   "budgets, any other against the latency budgets. Exit status 1 when a budget is exceeded. "
                                    "--sweep DIR checks a sweep folder against the file's "
                                    "sweep_budgets instead.")
     p.add_argument("results", nargs="*", type=Path,
@@ -45,9 +46,11 @@ def add_parser(sub) -> None:
 
 
 def folder_set(folder: Path) -> str:
-    """Which budgets a results folder is checked against: 'faults' for a run with faults."""
-    return "faults" if any((folder / f).is_file() for f in ("faults.json", "faults.csv")) \
-        else "latency"
+    """Which budgets a results folder is checked against: 'faults' for a run with faults,
+    'conversation' for one with turns."""
+    if any((folder / f).is_file() for f in ("faults.json", "faults.csv")):
+        return "faults"
+    return "conversation" if (folder / "turns.csv").is_file() else "latency"
 
 
 def run_scenario(scenario: Path, region: str, quiet: bool) -> tuple[Path, int]:
@@ -100,8 +103,8 @@ def run_sweep(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "sweep", None) is not None:
         return run_sweep(args)
-    from analysis.budgets import BudgetError, BudgetFile, check, check_faults, \
-        print_fault_table, print_table, to_json
+    from analysis.budgets import BudgetError, BudgetFile, check, check_conversation, \
+        check_faults, print_fault_table, print_table, to_json
 
     try:
         budgets = BudgetFile.load(args.budgets)
@@ -111,15 +114,23 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--sessions {args.sessions}: use at least 2")
     if args.only == "faults" and budgets.faults is None:
         raise UserError(f"{args.budgets} has no fault budgets (a 'faults' section)")
+    if args.only == "conversation" and budgets.conversation is None:
+        raise UserError(f"{args.budgets} has no conversation budgets (a 'conversation' "
+                        "section)")
     failed_runs = 0
     if args.results:
         jobs = [(args.only or folder_set(folder), folder) for folder in args.results]
         if any(s == "faults" for s, _ in jobs) and budgets.faults is None:
             raise UserError(f"{args.budgets} has no fault budgets (a 'faults' section)")
+        if any(s == "conversation" for s, _ in jobs) and budgets.conversation is None:
+            raise UserError(f"{args.budgets} has no conversation budgets")
     else:
         plan = [("latency", budgets.scenario_path(), budgets.region)]
         if budgets.faults is not None:
             plan.append(("faults", budgets.faults.scenario_path(), budgets.faults.region))
+        if budgets.conversation is not None:
+            plan.append(("conversation", budgets.conversation.scenario_path(),
+                         budgets.conversation.region))
         plan = [p for p in plan if args.only in (None, p[0])]
         for which, path, _ in plan:
             _scenario(which, path, args.budgets)
@@ -135,6 +146,11 @@ def run(args: argparse.Namespace) -> int:
                 found = check_faults(folder, budgets.faults)
                 if not args.json:
                     print_fault_table(found, f"fault budgets ({args.budgets.name}) on {folder}")
+            elif which == "conversation":
+                found = check_conversation(folder, budgets.conversation)
+                if not args.json:
+                    print_table(found, f"conversation budgets ({args.budgets.name}) on "
+                                       f"{folder}")
             else:
                 found = check(folder, budgets, sessions=args.sessions)
                 if not args.json:

@@ -11,7 +11,7 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis import clients, tables, turn, verification
+from analysis import clients, conversation, tables, turn, verification
 from analysis.pcap import tables as pcap_tables
 from analysis.compare import compare  # noqa: F401  (part of this module's API)
 from analysis.faults import FaultEffect, fault_effects
@@ -214,6 +214,10 @@ def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: E
     if turn.applies(results):
         parts += ["<h2 id='turn'>TURN's setup overhead</h2>",
                   tables.to_html(turn.overhead(results))]
+    if (results.path / conversation.TURNS_FILE).is_file():
+        parts += ["<h2 id='turns'>Turns</h2>",
+                  tables.to_html(conversation.table(results, stats))]
+        parts += [f"<p>{e(line)}</p>" for line in conversation.disagreements(results, stats)]
     if results.faults:
         parts += _faults_html(results, fault_effects(results), plots)
     parts.append("<h2 id='plots'>Plots</h2>")
@@ -295,6 +299,9 @@ def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], mode
                   tables.to_markdown(clients.timeline(results))]
     if turn.applies(results):
         lines += ["## TURN's setup overhead", "", tables.to_markdown(turn.overhead(results))]
+    if (results.path / conversation.TURNS_FILE).is_file():
+        lines += ["## Turns", "", tables.to_markdown(conversation.table(results, stats))]
+        lines += [f"> {line}" for line in conversation.disagreements(results, stats)]
     if results.faults:
         lines += _faults_markdown(results, fault_effects(results), plots, base)
     if len(results.client_regions) > 1:

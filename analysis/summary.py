@@ -231,6 +231,10 @@ def finalize(directory: str | Path, boot: Bootstrap = Bootstrap(),
     stats = compute_stats(results, boot, model)
     _write_stats(directory, results, stats, stats_rows(results, stats))
     summary = summary_of(results, stats)
+    if (directory / "turns.csv").is_file():  # conversations: what the callers heard
+        from analysis import conversation
+        conversation.score(directory)
+        summary["conversation"] = conversation.summary(directory, results.baseline, boot)
     _write_atomic(directory / "summary.json", dumps(summary))
     if (directory / "sessions.csv").is_file():
         _add_mos_column(directory / "sessions.csv", stats)

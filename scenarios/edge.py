@@ -135,6 +135,7 @@ class EdgePlan:
     relay_vip: str | None = None       # the global relay's anycast address (answers carry it)
     relay_args: tuple[str, ...] = ()   # extra options of every relay (benchmarks' variants)
     transceiver_args: tuple[str, ...] = ()  # ... and of every transceiver
+    agent_args: tuple[str, ...] = ()   # ... and of every agent (a conversation's reply mode)
 
     def __post_init__(self) -> None:
         arch = self.architecture
@@ -256,7 +257,8 @@ class Edge:
     def start_agent(self, cluster: ClusterPlan) -> ServiceProcess:
         port = self.plan.ports.agent
         return self.add(f"agent-{cluster.name}", cluster.host, voiceedge_cmd(
-            "agent", "--listen", "127.0.0.1", "--port", str(port)), "agent",
+            "agent", "--listen", "127.0.0.1", "--port", str(port), *self.plan.agent_args),
+            "agent",
             lambda: tcp_open("127.0.0.1", port))
 
     def start_redis(self, cluster: ClusterPlan) -> ServiceProcess:

@@ -62,6 +62,12 @@ SESSION_FIELDS = (
     "ice_checking_ms", "turn_transactions", "ice_pair", "verifies", "verified",
     "datachannel_echo")
 # Every call a client made for a session: the first (attempt 0) and each reconnection.
+# turns.csv: one row per caller line of a conversation (services/client/conversation.py Turn)
+TURN_FIELDS = ("architecture", "client_region", "session", "turn", "barge_in",
+               "speech_start_unix", "speech_end_unix", "cut_reply_end_unix", "reply_arrived_unix",
+               "reply_heard_unix",
+               "reply_end_unix", "agent_voice_end_unix", "agent_detected_unix",
+               "agent_first_frame_unix", "agent_status", "agent_barge_detected_unix", "audio")
 ATTEMPT_FIELDS = ("architecture", "client_region", "session", "attempt", "reason",
                   "started_unix", "connected_unix", "cluster_region", "transceiver", "error")
 # RTP arrival gaps of 60 ms or more: "down" at the client, "up" at the transceiver.
@@ -130,6 +136,7 @@ class ArchitectureRun:
     gaps: list[dict] = field(default_factory=list)      # gaps.csv rows
     faults: list[FaultRecord] = field(default_factory=list)
     host_cpu: HostCpu | None = None  # where the host's CPU went while the calls ran
+    turns: list[dict] = field(default_factory=list)     # turns.csv rows (conversations)
 
     @property
     def success_pct(self) -> float:
@@ -339,8 +346,10 @@ class ScenarioRunner:
             if arch.turn:  # on the edge host's public side, as a TURN provider's would be
                 turns.append(TurnPlan(region, host(h), addresses["public"]))
         media = ("--media-path", self.scenario.media_path) if not arch.external else ()
+        talk = self.scenario.conversation
         return EdgePlan(arch, tuple(clusters), tuple(fronts), tuple(ingresses), tuple(turns),
-                        relay_vip=vip, transceiver_args=media)
+                        relay_vip=vip, transceiver_args=media,
+                        agent_args=talk.agent_args() if talk is not None else ())
 
     def _analyse_captures(self, result: RunResult) -> None:
         from analysis.pcap.hops import analyse
@@ -468,7 +477,9 @@ class ScenarioRunner:
                                 for b in watch.bindings_at_peak],
                                round(time.monotonic() - started, 1), load_calibration,
                                steering_rows(arch, logs / TIMELINE), attempts, gaps,
-                               faults, host_cpu), edge if keep_edge else None
+                               faults, host_cpu,
+                               turn_rows(arch, self.client_regions, logs, self.directory)
+                               ), edge if keep_edge else None
 
     def _regions(self, world: World, edge: Edge, logs: Path, captures: WorldCapture | None
                  ) -> list[tuple[str, RegionClients]]:
@@ -884,6 +895,12 @@ def write_results(result: RunResult) -> None:
         for a in result.architectures:
             w.writerow([a.architecture, a.peak_sessions, a.public_udp_ports,
                         a.public_udp_ports_max, "; ".join(a.bindings)])
+    turns = [t for a in result.architectures for t in a.turns]
+    if turns:
+        with open(d / "turns.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=TURN_FIELDS, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(turns)
     (d / "relays.json").write_text(json.dumps(
         {a.architecture: a.relays for a in result.architectures}, indent=2))
     at_load = {a.architecture: a.load_calibration.to_dict()
@@ -897,6 +914,25 @@ def write_results(result: RunResult) -> None:
     result.timings["architectures"] = {a.architecture: a.seconds for a in result.architectures}
     (d / "timings.json").write_text(json.dumps(result.timings, indent=2))
     result.summary = finalize(d)
+
+
+def turn_rows(arch: str, regions, logs: Path, directory: Path) -> list[dict]:
+    """turns.csv rows: every turn of the conversation sessions of ``regions`` (none without
+    a conversation), the reply's audio as a path under the results folder ``directory``."""
+    rows = []
+    for region in regions:
+        path = logs / f"sessions-{region}.jsonl"
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            for t in r.get("turns") or []:
+                audio = t.get("audio")
+                if audio:
+                    audio = str((logs / f"audio-{region}" / audio).relative_to(directory))
+                rows.append({"architecture": arch, "client_region": region,
+                             "session": r.get("index"), **t, "audio": audio})
+    return rows
 
 
 def client_rows(arch: str, region: str, logs: Path, lag: LagWindows, upstream: dict,

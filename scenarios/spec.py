@@ -10,6 +10,7 @@ from scenarios import architectures
 from scenarios.architectures.base import Architecture
 from scenarios.architectures.external import External
 from scenarios.clients import needs_browser, parse_mix
+from scenarios.conversationspec import ConversationSpec
 from scenarios.faultspec import FaultSpec
 from scenarios.priorities import Priorities
 from scenarios.sweepspec import SweepSpec
@@ -87,6 +88,8 @@ class Scenario:
     realtime: Priorities = Priorities()  # SCHED_FIFO of services and clients (priorities.py)
     halt_poll_us: int = 2000          # idle cores poll this long before halting (haltpoll.py)
     many_regions: ManyRegions | None = None  # the load of a world of many client regions
+    # Calls that speak in turns to a reply agent (every aiortc session full; docs/conversation.md)
+    conversation: ConversationSpec | None = None
     description: str = ""
     source: str = ""
 
@@ -132,7 +135,7 @@ class Scenario:
                  "min_success_pct", "full_clients_per_region", "transceivers_per_cluster",
                  "faults", "client", "clients", "sweep", "external",
                  "media_path", "light_path", "live_at_once", "realtime", "halt_poll_us",
-                 "many_regions"}
+                 "many_regions", "conversation"}
         unknown = set(doc) - known
         if unknown:
             raise ScenarioError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -164,9 +167,19 @@ class Scenario:
             raise ScenarioError(f"{path}: profiles: a mapping of profile -> overrides")
         mix = _client_mix(path, doc)
         sessions = mix.get(AIORTC, 0)
+        conversation = None
+        if doc.get("conversation") is not None:
+            try:
+                conversation = ConversationSpec.parse(doc["conversation"], path)
+            except ValueError as exc:
+                raise ScenarioError(str(exc)) from None
+            if "full_clients_per_region" in doc:
+                raise ScenarioError(f"{path}: conversation: every aiortc session is a full "
+                                    "client; leave out full_clients_per_region")
         full = (need("full_clients_per_region", int, lambda v: 0 <= v <= sessions,
                      f"0..sessions_per_region ({sessions})")
-                if "full_clients_per_region" in doc else min(2, sessions))
+                if "full_clients_per_region" in doc
+                else sessions if conversation is not None else min(2, sessions))
         client = doc.get("client", {}) or {}
         if not isinstance(client, dict) or set(client) - {"media_timeout_s",
                                                           "reconnect_attempts"}:
@@ -246,7 +259,7 @@ class Scenario:
             halt_poll_us=int(need("halt_poll_us", int, lambda v: 0 <= v <= 10_000,
                                   "0..10000 us (0: the host's setting)"))
             if "halt_poll_us" in doc else 2000,
-            many_regions=many,
+            many_regions=many, conversation=conversation,
             description=str(doc.get("description", "")).strip(), source=str(path))
         if scenario.calibration_count < 20 or scenario.calibration_rate <= 0:
             raise ScenarioError(f"{path}: calibration: count >= 20 and a positive rate")

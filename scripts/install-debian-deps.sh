@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages voiceedge needs, only those missing (idempotent, fast when done).
 set -euo pipefail
-packages=(mininet bridge-utils iptables conntrack iputils-ping redis-server tcpdump coturn python3-venv python3-dev gcc libsrtp2-dev libopus-dev libssl-dev)
+packages=(mininet bridge-utils iptables conntrack iputils-ping redis-server tcpdump coturn python3-venv python3-dev gcc libsrtp2-dev libopus-dev libssl-dev espeak-ng)
 # Usage: install-debian-deps.sh [base] [browsers] [fuzz]
 #   base       what every command needs (above; the default)
 #   browsers   Debian's chromium, for browser clients (make browsers; docs/browser.md)

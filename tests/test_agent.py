@@ -311,7 +311,9 @@ def test_reply_after_speech_is_paced_in_real_time():
     assert events[0]["audio_start_ms"] == 0 and events[1]["audio_end_ms"] == 500
     rid = events[2]["response"]["id"]
     assert events[3] == {"type": "response.audio.done", "response_id": rid, "frames": 50}
+    first_frame_unix = done["response"].pop("first_frame_unix")
     assert done["response"] == {"id": rid, "status": "completed", "frames": 50}
+    assert events[1]["audio_end_unix"] <= events[1]["detected_unix"] <= first_frame_unix
     assert [f for _, f in frames] == pcm.tone(440, 1000, -12.0)
     first = frames[0][0]
     in_half_second = sum(1 for t, _ in frames if t - first < 0.5)
@@ -345,8 +347,36 @@ def test_barge_in_cancels_the_reply_at_once():
     assert done["response"]["status"] == "cancelled"
     assert done["response"]["status_details"] == {"reason": "turn_detected"}
     assert done["response"]["frames"] == len(frames) < 20  # stopped long before its 50 frames
+    assert (done["response"]["first_frame_unix"] < events[0]["detected_unix"]
+            <= done["response"]["cancelled_unix"])
     assert quiet
     assert (counters.responses_cancelled, counters.responses_completed) == (1, 0)
+
+
+def test_reply_times_on_the_wall_clock_split_the_turn():
+    """Paced like a caller: the hangover shows between the last voiced frame's arrival and
+    speech_stopped, the reply's first frame follows at once; a shorter hangover moves that
+    share only (docs/conversation.md)."""
+    async def turn(hangover_ms: int):
+        async with agent(**{**REPLY, "hangover_ms": hangover_ms}) as (server, http):
+            ws = await connect(http)
+            pacer = Pacer(pcm.FRAME_SECONDS)
+            sent_last_voiced = None
+            for frame in pcm.tone(300, 400, LOUD) + pcm.silence(hangover_ms + 200):
+                await pacer.tick()
+                await ws.send_bytes(frame)
+                if pcm.rms_dbfs(frame) > -45:
+                    sent_last_voiced = time.time()
+            frames, events, done = await collect_until(ws, "response.done")
+            await ws.close()
+            return sent_last_voiced, events[1], done["response"]
+
+    for hangover_ms in (300, 250):
+        sent, stopped, response = run(turn(hangover_ms))
+        assert 0 <= stopped["audio_end_unix"] - sent < 0.015        # loopback: the arrival
+        held = stopped["detected_unix"] - stopped["audio_end_unix"]
+        assert hangover_ms / 1000 - 0.025 < held < hangover_ms / 1000 + 0.025
+        assert 0 <= response["first_frame_unix"] - stopped["detected_unix"] < 0.015
 
 
 def test_closed_session_releases_its_state_and_tasks():

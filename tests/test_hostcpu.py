@@ -45,8 +45,28 @@ def test_host_times_read_proc_stat_fields(tmp_path):
     # user nice system idle iowait irq softirq steal guest guest_nice
     stat.write_text(f"cpu  {10 * hz} {hz} {4 * hz} {50 * hz} {2 * hz} {hz} {3 * hz} {5 * hz} 0 0\n"
                     "cpu0 1 2 3 4 5 6 7 8 0 0\n")
-    t = HostTimes.read(str(stat))
+    t = HostTimes.read(str(stat), cpuidle=None)
     assert (t.idle, t.steal, t.irq) == (52.0, 5.0, 4.0)
+    # cpuidle's microsecond counters, where there are some, in place of /proc/stat's idle
+    for cpu, times in (("cpu0", (1_500_000, 20_000_000)), ("cpu1", (500_000, 10_000_000))):
+        for n, us in enumerate(times):
+            d = tmp_path / "sys" / cpu / "cpuidle" / f"state{n}"
+            d.mkdir(parents=True)
+            (d / "time").write_text(f"{us}\n")
+    (tmp_path / "sys" / "cpufreq").mkdir()
+    t = HostTimes.read(str(stat), cpuidle=str(tmp_path / "sys"))
+    assert (t.idle, t.steal, t.irq) == (32.0 + 2.0, 5.0, 4.0)
+
+
+def test_cpuidle_counts_the_idle_time_of_this_host_by_the_microsecond():
+    from services.procfs import cpuidle_seconds
+    first = cpuidle_seconds()
+    if first is None:
+        pytest.skip("no cpuidle on this kernel")
+    time.sleep(0.2)
+    idle = cpuidle_seconds() - first
+    cores = os.cpu_count()
+    assert 0 < idle <= 0.2 * cores + 0.05 and idle != round(idle, 2)  # not in 10 ms ticks
 
 
 def test_groups_take_each_root_and_what_it_started(spawn):

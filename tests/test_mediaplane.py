@@ -242,6 +242,25 @@ def test_pcm_sessions_decode_for_the_agent_and_encode_its_frames(server):
     ext_len = struct.unpack_from("!H", payload, 14)[0] * 4
     assert len(decoder.decode(payload[16 + ext_len:])) == 1920
     assert plane.put_batch(batch((channel, b"short"))) == 0   # not a 20 ms PCM frame
+    # After the agent's audio: three silent frames through the encoder (the sound ends as the
+    # encoder shaped it; the next audio starts from silence), then the cached packet, as the
+    # Python path's AgentAudioTrack does; audio again restarts the count.
+    def sent(ticks):
+        plane.tick(ticks)
+        out = []
+        for _ in range(ticks):
+            packet = peer.rx.unprotect(peer.sock.recv(2048))
+            out.append(packet[16 + struct.unpack_from("!H", packet, 14)[0] * 4:])
+        return out
+
+    after = sent(5)
+    assert after[3:] == [SILENCE, SILENCE] and SILENCE not in after[:3]
+    levels = [max(map(abs, struct.unpack("<960h", decoder.decode(p)))) for p in after[:3]]
+    assert levels[-1] < 200, levels   # the tone's tail (the codec's look-ahead), then quiet
+    assert plane.counters()["drop_encode"] == 0
+    plane.put_batch(batch((channel, tone)))
+    again = sent(5)
+    assert SILENCE not in again[:4] and again[4] == SILENCE
 
 
 def test_a_client_session_on_its_own_socket_plays_its_script_and_logs_arrivals(server):

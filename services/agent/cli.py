@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from services.agent.config import MODES, AgentConfig
+from services.agent.config import MODES, REPLIES, AgentConfig
 from voiceedge.errors import ConfigError
 from voiceedge.errors import UserError
 
@@ -27,6 +27,9 @@ def add_parser(sub) -> None:
                    help=f"silence before speech stops (default {defaults.hangover_ms})")
     p.add_argument("--reply-ms", type=int, default=defaults.reply_ms,
                    help=f"length of the reply tone (default {defaults.reply_ms})")
+    p.add_argument("--reply", choices=REPLIES, default=defaults.reply,
+                   help="what a reply says: a tone, or a spoken sentence (espeak-ng; "
+                        f"default {defaults.reply})")
     p.add_argument("--reply-freq", type=float, default=defaults.reply_freq_hz, metavar="HZ",
                    help=f"frequency of the reply tone (default {defaults.reply_freq_hz:g})")
     p.set_defaults(func=run, service="agent")  # JSON logs: services/logs.py
@@ -38,17 +41,22 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         return AgentConfig(host=args.listen, port=args.port, mode=args.mode,
                            vad_threshold_dbfs=args.vad_threshold, vad_start_ms=args.vad_start_ms,
                            hangover_ms=args.hangover_ms, reply_ms=args.reply_ms,
-                           reply_freq_hz=args.reply_freq)
+                           reply_freq_hz=args.reply_freq, reply=args.reply)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
 
-    from services.agent.server import AgentServer
+    from services.agent.server import AgentServer, reply_frames
     from services.lifecycle import serve_until_signal
+    from services.speech import SpeechError
 
     config = config_from_args(args)
+    try:
+        reply_frames(config)  # espeak-ng's speech, checked (and cached) before serving
+    except SpeechError as exc:
+        raise UserError(str(exc)) from None
     try:
         serve_until_signal(lambda: AgentServer(config))
     except OSError as exc:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from voiceedge.errors import ConfigError
 
 MODES = ("echo", "reply")
+REPLIES = ("tone", "speech")   # what a reply says: a tone, or services/speech.py's AGENT_LINE
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,8 @@ class AgentConfig:
     vad_threshold_dbfs: float = -45.0
     vad_start_ms: int = 40           # voiced audio needed before speech_started
     hangover_ms: int = 300           # silence needed before speech_stopped
-    reply_ms: int = 1000
+    reply_ms: int = 1000             # the tone's length (a spoken reply is as long as its line)
+    reply: str = "tone"
     reply_freq_hz: float = 440.0
     reply_peak_dbfs: float = -12.0
     heartbeat_s: float | None = 20.0  # WebSocket ping interval; a peer that never pongs is dropped
@@ -25,6 +27,8 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.reply not in REPLIES:
+            raise ConfigError(f"reply {self.reply!r} is not one of {', '.join(REPLIES)}")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port {self.port} is not a TCP port")
         if self.vad_threshold_dbfs >= 0:

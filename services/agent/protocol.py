@@ -62,12 +62,24 @@ def echo(event: dict[str, Any]) -> dict[str, Any]:
     return {"type": "agent.echo", "event": event}
 
 
-def speech_started(audio_ms: int) -> dict[str, Any]:
-    return {"type": "input_audio_buffer.speech_started", "audio_start_ms": audio_ms}
+def _unix(t: float | None) -> float | None:
+    return None if t is None else round(t, 6)
 
 
-def speech_stopped(audio_ms: int) -> dict[str, Any]:
-    return {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": audio_ms}
+def speech_started(audio_ms: int, audio_unix: float | None = None,
+                   detected_unix: float | None = None) -> dict[str, Any]:
+    """``audio_start_unix``: when the first voiced frame arrived; ``detected_unix``: when the
+    VAD said so (wall clock, seconds)."""
+    return {"type": "input_audio_buffer.speech_started", "audio_start_ms": audio_ms,
+            "audio_start_unix": _unix(audio_unix), "detected_unix": _unix(detected_unix)}
+
+
+def speech_stopped(audio_ms: int, audio_unix: float | None = None,
+                   detected_unix: float | None = None) -> dict[str, Any]:
+    """``audio_end_unix``: when the last voiced frame arrived; ``detected_unix``: when the
+    hangover ran out."""
+    return {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": audio_ms,
+            "audio_end_unix": _unix(audio_unix), "detected_unix": _unix(detected_unix)}
 
 
 def response_created(response_id: str) -> dict[str, Any]:
@@ -78,10 +90,16 @@ def response_audio_done(response_id: str, frames: int) -> dict[str, Any]:
     return {"type": "response.audio.done", "response_id": response_id, "frames": frames}
 
 
-def response_done(response_id: str, frames: int, cancelled: bool = False) -> dict[str, Any]:
+def response_done(response_id: str, frames: int, first_frame_unix: float | None = None,
+                  cancelled: bool = False, cancelled_unix: float | None = None
+                  ) -> dict[str, Any]:
+    """``first_frame_unix``: when the reply's first frame went to the transceiver (None: no
+    frame did); ``cancelled_unix``: when a barge-in cancelled it."""
+    cancelled = cancelled or cancelled_unix is not None
     response: dict[str, Any] = {"id": response_id,
                                 "status": "cancelled" if cancelled else "completed",
-                                "frames": frames}
+                                "frames": frames, "first_frame_unix": _unix(first_frame_unix)}
     if cancelled:
         response["status_details"] = {"reason": "turn_detected"}
+        response["cancelled_unix"] = _unix(cancelled_unix)
     return {"type": "response.done", "response": response}

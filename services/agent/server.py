@@ -35,6 +35,15 @@ class _Open:
     finished: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+def reply_frames(config: AgentConfig) -> list[bytes]:
+    """What every reply says, as frames: the tone, or the spoken line (services/speech.py;
+    SpeechError without espeak-ng)."""
+    if config.reply == "speech":
+        from services import speech
+        return pcm.to_frames(speech.synthesize(speech.AGENT_LINE))
+    return pcm.tone(config.reply_freq_hz, config.reply_ms, config.reply_peak_dbfs)
+
+
 class AgentServer:
     """``await start()`` binds and serves; ``await stop()`` closes every session (1001) and the
     listener. Also an async context manager."""
@@ -45,7 +54,7 @@ class AgentServer:
         self.port = 0
         self._open: dict[str, _Open] = {}
         self._closed = SessionCounters()  # counters of sessions that have ended
-        self._reply = pcm.tone(config.reply_freq_hz, config.reply_ms, config.reply_peak_dbfs)
+        self._reply = reply_frames(config)
         self._registry = metrics.registry_for(self)
         self._process = _ProcessCollector()
         self._registry.register(self._process)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Protocol, Sequence
 
@@ -45,6 +46,26 @@ class Response:
     id: str
     status: str = "in_progress"  # -> completed | cancelled
     frames: int = 0
+    first_frame_unix: float | None = None   # its first frame handed to the transceiver
+    cancelled_unix: float | None = None
+
+
+@dataclass
+class VoiceTimes:
+    """Wall-clock arrival of the caller's frames that the VAD's events are about: the first
+    frame of the current voiced run and the last voiced frame (the world's hosts share one
+    clock, so the analysis sets them against the client's own times: docs/conversation.md)."""
+
+    run_start_unix: float | None = None
+    last_voiced_unix: float | None = None
+
+    def feed(self, voiced: bool, at: float) -> None:
+        if voiced:
+            if self.run_start_unix is None:
+                self.run_start_unix = at
+            self.last_voiced_unix = at
+        else:
+            self.run_start_unix = None
 
 
 class Session:
@@ -70,6 +91,7 @@ class Session:
         self._reply_frames = reply_frames
         self._vad = (EnergyVad(config.vad_threshold_dbfs, config.vad_start_ms, config.hangover_ms)
                      if config.mode == "reply" else None)
+        self._voice = VoiceTimes()
         self._responses = 0
         self._response: Response | None = None
         self._player: asyncio.Task | None = None
@@ -98,6 +120,7 @@ class Session:
             await self._send_frame(data)
             return
         event = self._vad.feed(data)
+        self._voice.feed(self._vad.voiced, time.time())
         if event is not None:
             await self._on_vad(event)
 
@@ -161,16 +184,20 @@ class Session:
         return link.name
 
     async def _on_vad(self, event: VadEvent) -> None:
+        voice, now = self._voice, time.time()
         if event.kind == "speech_started":
             # Barge-in: cancel before anything else is awaited, so no reply frame follows.
             interrupted = self._cancel_reply()
-            await self._send_event(protocol.speech_started(event.audio_ms))
+            await self._send_event(protocol.speech_started(
+                event.audio_ms, voice.run_start_unix, now))
             if interrupted is not None:
                 await self._stop_reply()
                 await self._send_event(protocol.response_done(
-                    interrupted.id, interrupted.frames, cancelled=True))
+                    interrupted.id, interrupted.frames, interrupted.first_frame_unix,
+                    cancelled_unix=interrupted.cancelled_unix))
         else:
-            await self._send_event(protocol.speech_stopped(event.audio_ms))
+            await self._send_event(protocol.speech_stopped(
+                event.audio_ms, voice.last_voiced_unix, now))
             await self._start_reply()
 
     async def _start_reply(self) -> None:
@@ -187,6 +214,7 @@ class Session:
         if response is None or response.status != "in_progress":
             return None  # none, or it finished its audio and is only sending its done events
         response.status = "cancelled"
+        response.cancelled_unix = time.time()
         self.counters.responses_cancelled += 1
         if self._player is not None:
             self._player.cancel()
@@ -207,12 +235,15 @@ class Session:
         try:
             for frame in self._reply_frames:
                 await pacer.tick()
+                if response.first_frame_unix is None:
+                    response.first_frame_unix = time.time()
                 await self._send_frame(frame)
                 response.frames += 1
             response.status = "completed"
             self.counters.responses_completed += 1
             await self._send_event(protocol.response_audio_done(response.id, response.frames))
-            await self._send_event(protocol.response_done(response.id, response.frames))
+            await self._send_event(protocol.response_done(response.id, response.frames,
+                                                          response.first_frame_unix))
         except ConnectionError:
             pass  # the WebSocket closed under us; the server's handler cleans up
 

@@ -23,12 +23,13 @@ class EnergyVad:
     start_ms: int = 40
     hangover_ms: int = 300
     speaking: bool = field(default=False, init=False)
+    voiced: bool = field(default=False, init=False)   # the last frame fed
     _frames: int = field(default=0, init=False)
     _voiced_run: int = field(default=0, init=False)
     _silent_run: int = field(default=0, init=False)
 
     def feed(self, frame: bytes) -> VadEvent | None:
-        voiced = rms_dbfs(frame) >= self.threshold_dbfs
+        voiced = self.voiced = rms_dbfs(frame) >= self.threshold_dbfs
         self._frames += 1
         if voiced:
             self._voiced_run += 1

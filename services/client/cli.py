@@ -6,7 +6,8 @@ import asyncio
 import logging
 import json
 
-from services.client.config import KINDS, ClientConfig, IceServer
+from services.client.config import (JITTER_BUFFERS, KINDS, ClientConfig, ConversationConfig,
+                                    IceServer)
 from services.client.results import SessionResult
 from services.client.verify import CHECKS, DEFAULT_VERIFIES, parse_verifies
 from services.lag import LoopLagMonitor
@@ -80,6 +81,19 @@ def add_parser(sub) -> None:
     p.add_argument("--rx-log", metavar="FILE",
                    help="append each session's received RTP packets (SSRC, sequence number, "
                         "arrival time), one JSON line per session")
+    conv = ConversationConfig()
+    p.add_argument("--conversation", type=int, metavar="TURNS",
+                   help="full sessions speak TURNS lines in turns to a reply agent instead of "
+                        "sending the tone, and time what they hear (docs/conversation.md)")
+    p.add_argument("--barge-in-share", type=float, default=conv.barge_in_share, metavar="F",
+                   help="share of the lines after the first spoken into the reply "
+                        f"(default {conv.barge_in_share:g})")
+    p.add_argument("--jitter-buffer", choices=JITTER_BUFFERS, default=conv.jitter_buffer,
+                   help="a conversation's audio jitter buffer: playout (gives a lost packet up "
+                        "after 4 frames) or aiortc's own (its delay grows at the first loss); "
+                        f"default {conv.jitter_buffer}")
+    p.add_argument("--audio-dir", metavar="DIR",
+                   help="write the completed replies each conversation heard here (16 kHz WAV)")
     add_output_args(p)
     p.set_defaults(func=run, service="client")  # JSON logs: services/logs.py
 
@@ -125,6 +139,16 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
     if args.index_base < 0:
         raise UserError("--index-base must be at least 0")
     verifies = verifies_from_args(args)
+    conversation = None
+    if args.conversation is not None:
+        try:
+            conversation = ConversationConfig(turns=args.conversation,
+                                              barge_in_share=args.barge_in_share,
+                                              jitter_buffer=args.jitter_buffer)
+        except ValueError as exc:
+            raise UserError(f"--conversation: {exc}") from None
+    elif args.audio_dir:
+        raise UserError("--audio-dir needs --conversation")
     headers = {}
     for h in args.header:
         name, sep, value = h.partition(":")
@@ -150,7 +174,8 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
                             reconnect_attempts=args.reconnect_attempts,
                             retry_setup=args.retry_setup,
                             record_arrivals=bool(args.rx_log), verifies=verifies,
-                            light_path=args.light_path)
+                            light_path=args.light_path, conversation=conversation,
+                            audio_dir=args.audio_dir)
     except ValueError as exc:
         raise UserError(str(exc)) from None
 

@@ -1,12 +1,14 @@
 """Configuration of client sessions."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from services.client.verify import DEFAULT_VERIFIES, parse_verifies
 
 FULL, LIGHT = "full", "light"   # client kinds: docs/client.md (Two kinds of client)
 KINDS = (FULL, LIGHT)
+JITTER_BUFFERS = ("playout", "aiortc")  # a conversation caller's (ConversationConfig)
 ICE_POLICIES = ("all", "relay")  # RTCIceTransportPolicy: every candidate, or TURN relays only
 
 
@@ -17,6 +19,42 @@ class IceServer:
     urls: str
     username: str | None = None
     credential: str | None = None
+
+
+@dataclass(frozen=True)
+class ConversationConfig:
+    """What a conversation session says and when."""
+
+    turns: int = 5                  # caller lines per call (the call ends after the last reply)
+    barge_in_share: float = 0.25    # of the lines after the first: spoken into the reply
+    barge_in_after_ms: float = 800  # how far into the reply (as heard) the caller cuts in
+    pause_ms: float = 500           # silence between a reply heard to its end and the next line
+    reply_timeout_s: float = 3.0    # no reply heard by then: the next line anyway
+    # The caller's audio jitter buffer: "playout" gives a missing packet up once 4 frames after
+    # it are complete (services/client/playout.py); "aiortc" is aiortc's own, whose delay grows
+    # from 80 to 300 ms at the first lost packet (docs/conversation.md)
+    jitter_buffer: str = "playout"
+
+    def __post_init__(self) -> None:
+        if self.turns < 1:
+            raise ValueError("a conversation needs at least 1 turn")
+        if not 0.0 <= self.barge_in_share <= 1.0:
+            raise ValueError("barge_in_share must be between 0 and 1")
+        if self.jitter_buffer not in JITTER_BUFFERS:
+            raise ValueError(f"jitter_buffer is one of {', '.join(JITTER_BUFFERS)}")
+        for name in ("barge_in_after_ms", "pause_ms", "reply_timeout_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be at least 0")
+
+    def barge_in(self, session: int, turn: int) -> bool:
+        """Whether line ``turn`` (from 0) of session ``session`` cuts into the reply before
+        it: spread evenly so that every run of lines has its share (the first never does)."""
+        if turn == 0 or self.barge_in_share == 0:
+            return False
+        phase = (session * 0.6180339887) % 1.0  # where in its lines each session's fall
+        k = turn - 1
+        return (math.floor((k + 1) * self.barge_in_share + phase)
+                > math.floor(k * self.barge_in_share + phase))
 
 
 @dataclass(frozen=True)
@@ -73,6 +111,11 @@ class ClientConfig:
     # What the session checks came back (services/client/verify.py): the edge's to declare;
     # by default the project's edge, whose agent echoes audio and wraps events in agent.echo.
     verifies: tuple[str, ...] = DEFAULT_VERIFIES
+    # Full sessions speak in turns to a reply agent instead of sending the tone
+    # (services/client/conversation.py; the call ends after its last reply, duration_s at most);
+    # the completed replies they heard go to audio_dir as WAV files, for scoring.
+    conversation: ConversationConfig | None = None
+    audio_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.light_path not in ("python", "native"):

@@ -43,6 +43,7 @@ class RtpProbe:
         self.seq = SeqTracker()
         self.voiced = voiced
         self.gaps = gaps
+        self.listener = None     # called with (payload size, monotonic arrival) per packet
         self._receiver: Any = None
 
     def attach(self, receiver: Any) -> None:
@@ -67,6 +68,8 @@ class RtpProbe:
             self.arrivals.append((ssrc, seq, at))
         self.seq.add(seq)
         self.voiced.add(size, at)
+        if self.listener is not None:
+            self.listener(size, at)
 
     def detach(self) -> None:
         """Drop the instance attribute, restoring the class method (and breaking the cycle)."""

@@ -107,6 +107,9 @@ class SessionResult:
     first_rx_unix: float | None = None    # first and last received RTP packet of the call
     last_rx_unix: float | None = None
 
+    # conversation sessions (services/client/conversation.py): one dict per caller line
+    turns: list[dict] = field(default_factory=list)
+
     samples: list[MediaSample] = field(default_factory=list)
     # [ssrc, sequence number, unix arrival] of every received RTP packet, with
     # ClientConfig.record_arrivals (written to a file of their own, not in the JSON line)

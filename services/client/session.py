@@ -27,6 +27,7 @@ import asyncio
 import json
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -38,6 +39,8 @@ from aiortc.rtcconfiguration import RTCBundlePolicy, RTCIceTransportPolicy
 
 from services.client.bundle import bundled_answer
 from services.client.config import FULL, KINDS, LIGHT, ClientConfig
+from services.client import playout
+from services.client.conversation import Conversation
 from services.client.iceservers import RELAY, IceServersError, IceSettings
 from services.client.iceservers import fetch as fetch_ice_servers
 from services.client.light import receive_without_decoding
@@ -121,6 +124,9 @@ async def warm_up(config: ClientConfig) -> float:
     the network. No ICE servers: gathering binds host sockets and sends nothing. Returns the
     milliseconds it took."""
     started = time.monotonic()
+    if config.conversation is not None:
+        from services.client.conversation import caller_lines
+        caller_lines()  # espeak-ng and the Opus encoding, once per process
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     try:
         pc.addTransceiver(PreEncodedOpusTrack(opus_tone(config.tone_hz)), direction="sendrecv")
@@ -157,6 +163,15 @@ class CallSession:
         self._audio_seen = 0       # samples per channel received
         self._audio_sumsq = 0.0    # over samples after echo_skip_ms
         self._audio_n = 0
+        # A conversation (conversation.py): full sessions speak in turns instead of the tone.
+        self._talk = (Conversation(config.conversation, index, config.duration_s)
+                      if config.conversation is not None and kind == FULL else None)
+        self._talking: asyncio.Task | None = None
+
+    @property
+    def conversation(self) -> Conversation | None:
+        """The conversation this session holds (full sessions with ``config.conversation``)."""
+        return self._talk
 
     @property
     def receiving(self) -> bool:
@@ -279,12 +294,17 @@ class CallSession:
         pc.on("connectionstatechange", lambda: self._on_connection_state(conn))
         pc.on("track", lambda track: self._on_track(conn, track))
 
-        transceiver = pc.addTransceiver(PreEncodedOpusTrack(opus_tone(cfg.tone_hz)),
-                                        direction="sendrecv")
+        track = (self._talk.track if self._talk is not None
+                 else PreEncodedOpusTrack(opus_tone(cfg.tone_hz)))
+        transceiver = pc.addTransceiver(track, direction="sendrecv")
         transceiver.setCodecPreferences(
             [c for c in RTCRtpSender.getCapabilities("audio").codecs
              if c.mimeType.lower() == "audio/opus"])
         conn.rtp.attach(transceiver.receiver)
+        if self._talk is not None:
+            conn.rtp.listener = self._talk.ear.arrived
+            if cfg.conversation.jitter_buffer == "playout":
+                playout.install(transceiver.receiver)
         if self.kind == LIGHT:
             receive_without_decoding(transceiver.receiver)
         if self._pump is not None:
@@ -375,6 +395,8 @@ class CallSession:
         r = self.result
         if len(r.events) < MAX_EVENTS:
             r.events.append(kind)
+        if self._talk is not None and isinstance(event, dict):
+            self._talk.on_agent_event(event)
         form = echo_form(conn.sent_event, message)
         if form is not None and r.datachannel_echo != ENVELOPE:  # the envelope, once seen, stays
             r.datachannel_echo = form
@@ -389,6 +411,8 @@ class CallSession:
                 frame = await track.recv()
             except MediaStreamError:
                 return
+            if self._talk is not None:
+                self._talk.ear.hear(frame, time.time())
             if skip is None:
                 skip = int(self.config.echo_skip_ms / 1000.0 * frame.sample_rate)
             if self._audio_seen + frame.samples > skip:
@@ -406,6 +430,9 @@ class CallSession:
         end = self._conn.connected_at + self.config.duration_s
         self._sampler = asyncio.create_task(self._sample_loop(),
                                             name=f"client-{self.index}-sampler")
+        if self._talk is not None:  # the call ends with its last reply (duration_s at most)
+            self._talking = asyncio.create_task(self._talk.run(),
+                                                name=f"client-{self.index}-talk")
         while True:
             conn = self._conn
             reason = await self._watch(conn, end)
@@ -436,13 +463,28 @@ class CallSession:
             else:  # as long again as the loop was late to wake us: its backlog goes first
                 second_look, due = True, now + max(WATCHDOG_GRACE_S, late)
             wake = min(due, end)
+            if self._talking is not None and self._talking.done():
+                return None
             try:
                 async with asyncio.timeout(wake - now):
-                    await conn.failed.wait()
+                    await self._failed_or_talked(conn)
             except TimeoutError:
                 late = time.monotonic() - wake
                 continue
+            if conn.failure is None:
+                return None  # the conversation is over
             return conn.failure
+
+    async def _failed_or_talked(self, conn: _Connection) -> None:
+        """Until ``conn`` fails or the conversation (if any) is over."""
+        if self._talking is None:
+            await conn.failed.wait()
+            return
+        failed = asyncio.ensure_future(conn.failed.wait())
+        try:
+            await asyncio.wait([failed, self._talking], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            failed.cancel()
 
     async def _reconnect(self, http: aiohttp.ClientSession, reason: str, end: float) -> None:
         """Call again until an attempt connects; SessionError when the attempts run out, or
@@ -523,9 +565,10 @@ class CallSession:
 
     async def _teardown(self, http: aiohttp.ClientSession) -> None:
         cfg, r = self.config, self.result
-        if self._sampler is not None:
-            self._sampler.cancel()
-            await asyncio.gather(self._sampler, return_exceptions=True)
+        for task in (self._sampler, self._talking):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         conn, self._conn = self._conn, None
         ended_ms = self._ms()
         if conn is not None:
@@ -624,6 +667,10 @@ class CallSession:
         elif self._audio_n:
             r.echo_rms = round(float(np.sqrt(self._audio_sumsq / self._audio_n)), 5)
             r.echo_verified = r.echo_rms >= self.config.echo_min_rms
+        if self._talk is not None:  # the audio check of a conversation: a reply was heard
+            audio_dir = Path(self.config.audio_dir) if self.config.audio_dir else None
+            r.turns = self._talk.turns(audio_dir, f"s{self.index}-")
+            r.echo_verified = any(t["reply_heard_unix"] is not None for t in r.turns)
         verifies = self.config.verifies
         r.datachannel_verified = datachannel_counts(verifies, r.datachannel_echo)
         r.verified = verified(verifies, r.echo_verified, r.datachannel_echo)

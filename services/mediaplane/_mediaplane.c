@@ -61,6 +61,12 @@
 #define PCM_SAMPLES 960
 #define RING 8                  /* frames queued per session and direction */
 #define OUT_KEEP 5              /* frames queued towards the client before the oldest goes */
+/* pcm sessions: silent frames encoded after the agent's audio ends, before the cached silence
+ * packet (as services/transceiver/media.py's _CODED_SILENCE): the client's decoder hears the
+ * sound end as the encoder shaped it, and the encoder starts the next audio from silence, not
+ * from the middle of the last word (a cut reply's next reply began with a glitch: PESQ 4.18
+ * against 4.40, docs/conversation.md) */
+#define CODED_SILENCE 3
 #define GAPS 16                 /* arrival gaps kept until Python reads them */
 #define GAP_NS 60000000ll       /* 60 ms: services/gaps.py's threshold */
 #define RTP_MAX (SLOT_BYTES - HOP_V4_LEN - SRTP_MAX_TRAILER_LEN)
@@ -117,6 +123,7 @@ typedef struct {
     srtp_t rx, tx;                      /* libsrtp's, or */
     GcmSide *grx, *gtx;                 /* the plane's own for the GCM profiles (srtp_gcm.c) */
     int pcm;                            /* pcm16 towards the agent: decode and encode here */
+    uint8_t coded_silence;              /* pcm: silent frames encoded since the audio ended */
     OpusDecoder *dec;
     OpusEncoder *enc;
     /* receive statistics */
@@ -968,6 +975,7 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
             goto done;
         }
         s->pcm = 1;
+        s->coded_silence = CODED_SILENCE;  /* nothing played yet: no sound to end */
     }
     s->fd = fd;
     s->turn_channel = (uint16_t)turn_channel;
@@ -1054,6 +1062,7 @@ static PyObject *Plane_set_pcm(Plane *p, PyObject *args) {
         return NULL;
     }
     s->pcm = pcm;
+    s->coded_silence = CODED_SILENCE;
     s->in.count = s->out.count = 0;   /* what is queued is in the other codec */
     Py_RETURN_TRUE;
 }
@@ -1243,6 +1252,7 @@ static PyObject *Plane_put_batch(Plane *p, PyObject *arg) {
             uint8_t coded[FRAME_MAX];
             int n = opus_encode(s->enc, pcm, PCM_SAMPLES, coded, 1275);
             if (n <= 0) { p->counters[C_DROP_ENCODE]++; continue; }
+            s->coded_silence = 0;
             ring_push(&s->out, coded, (unsigned)n, OUT_KEEP, &dropped);
         } else {
             if (len == 0 || len > 1275) { p->counters[C_BATCH_BAD_RECORD]++; continue; }
@@ -1253,6 +1263,20 @@ static PyObject *Plane_put_batch(Plane *p, PyObject *arg) {
     }
     PyBuffer_Release(&b);
     return PyLong_FromLong(queued);
+}
+
+/* A pcm session's next silent frame through its encoder (the cached packet if that fails). */
+static void send_coded_silence(Plane *p, Session *s) {
+    static const opus_int16 zeros[PCM_SAMPLES];
+    uint8_t coded[FRAME_MAX];
+    s->coded_silence++;
+    int n = opus_encode(s->enc, zeros, PCM_SAMPLES, coded, 1275);
+    if (n > 0) {
+        send_frame(p, s, coded, (unsigned)n);
+    } else {
+        p->counters[C_DROP_ENCODE]++;
+        send_frame(p, s, s->silence, s->silence_len);
+    }
 }
 
 static PyObject *Plane_tick(Plane *p, PyObject *args) {
@@ -1274,6 +1298,8 @@ static PyObject *Plane_tick(Plane *p, PyObject *args) {
             Session *s = &p->sessions[p->order[i]];
             Frame *fr = ring_pop(&s->out);
             if (fr) send_frame(p, s, fr->data, fr->len);
+            else if (s->pcm && s->enc && s->coded_silence < CODED_SILENCE)
+                send_coded_silence(p, s);
             else if (s->script_n) {
                 unsigned k = s->script_pos++ % s->script_n;
                 send_frame(p, s, s->script + s->script_off[k], s->script_len[k]);

@@ -1,0 +1,330 @@
+"""Conversations on loopback (docs/conversation.md): the caller's lines, what its ear keeps, and
+whole calls to a real reply agent through a real transceiver (native media plane), whose turns
+split into uplink, the agent's own time and downlink on one clock."""
+from __future__ import annotations
+
+import asyncio
+import math
+import wave
+
+import av
+import numpy as np
+import pytest
+
+from analysis import conversation as analysis
+from services import speech
+from services.agent.config import AgentConfig
+from services.agent.pcm import rms_dbfs, to_frames
+from services.agent.server import AgentServer
+from services.client.config import ClientConfig, ConversationConfig
+from services.client.conversation import Ear, caller_lines
+from services.client.runner import run_sessions
+from services.client.voiced import VOICED_MIN_BYTES
+from services.transceiver.server import TransceiverConfig, TransceiverServer
+from tests.conftest import REPO, write_architectures
+
+REPO_BUDGETS = REPO / "analysis" / "budgets.yaml"
+
+
+def test_lines_are_speech_at_the_agreed_level_with_pauses_shorter_than_the_hangover():
+    for text in speech.CALLER_LINES + (speech.AGENT_LINE,):
+        samples = speech.synthesize(text)
+        assert 1.0 < samples.size / speech.SAMPLE_RATE < 4.0, text
+        levels = [rms_dbfs(f) for f in to_frames(samples)]
+        assert levels[0] > -45 and max(levels) < -6          # trimmed, not clipped
+        quiet = longest = 0
+        for level in levels:
+            quiet = quiet + 1 if level < -45 else 0
+            longest = max(longest, quiet)
+        assert longest * 20 < 200, text   # one line is one turn for a 300 ms hangover
+    assert speech.synthesize("Three o'clock works for me.").tobytes() == \
+        speech.synthesize("Three o'clock works for me.").tobytes()
+
+
+def test_caller_lines_mark_their_last_voiced_payload():
+    lines, silence = caller_lines()
+    assert len(lines) == len(speech.CALLER_LINES) and len(silence) < VOICED_MIN_BYTES
+    for line in lines:
+        frames = to_frames(speech.synthesize(line.text))
+        assert len(line.payloads) == len(frames)
+        assert rms_dbfs(frames[line.last_voiced]) >= -45
+        assert all(rms_dbfs(f) < -45 for f in frames[line.last_voiced + 1:])
+
+
+def test_barge_in_share_is_kept_over_sessions_and_never_on_the_first_line():
+    cfg = ConversationConfig(turns=5, barge_in_share=0.25)
+    marks = [[cfg.barge_in(s, k) for k in range(5)] for s in range(40)]
+    assert not any(m[0] for m in marks)
+    assert sum(map(sum, marks)) == pytest.approx(0.25 * 4 * 40, abs=2)
+    assert len({tuple(m) for m in marks}) > 1       # not always the same line
+    assert not any(ConversationConfig(turns=5, barge_in_share=0).barge_in(s, k)
+                   for s in range(10) for k in range(5))
+    with pytest.raises(ValueError):
+        ConversationConfig(turns=0)
+
+
+def _frame(pts: int, level: float) -> av.AudioFrame:
+    mono = (level * 32767 * np.sin(np.arange(960) / 5)).astype("<i2")
+    frame = av.AudioFrame.from_ndarray(np.repeat(mono, 2).reshape(1, -1), format="s16",
+                                       layout="stereo")
+    frame.sample_rate, frame.pts = 48_000, pts
+    return frame
+
+
+def test_the_ear_keeps_audio_on_its_rtp_timeline_and_cuts_it_into_replies():
+    ear = Ear(seconds=2)
+    t = 1000.0
+    for i in range(40):
+        if i == 12:
+            continue      # a lost frame: its place stays silent
+        loud = 5 <= i < 20 or 32 <= i < 36
+        ear.hear(_frame(480 + i * 960, 0.2 if loud else 0.0), t + i * 0.02)
+    assert [(h.start_sample, h.end_sample) for h in ear.heard] == [(5 * 960, 20 * 960),
+                                                                   (32 * 960, 36 * 960)]
+    assert ear.heard[0].first_unix == t + 0.1 and ear.heard[0].last_unix == pytest.approx(t + 0.38)
+    assert not ear.audio[12 * 960:13 * 960].any() and ear.audio[11 * 960:12 * 960].any()
+    assert ear.after(t + 0.2) is ear.heard[1]
+    # cut into at 0.3 s: it paused and resumed before the line ended at 0.7 s
+    assert ear.last_heard_during(t + 0.3, t + 0.7) == pytest.approx(t + 0.7)
+    assert ear.last_heard_during(t + 0.3, t + 0.5) == pytest.approx(t + 0.38)
+    assert ear.last_heard_during(t + 0.45, t + 0.5) is None   # nothing was playing then
+
+
+async def _conversation(hangover_ms: int, turns: int = 3, share: float = 0.5,
+                        audio_dir=None):
+    async with AgentServer(AgentConfig(port=0, mode="reply", reply="speech",
+                                       hangover_ms=hangover_ms)) as agent:
+        cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host="127.0.0.1",
+                                control=("127.0.0.1", 0), media_path="native",
+                                agent_url=f"ws://127.0.0.1:{agent.port}")
+        async with TransceiverServer(cfg) as server:
+            client = ClientConfig(url=f"http://127.0.0.1:{server.control_port}/sessions",
+                                  duration_s=30, start_rate=10,
+                                  conversation=ConversationConfig(turns=turns,
+                                                                  barge_in_share=share),
+                                  audio_dir=None if audio_dir is None else str(audio_dir))
+            return await run_sessions(client, 2)
+
+
+def _turns(results) -> "analysis.pd.DataFrame":
+    rows = [{"architecture": "loopback", "client_region": "lo", "session": r.index, **t}
+            for r in results for t in r.turns]
+    return analysis.derive(analysis.pd.DataFrame(rows))
+
+
+@pytest.fixture(scope="module")
+def calls(tmp_path_factory):
+    """Two agents side by side, hangovers 300 and 250 ms: two calls each, three lines a call,
+    one into a reply."""
+    audio = tmp_path_factory.mktemp("heard")
+
+    async def both():
+        return await asyncio.gather(_conversation(300, audio_dir=audio), _conversation(250))
+
+    long, short = asyncio.run(both())
+    return long, short, audio
+
+
+def test_every_line_is_answered_and_the_split_adds_up(calls):
+    long, _, _ = calls
+    assert all(r.ok and r.verified == r.verifies for r in long), [r.error for r in long]
+    turns = _turns(long)
+    assert len(turns) == 6
+    answered = turns[turns.gap_ms.notna()]
+    assert len(answered) == 6 and answered.split_error_ms.abs().max() < 5
+    assert (answered.uplink_ms > 0).all() and (answered.downlink_ms > 0).all()
+    # the agent's share is its hangover (counted in frames as they are fed: a tick that hands
+    # over two frames at once makes it one frame short) and a little processing
+    assert answered.agent_ms.between(270, 330).all(), answered.agent_ms.tolist()  # +-1 frame
+    # on loopback the downlink is the transceiver's wait for its next 20 ms tick; the caller's
+    # playout buffer then holds 4 frames (80 ms) before the first comes out of the decoder
+    assert answered.downlink_ms.between(0, 40).all(), answered.downlink_ms.tolist()
+    assert answered.playout_ms.between(75, 110).all(), answered.playout_ms.tolist()
+
+
+def test_a_shorter_hangover_moves_the_agents_share_and_not_the_networks(calls):
+    long, short, _ = calls
+    a, b = _turns(long), _turns(short)
+    moved = a.agent_ms.median() - b.agent_ms.median()
+    assert 32 <= moved <= 48, moved  # 250 ms is 13 whole frames (260 ms): 40 ms shorter
+    assert abs(a.turn_gap_over_agent_ms.median() - b.turn_gap_over_agent_ms.median()) < 15
+    assert 25 <= a.gap_ms.median() - b.gap_ms.median() <= 55
+
+
+def test_a_barge_in_cancels_the_reply_it_cuts_and_the_caller_hears_it_stop(calls):
+    long, _, _ = calls
+    turns = _turns(long)
+    barges = turns[turns.barge_in]
+    assert len(barges) == 2
+    assert barges.barge_reaction_ms.notna().all()
+    # the agent hears the cut two frames in and stops; the rest drains through the edge
+    assert (barges.barge_detect_ms.between(0, 120)).all(), barges.barge_detect_ms.tolist()
+    assert (barges.barge_reaction_ms.between(40, 400)).all(), barges.barge_reaction_ms.tolist()
+    cut = turns.set_index(["session", "turn"])
+    for _, b in barges.iterrows():
+        assert cut.loc[(b.session, b.turn - 1), "agent_status"] == "cancelled"
+
+
+def test_the_replies_heard_in_full_score_high_and_are_kept_for_scoring(calls, tmp_path):
+    long, _, audio = calls
+    kept = [t for r in long for t in r.turns if t["audio"]]
+    assert kept and all(t["agent_status"] == "completed" for t in kept)
+    for t in kept:
+        with wave.open(str(audio / t["audio"])) as w:
+            assert w.getframerate() == analysis.SCORE_RATE
+            assert w.getnframes() == pytest.approx(analysis.reference().size, abs=400)
+    rows = [{"architecture": "lo", "client_region": "lo", "session": 0, "turn": i,
+             "barge_in": False, "audio": str(audio / t["audio"])} for i, t in enumerate(kept)]
+    analysis.pd.DataFrame(rows).to_csv(tmp_path / analysis.TURNS_FILE, index=False)
+    assert analysis.score(tmp_path) == len(kept)
+    scores = analysis.pd.read_csv(tmp_path / analysis.TURNS_FILE).pesq
+    assert (scores > 3.8).all(), scores.tolist()   # Opus at 32 kbit/s, nothing lost
+
+
+def test_pesq_falls_when_the_reply_loses_frames(tmp_path):
+    """The scoring itself: the reference against itself, and with 20 ms holes every 200 ms."""
+    ref = analysis.reference()
+    holed = ref.copy()
+    for start in range(0, holed.size, 3200):
+        holed[start:start + 320] = 0
+    for name, audio in (("same.wav", ref), ("holed.wav", holed)):
+        with wave.open(str(tmp_path / name), "wb") as w:
+            w.setnchannels(1), w.setsampwidth(2), w.setframerate(analysis.SCORE_RATE)
+            w.writeframes(audio.tobytes())
+    analysis.pd.DataFrame([{"audio": "same.wav"}, {"audio": "holed.wav"}, {"audio": None}]
+                          ).to_csv(tmp_path / analysis.TURNS_FILE, index=False)
+    assert analysis.score(tmp_path) == 2
+    same, holed_score, missing = analysis.pd.read_csv(tmp_path / analysis.TURNS_FILE).pesq
+    assert same > 4.4 and holed_score < same - 1.0 and math.isnan(missing)
+
+
+def _conversation_run(directory, gap_ms: dict, pesq: float = 4.2):
+    """A results folder of two architectures' turns (three regions, 12 turns each)."""
+    directory.mkdir()
+    write_architectures(directory, ["port-per-session", "global-relay"])
+    (directory / "config.json").write_text("{}")
+    rows, rng = [], np.random.default_rng(3)
+    for arch, gap in gap_ms.items():
+        for region in ("apac-se", "apac-ne", "au"):
+            for i in range(12):
+                t = 1000.0 + i * 10
+                up, down = rng.normal(gap / 2 - 190, 3) / 1000, rng.normal(gap / 2 - 190, 3) / 1000
+                rows.append({"architecture": arch, "client_region": region, "session": i // 4,
+                             "turn": i % 4, "barge_in": i % 4 == 3, "speech_start_unix": t - 2,
+                             "speech_end_unix": t, "agent_voice_end_unix": t + up,
+                             "agent_first_frame_unix": t + up + 0.3,
+                             "reply_arrived_unix": t + up + 0.3 + down,
+                             "reply_heard_unix": t + up + 0.38 + down,
+                             "cut_reply_end_unix": t - 2 + 0.15 if i % 4 == 3 else None,
+                             "agent_status": "completed", "pesq": pesq})
+    analysis.pd.DataFrame(rows).to_csv(directory / analysis.TURNS_FILE, index=False)
+    return directory
+
+
+def test_conversation_budgets_gate_the_turns(tmp_path):
+    from analysis.budgets import BudgetError, BudgetFile, check_conversation
+
+    run = _conversation_run(tmp_path / "run", {"port-per-session": 900, "global-relay": 700})
+    path = tmp_path / "budgets.yaml"
+    path.write_text(
+        "scenario: scenarios/ci.yaml\nregion: apac-se\nbudgets:\n"
+        "  - {architecture: '*', metric: success_pct, min: 100}\n"
+        "conversation:\n  scenario: scenarios/ci-conversation.yaml\n  region: apac-se\n"
+        "  budgets:\n"
+        "    - {architecture: '*', metric: turn_gap_over_agent_ms, percentile: 50, max: 550}\n"
+        "    - {architecture: '*', metric: pesq, percentile: 50, min: 4.0}\n"
+        "    - {architecture: '*', metric: barge_reaction_ms, percentile: 95, max: 200}\n")
+    verdicts = check_conversation(run, BudgetFile.load(path).conversation)
+    got = {(v.architecture, v.budget.metric): (v.measured, v.ok) for v in verdicts}
+    # gap 900 less the agent's 300: 600 over 550; gap 700: 400
+    assert got[("port-per-session", "turn_gap_over_agent_ms")][1] is False
+    assert got[("port-per-session", "turn_gap_over_agent_ms")][0] == pytest.approx(600, abs=5)
+    assert got[("global-relay", "turn_gap_over_agent_ms")] == (pytest.approx(400, abs=5), True)
+    assert got[("global-relay", "pesq")] == (4.2, True)
+    assert got[("global-relay", "barge_reaction_ms")] == (pytest.approx(150), True)
+    assert {v.set for v in verdicts} == {"conversation"}
+    path.write_text(path.read_text().replace("metric: pesq", "metric: mos"))
+    with pytest.raises(BudgetError, match="conversation budget 2"):
+        BudgetFile.load(path)
+    with pytest.raises(BudgetError, match="not a conversation run"):
+        check_conversation(tmp_path, BudgetFile.load(REPO_BUDGETS).conversation)
+
+
+def test_the_turns_table_splits_each_architectures_gap(tmp_path):
+    run = _conversation_run(tmp_path / "run", {"port-per-session": 900, "global-relay": 700})
+    data = analysis.summary(run, "port-per-session")
+    pps, gr = (data["architectures"][a] for a in ("port-per-session", "global-relay"))
+    assert pps["gap_ms"]["p50"] == pytest.approx(900, abs=5)
+    assert pps["agent_ms"]["p50"] == pytest.approx(300)
+    assert pps["playout_ms"]["p50"] == pytest.approx(80)
+    assert pps["split_error_max_ms"] < 1e-6
+    assert gr["network_vs_baseline_ms"]["p50"] == pytest.approx(-200, abs=5)
+    assert gr["barge_ins_heard"] == 9
+    assert gr["talk_over_per_call_ms"]["p50"] == pytest.approx(150)
+    # a run against another host's edge: nothing that needs the agent's clock
+    (run / "config.json").write_text('{"target": {"url": "http://edge.example/v1/calls"}}')
+    data = analysis.summary(run, "port-per-session")
+    pps = data["architectures"]["port-per-session"]
+    assert data["one_clock"] is False and pps["uplink_ms"]["p50"] is None
+    assert pps["gap_ms"]["p50"] == pytest.approx(900, abs=5)
+
+
+def _play(buffer, lost=(), reorder=()):
+    """Feed packets 0..59 (minus ``lost``; pairs in ``reorder`` swapped); for each frame out,
+    how many packets after it had arrived when it came out."""
+    from aiortc.rtp import RtpPacket
+    order = [s for s in range(60) if s not in lost]
+    for a, b in reorder:
+        i, j = order.index(a), order.index(b)
+        order[i], order[j] = order[j], order[i]
+    lags, out = {}, []
+    for n, seq in enumerate(order):
+        packet = RtpPacket(payload_type=111, sequence_number=seq, timestamp=seq * 960)
+        packet._data = b"x"
+        _, frame = buffer.add(packet)
+        if frame is not None:
+            out.append(frame.timestamp // 960)
+            lags[frame.timestamp // 960] = seq - frame.timestamp // 960
+    return out, lags
+
+
+def test_the_playout_buffer_gives_a_lost_packet_up_where_aiortcs_slips_300_ms():
+    from aiortc.jitterbuffer import JitterBuffer
+    from services.client.playout import PlayoutBuffer
+
+    stock_out, stock_lag = _play(JitterBuffer(capacity=16, prefetch=4), lost=(10,))
+    ours = PlayoutBuffer()
+    out, lag = _play(ours, lost=(10, 30, 31), reorder=((40, 41),))
+    # aiortc's: 4 frames held back until the hole, then 14 for good, the frames behind it lost
+    assert stock_lag[5] == 4 and stock_lag[45] == 14 and 6 not in stock_out
+    # ours: every frame that arrived comes out, in order, 4 frames back once past each hole
+    assert out == [s for s in range(56) if s not in (10, 30, 31)]
+    assert ours.holes_skipped == 3
+    assert lag[5] == lag[20] == lag[50] == 4 and lag[9] == 5
+
+
+def test_the_runner_writes_every_field_of_a_turn():
+    from dataclasses import fields
+
+    from scenarios.runner import TURN_FIELDS
+    from services.client.conversation import Turn
+    assert TURN_FIELDS[3:] == tuple(f.name for f in fields(Turn))
+
+
+def test_a_scenarios_conversation_block_is_checked(tmp_path):
+    from scenarios.spec import Scenario, ScenarioError
+
+    base = ("name: talk\nclusters: [na-east]\nsessions_per_region: 3\ncall_duration_s: 30\n"
+            "start_rate: 1\n")
+    path = tmp_path / "s.yaml"
+    path.write_text(base + "conversation: {turns: 5, barge_in_share: 0.5}\n")
+    s = Scenario.load(path)
+    assert s.full_clients_per_region == 3 and s.conversation.turns == 5
+    assert s.conversation.agent_args() == ("--mode", "reply", "--reply", "speech",
+                                           "--hangover-ms", "300")
+    for bad, said in (("conversation: {turns: 0}", "turns"),
+                      ("conversation: {hangover: 3}", "a mapping of"),
+                      ("conversation: {}\nfull_clients_per_region: 1", "every aiortc session")):
+        path.write_text(base + bad + "\n")
+        with pytest.raises(ScenarioError, match=said):
+            Scenario.load(path)
