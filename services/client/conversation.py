@@ -244,6 +244,7 @@ class Conversation:
         self.track = SpeakingTrack(silence)
         self.ear = Ear(call_s + 5.0)
         self.agent_events: list[dict] = []
+        self._done_at: list[float] = []    # when each response.done arrived (wall clock)
         self._turns: list[Turn] = []
 
     @property
@@ -269,17 +270,26 @@ class Conversation:
                 await asyncio.sleep(max(0.0, heard.first_unix + cfg.barge_in_after_ms / 1000
                                         - time.time()))
             else:
-                await self._reply_over(heard)
+                await self._reply_over(turn.speech_end_unix)
                 await asyncio.sleep(cfg.pause_ms / 1000)
 
-    async def _reply_over(self, heard: Heard) -> None:
-        """Until ``heard`` has been inaudible for REPLY_GAP_S (the reply is over)."""
+    async def _reply_over(self, since: float) -> None:
+        """Until the reply to the line that ended at ``since`` is over: the agent said it sent
+        its last frame (``response.done`` received after ``since``; an agent that sends no
+        events at all is taken at its silence) and nothing was audible for REPLY_GAP_S since.
+        Silence alone is not enough: lost frames next to a pause of the reply would end it
+        early. At most ``reply_timeout_s`` past the agent's word, or 30 s."""
+        deadline = time.time() + 30.0
         while True:
-            quiet_until = heard.last_unix + REPLY_GAP_S
             now = time.time()
-            if now >= quiet_until and heard is self.ear.heard[-1]:
+            done = next((at for at in self._done_at if at > since), None)
+            if done is not None:
+                deadline = min(deadline, done + self.config.reply_timeout_s)
+            told = done is not None or not self.agent_events
+            quiet_until = self.ear.heard[-1].last_unix + REPLY_GAP_S
+            if (told and now >= quiet_until) or now >= deadline:
                 return
-            await asyncio.sleep(max(0.005, quiet_until - now))
+            await asyncio.sleep(max(0.005, min(quiet_until - now, 0.05)))
 
     async def _wait(self, found, timeout_s: float):
         deadline = time.monotonic() + timeout_s
@@ -296,6 +306,8 @@ class Conversation:
         if event.get("type") in ("input_audio_buffer.speech_started",
                                  "input_audio_buffer.speech_stopped", "response.done"):
             self.agent_events.append(event)
+        if event.get("type") == "response.done":
+            self._done_at.append(time.time())
 
     def turns(self, audio_dir: Path | None = None, name: str = "") -> list[dict]:
         """Every turn with what was heard and what the agent said it did; with ``audio_dir``,
