@@ -37,9 +37,9 @@ from aiortc import (RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCRtpSen
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcconfiguration import RTCBundlePolicy, RTCIceTransportPolicy
 
+from services.client import playout
 from services.client.bundle import bundled_answer
 from services.client.config import FULL, KINDS, LIGHT, ClientConfig
-from services.client import playout
 from services.client.conversation import Conversation
 from services.client.iceservers import RELAY, IceServersError, IceSettings
 from services.client.iceservers import fetch as fetch_ice_servers
@@ -446,14 +446,19 @@ class CallSession:
                 return
 
     async def _watch(self, conn: _Connection, end: float) -> str | None:
-        """Wait until ``end`` (None) or until ``conn`` fails (why). The media watchdog: no RTP
-        packet for ``media_timeout_s`` since the later of the call's last packet and ``conn``'s
-        connected moment. It wakes about once per ``media_timeout_s``, not per packet."""
+        """Wait until ``end`` or the conversation's end (None) or until ``conn`` fails (why).
+        The media watchdog: no RTP packet for ``media_timeout_s`` since the later of the call's
+        last packet and ``conn``'s connected moment. It wakes about once per
+        ``media_timeout_s``, not per packet."""
         timeout = self.config.media_timeout_s
         second_look, late = False, 0.0
         while True:
             now = time.monotonic()
             if now >= end:
+                return None
+            if self._talking is not None and self._talking.done():  # the conversation is over
+                if not self._talking.cancelled() and self._talking.exception() is not None:
+                    raise self._talking.exception()  # a bug: the session's internal error
                 return None
             due = max(conn.connected_at, self._gaps.last or 0.0) + timeout
             if now < due:
@@ -463,8 +468,6 @@ class CallSession:
             else:  # as long again as the loop was late to wake us: its backlog goes first
                 second_look, due = True, now + max(WATCHDOG_GRACE_S, late)
             wake = min(due, end)
-            if self._talking is not None and self._talking.done():
-                return None
             try:
                 async with asyncio.timeout(wake - now):
                     await self._failed_or_talked(conn)
@@ -472,7 +475,7 @@ class CallSession:
                 late = time.monotonic() - wake
                 continue
             if conn.failure is None:
-                return None  # the conversation is over
+                continue  # the conversation is over (the top of the loop says so)
             return conn.failure
 
     async def _failed_or_talked(self, conn: _Connection) -> None:
