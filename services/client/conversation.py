@@ -22,11 +22,11 @@ from pathlib import Path
 
 import av
 import numpy as np
-from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from services import speech
 from services.client.config import ConversationConfig
-from services.client.tone import PTIME_S, SAMPLE_RATE, SAMPLES_PER_PACKET, TIME_BASE
+from services.client.tone import (PTIME_S, SAMPLE_RATE, SAMPLES_PER_PACKET, TIME_BASE,
+                                  PreEncodedOpusTrack)
 from services.client.voiced import VOICED_MIN_BYTES
 
 VOICED_DBFS = -45.0          # a frame at or above this RMS counts as speech (the agent's VAD)
@@ -74,22 +74,18 @@ def _encode(frames: list[bytes]) -> tuple[bytes, ...]:
     return tuple(p for p in out if p)[:len(frames)]
 
 
-class SpeakingTrack(MediaStreamTrack):
+class SpeakingTrack(PreEncodedOpusTrack):
     """The caller's microphone: silence, or the line ``speak`` queued, one payload per 20 ms on
-    a monotonic schedule (as ``PreEncodedOpusTrack``). ``speak`` returns when the line's last
-    voiced payload has left ``recv``: then aiortc packs and sends it."""
-
-    kind = "audio"
+    ``PreEncodedOpusTrack``'s schedule. ``speak`` returns futures that complete when the line's
+    first payload and its last voiced payload leave ``recv``: then aiortc packs and sends
+    them."""
 
     def __init__(self, silence: bytes) -> None:
-        super().__init__()
-        self._silence = silence
+        super().__init__((silence,))
         self._line: Line | None = None
         self._next = 0
         self._started: asyncio.Future | None = None
         self._voiced_out: asyncio.Future | None = None
-        self._index = 0
-        self._start: float | None = None
 
     def speak(self, line: Line) -> tuple[asyncio.Future, asyncio.Future]:
         """Queue ``line``; futures of the wall-clock times its first payload and its last
@@ -99,32 +95,20 @@ class SpeakingTrack(MediaStreamTrack):
         self._started, self._voiced_out = loop.create_future(), loop.create_future()
         return self._started, self._voiced_out
 
-    async def recv(self) -> av.Packet:
-        if self.readyState != "live":
-            raise MediaStreamError
-        now = time.monotonic()
-        if self._start is None:
-            self._start = now
-        delay = self._start + self._index * PTIME_S - now
-        if delay > 0:
-            await asyncio.sleep(delay)
-        payload = self._silence
+    def next_payload(self) -> bytes:
         line = self._line
-        if line is not None:
-            payload = line.payloads[self._next]
-            at = time.time()
-            if self._next == 0 and not self._started.done():
-                self._started.set_result(at)
-            if self._next == line.last_voiced and not self._voiced_out.done():
-                self._voiced_out.set_result(at)
-            self._next += 1
-            if self._next == len(line.payloads):
-                self._line = None
-        packet = av.Packet(payload)
-        packet.pts = self._index * SAMPLES_PER_PACKET
-        packet.time_base = TIME_BASE
-        self._index += 1
-        return packet
+        if line is None:
+            return super().next_payload()   # silence
+        payload = line.payloads[self._next]
+        at = time.time()
+        if self._next == 0 and not self._started.done():
+            self._started.set_result(at)
+        if self._next == line.last_voiced and not self._voiced_out.done():
+            self._voiced_out.set_result(at)
+        self._next += 1
+        if self._next == len(line.payloads):
+            self._line = None
+        return payload
 
 
 @dataclass

@@ -76,8 +76,12 @@ class PreEncodedOpusTrack(MediaStreamTrack):
         delay = self._start + self._index * PTIME_S - now
         if delay > 0:
             await asyncio.sleep(delay)
-        packet = av.Packet(self._payloads[self._index % len(self._payloads)])
+        packet = av.Packet(self.next_payload())
         packet.pts = self._index * SAMPLES_PER_PACKET
         packet.time_base = TIME_BASE
         self._index += 1
         return packet
+
+    def next_payload(self) -> bytes:
+        """The payload of the packet due now (the payloads in a loop)."""
+        return self._payloads[self._index % len(self._payloads)]
