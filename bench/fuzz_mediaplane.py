@@ -74,6 +74,7 @@ OWN_SERVER, TURN_SHIFT, TURN_ON, TURN_BAD = 0x8000, 9, 0x20, 0x3F
 KEY_LENGTHS = {1: 30, 2: 30, 5: 30, 7: 28, 8: 44}
 SILENCE = b"\xf8\xff\xfe"
 PCM = object()        # a pcm16 frame: its bytes are the codec's, only its length is known
+CODED_SILENCE = 3     # a pcm16 session's silent frames encoded after its audio (_mediaplane.c)
 
 # the operations, by the low 4 bits of their byte
 OPS = ("datagram",) * 6 + ("put", "put", "tick", "tick", "take", "add", "add", "remove",
@@ -257,6 +258,7 @@ class Session:
         self.relay = relay if relay is not None else ("0.0.0.0", 0)
         self.home_relay = self.relay
         self.pcm, self.ssrc, self.seq, self.ts, self.pt = pcm, ssrc, seq, ts, pt
+        self.coded = CODED_SILENCE   # pcm16: silent frames encoded since its audio ended
         self.mid, self.mid_id, self.ast_id, self.silence = mid, mid_id, ast_id, silence
         self.own, self.script, self.script_pos = own, list(script), 0
         self.client_session = client_session   # own socket and a script: logs, keeps nothing
@@ -524,6 +526,7 @@ class Case:
         check(self.plane.set_pcm(channel, pcm) is (s is not None), "set_pcm", channel)
         if s is not None:
             s.pcm = pcm
+            s.coded = CODED_SILENCE
             s.inq.clear()
             s.outq.clear()
         self.delta()
@@ -777,6 +780,8 @@ class Case:
                 continue
             dropped += len(s.outq) == OUT_KEEP
             s.outq.append(PCM if s.pcm else payload)
+            if s.pcm:
+                s.coded = 0
             queued += 1
         got = self.plane.put_batch(blob)
         d = self.delta()
@@ -810,6 +815,9 @@ class Case:
             for s in order:
                 if s.outq:
                     payload = s.outq.popleft()
+                elif s.pcm and s.coded < CODED_SILENCE:   # the audio's end, encoded
+                    payload = PCM
+                    s.coded += 1
                 elif s.own is not None and s.script:
                     payload = s.script[s.script_pos % len(s.script)]
                     s.script_pos += 1
@@ -1004,9 +1012,11 @@ def seeds() -> list[bytes]:
         Seed(0b0110).datagram(1, 0, rtp(1, 0, 7, b"a")).op("remove", 0)
         .datagram(1, 0, rtp(2, 960, 7, b"late")).add(0, 0, 5, 7, 0, 111, b"1", 1, 3, SILENCE)
         .put((0, b"old"), (2, b"new")).op("tick", 121).op("take"),
-        # pcm16: a 20 ms Opus frame decoded, a PCM frame encoded
+        # pcm16: a 20 ms Opus frame decoded, a PCM frame encoded, then its end: 3 silent
+        # frames encoded, the cached silence after them
         Seed(0b1010).datagram(1, 2, rtp(1, 0, 3, SILENCE)).datagram(1, 2, rtp(2, 960, 3, opus))
-        .put((2, bytes(PCM_BYTES))).op("tick", 121).op("take").op("set_pcm", 2, 0),
+        .put((2, bytes(PCM_BYTES))).op("tick", 121).op("tick", 125).op("take")
+        .op("set_pcm", 2, 0),
         # a series of 14 packets (more than the 8 kept for the agent), 7 replies (more than 5)
         Seed(0b0110).datagram(0x41, 0, rtp(1, 0, 5, b"series"), 12).op("take")
         .put(*[(0, b"r%d" % i) for i in range(7)]).op("tick", 125).op("tick", 125),
