@@ -203,11 +203,11 @@ def summary(directory: str | Path, baseline: str | None = None,
     return out
 
 
-def table(results, stats, boot: Bootstrap = Bootstrap()):
-    """The report's "Turns" table: one row per architecture (analysis/tables.py Table)."""
+def table(results, stats, data: dict | None):
+    """The report's "Turns" table from ``summary``'s ``data``: one row per architecture
+    (analysis/tables.py Table)."""
     from analysis.tables import Table, fmt
 
-    data = summary(results.path, results.baseline, boot)
     table = Table(["architecture", "turns answered", "turn gap p50 (ms) [CI]", "turn gap p95 (ms)",
                    "uplink p50 (ms)", "agent p50 (ms)", "downlink p50 (ms)",
                    "jitter buffer p50 (ms)",
@@ -259,9 +259,9 @@ def table(results, stats, boot: Bootstrap = Bootstrap()):
     return table
 
 
-def disagreements(results, stats) -> list[str]:
-    """Where PESQ and the E-model rank the architectures differently (one sentence each)."""
-    data = summary(results.path, results.baseline)
+def disagreements(data: dict | None, stats) -> list[str]:
+    """Where PESQ and the E-model rank the architectures differently (one sentence each), from
+    ``summary``'s ``data``."""
     if data is None:
         return []
     pairs = []

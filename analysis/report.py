@@ -215,9 +215,10 @@ def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: E
         parts += ["<h2 id='turn'>TURN's setup overhead</h2>",
                   tables.to_html(turn.overhead(results))]
     if (results.path / conversation.TURNS_FILE).is_file():
+        heard = conversation.summary(results.path, results.baseline, stats.bootstrap)
         parts += ["<h2 id='turns'>Turns</h2>",
-                  tables.to_html(conversation.table(results, stats))]
-        parts += [f"<p>{e(line)}</p>" for line in conversation.disagreements(results, stats)]
+                  tables.to_html(conversation.table(results, stats, heard))]
+        parts += [f"<p>{e(line)}</p>" for line in conversation.disagreements(heard, stats)]
     if results.faults:
         parts += _faults_html(results, fault_effects(results), plots)
     parts.append("<h2 id='plots'>Plots</h2>")
@@ -300,8 +301,9 @@ def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], mode
     if turn.applies(results):
         lines += ["## TURN's setup overhead", "", tables.to_markdown(turn.overhead(results))]
     if (results.path / conversation.TURNS_FILE).is_file():
-        lines += ["## Turns", "", tables.to_markdown(conversation.table(results, stats))]
-        lines += [f"> {line}" for line in conversation.disagreements(results, stats)]
+        heard = conversation.summary(results.path, results.baseline, stats.bootstrap)
+        lines += ["## Turns", "", tables.to_markdown(conversation.table(results, stats, heard))]
+        lines += [f"> {line}" for line in conversation.disagreements(heard, stats)]
     if results.faults:
         lines += _faults_markdown(results, fault_effects(results), plots, base)
     if len(results.client_regions) > 1:
