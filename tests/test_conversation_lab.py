@@ -165,7 +165,8 @@ def test_loss_on_the_downlink_lowers_pesq(turns, tmp_path):
         folder = tmp_path / name
         folder.mkdir()
         frame.to_csv(folder / analysis.TURNS_FILE, index=False)
-        assert analysis.score(folder) >= SESSIONS
+        assert analysis.score(folder) >= SESSIONS, frame[
+            ["session", "turn", "barge_in", "agent_status", "reply_heard_unix", "audio"]]
         return pd.read_csv(folder / analysis.TURNS_FILE).pesq.dropna()
 
     clean, lossy = scores(turns["clean"], "clean"), scores(turns["lossy"], "lossy")

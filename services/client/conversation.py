@@ -228,7 +228,7 @@ class Conversation:
         self.track = SpeakingTrack(silence)
         self.ear = Ear(call_s + 5.0)
         self.agent_events: list[dict] = []
-        self._done_at: list[float] = []    # when each response.done arrived (wall clock)
+        self._arrived: list[tuple[str, float]] = []   # each event's type, when it arrived
         self._turns: list[Turn] = []
 
     @property
@@ -259,14 +259,14 @@ class Conversation:
 
     async def _reply_over(self, since: float) -> None:
         """Until the reply to the line that ended at ``since`` is over: the agent said it sent
-        its last frame (``response.done`` received after ``since``; an agent that sends no
-        events at all is taken at its silence) and nothing was audible for REPLY_GAP_S since.
-        Silence alone is not enough: lost frames next to a pause of the reply would end it
-        early. At most ``reply_timeout_s`` past the agent's word, or 30 s."""
+        its last frame (an agent that sends no events at all is taken at its silence) and
+        nothing was audible for REPLY_GAP_S since. Silence alone is not enough: lost frames
+        next to a pause of the reply would end it early. At most ``reply_timeout_s`` past the
+        agent's word, or 30 s."""
         deadline = time.time() + 30.0
         while True:
             now = time.time()
-            done = next((at for at in self._done_at if at > since), None)
+            done = self._reply_done(since)
             if done is not None:
                 deadline = min(deadline, done + self.config.reply_timeout_s)
             told = done is not None or not self.agent_events
@@ -286,12 +286,26 @@ class Conversation:
                 return found()
         return got
 
+    def _reply_done(self, since: float) -> float | None:
+        """When the ``response.done`` of the reply to the line that ended at ``since`` arrived:
+        the first one after the agent's first ``speech_stopped`` received since then. By
+        arrival order on the ordered data channel, not by time: the ``response.done`` of a reply
+        the line cut into can arrive after the line's end (an SCTP retransmission on a lossy
+        downlink waits at least a second) and is not this line's reply."""
+        heard_end = False
+        for kind, at in self._arrived:
+            if kind == "input_audio_buffer.speech_stopped" and at > since:
+                heard_end = True
+            elif kind == "response.done" and heard_end:
+                return at
+        return None
+
     def on_agent_event(self, event: dict) -> None:
-        if event.get("type") in ("input_audio_buffer.speech_started",
-                                 "input_audio_buffer.speech_stopped", "response.done"):
+        kind = event.get("type")
+        if kind in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                    "response.done"):
             self.agent_events.append(event)
-        if event.get("type") == "response.done":
-            self._done_at.append(time.time())
+            self._arrived.append((kind, time.time()))
 
     def turns(self, audio_dir: Path | None = None, name: str = "") -> list[dict]:
         """Every turn with what was heard and what the agent said it did; with ``audio_dir``,
