@@ -22,9 +22,11 @@ session's keys, with another session's keys, protected then tampered, or raw; wi
 the relay's hop header; from the session's address, a stranger's, the other path's; through
 ``process`` or through the real loopback socket and ``read``/``read_session``, in bursts of up
 to 80 copies or series of up to 16 packets), ``put_batch`` records (well-formed or raw),
-``tick``, ``take_batch``, ``add`` (good and bad parameters, sessions with a socket of their own:
-a client's with a script, a port-per-session server's without, either through a TURN channel
-or not), ``remove``, ``set_pcm``, ``stats``, ``take_arrivals``. The harness's sockets are
+``tick`` (every session, or one send group's), ``take_batch``, ``add`` (good and bad
+parameters, sessions with a socket of their own: a client's with a script, keeping what it hears
+or not, a port-per-session server's without, either through a TURN channel or not), ``remove``,
+``set_pcm``, ``stats``, ``take_arrivals``, ``take_heard`` and ``decode`` (what was heard, whole
+and cut short). The harness's sockets are
 on 127.90.0.0/24 (loopback only; every address the plane can send to is one of them).
 
 Beside "no crash" (ASan, UBSan, a signal), a model of the plane checks after every operation:
@@ -33,7 +35,10 @@ and RTP drops + recv_truncated``; what goes to Python is the datagram unchanged,
 the routing rules say no session owns it; no packet reaches a session unless protected with
 its keys (forged, replayed or misrouted ones never do); ``take_batch`` names only live
 channels and gives each exactly the payloads the model queued (RFC 3550 parsing, 8 frames kept);
-``put_batch`` queues and counts records as specified; every packet ``tick`` counts as sent
+``put_batch`` queues and counts records as specified (a pcm16 session's 1920-byte record
+encoded, one of 1-1275 bytes passed through); a keeping client's ``take_heard`` gives
+each payload it took, with its sequence number and timestamp, until its log is full (then
+``heard_lost``), and ``decode`` gives 20 ms of PCM per well-formed record and refuses a cut one; every packet ``tick`` counts as sent
 arrives where the session says, decrypts with the peer's keys and carries the expected
 sequence, timestamp, SSRC, header extensions and payload; channels are generation-numbered and
 never reused; ``stats`` agrees. A broken invariant raises ``Violation``: libFuzzer saves the
@@ -61,6 +66,10 @@ TRACE = bool(os.environ.get("VOICEEDGE_FUZZ_TRACE"))  # --replay --trace: every 
 
 # _mediaplane.c's sizes
 SLOT_BYTES, FRAME_MAX, RING, OUT_KEEP, PCM_BYTES, OPUS_MAX, ARRIVALS = 2048, 1920, 8, 5, 1920, 1275, 2048
+HEARD_BYTES, HEARD_HEAD = 65536, 16
+# from add's SSRC (no byte of its own, so older inputs read the same): a client session keeps
+# what it hears (not pcm16) with 0x2 set; a server session asks to (refused) with 0xE in the
+# low nibble; the send group is bits 2-3
 TAKEN = ("rtp_in", "drop_srtp_auth", "drop_srtp_replay", "drop_srtp_other", "drop_rtp_malformed",
          "recv_truncated", "drop_ssrc_limit", "rtcp_in", "drop_rtcp_auth", "drop_rtcp_replay",
          "drop_rtcp_other", "drop_rtcp_malformed")
@@ -219,6 +228,7 @@ class World:
         self.has_own = hasattr(module.Plane, "read_session")
         self.has_set_pcm = hasattr(module.Plane, "set_pcm")
         self.has_rtcp = hasattr(module.Plane, "report")
+        self.has_keep = hasattr(module.Plane, "take_heard")
         self.tally = Tally()
 
     def ready(self) -> list[socket.socket]:
@@ -273,6 +283,9 @@ class Session:
         self.packets_sent, self.live = 0, True
         self.rtcp = False
         self.reports: deque = deque()                          # (packets sent, bye) asked for
+        self.keep, self.group = False, 0
+        self.heard: list = []                                  # (seq, ts, payload) kept
+        self.heard_bytes = 0
 
     @property
     def rx(self):   # the peer's unprotect of what the plane sends
@@ -410,6 +423,16 @@ class Case:
         rtcp = w.has_rtcp and bool(ssrc & 1)
         if rtcp:
             args.update(rtcp=True, cname=CNAME)
+        keep = bad_keep = False
+        if w.has_keep and own is not None:
+            if script is not None and not pcm and ssrc & 2:
+                keep = True
+            elif script is None and ssrc & 0xF == 0xE:
+                keep = bad_keep = True
+            if keep:
+                args.update(keep=True)
+        if w.has_keep:
+            args.update(group=ssrc >> 2 & 3)
         # a bad parameter, and the error the plane must answer with (in the order it checks)
         if bad == 1:
             args["profile"] = profile = bad_arg - 8
@@ -437,6 +460,8 @@ class Case:
         elif own is not None and relay is not None:
             expected = ValueError
         elif turn and not 0x4000 <= turn <= 0x4FFF:
+            expected = ValueError
+        elif bad_keep:
             expected = ValueError
         elif own is None and self.shared_by_key(key_of(client)) is not None:
             expected = ValueError
@@ -468,10 +493,12 @@ class Case:
                     mid_id, ast_id, silence, up, down, own, parsed,
                     client_session=own is not None and script is not None, turn=turn)
         s.rtcp = rtcp
+        s.keep, s.group = keep, (ssrc >> 2 & 3) if w.has_keep else 0
         self.slots[slot] = s
         self.live[channel] = s
         self.refs.append(s)
         self.tally.add("add" if own is None else "add_own_turn" if turn else
+                       "add_own_keep" if keep else
                        "add_own" if script is not None else "add_own_server")
         self.delta()
 
@@ -548,7 +575,43 @@ class Case:
                 got = [struct.unpack_from("=dIHH", blob, i)[1:] for i in range(0, len(blob), 16)]
                 check(len(blob) % 16 == 0 and got == s.arrivals, "take_arrivals", got, s.arrivals)
                 s.arrivals = []
+        if self.world.has_keep:
+            self.take_heard(channel, s)
         self.delta()
+
+    def take_heard(self, channel: int, s: "Session | None") -> None:
+        """take_heard against the model, then decode of what it gave, whole and cut short."""
+        import time
+        blob = self.plane.take_heard(channel)
+        if s is None or not s.keep:
+            check(blob is None, "take_heard of a session that keeps nothing", channel)
+            try:
+                self.plane.decode(channel, b"")
+                check(False, "decode on a session that keeps nothing", channel)
+            except ValueError:
+                pass
+            return
+        got, records, pos = [], [], 0
+        while pos < len(blob):
+            at, seq, ts, size = struct.unpack_from("=dHIH", blob, pos)
+            payload = blob[pos + HEARD_HEAD:pos + HEARD_HEAD + size]
+            check(0 < at <= time.time() and len(payload) == size, "take_heard: a record", at, size)
+            got.append((seq, ts, payload))
+            records.append(struct.pack("=H", size) + payload)
+            pos += HEARD_HEAD + size
+        check(got == s.heard, "take_heard", got[:3], s.heard[:3])
+        s.heard, s.heard_bytes = [], 0
+        self.tally.add("take_heard", len(got))
+        pcm = self.plane.decode(channel, b"".join(records))
+        check(len(pcm) == PCM_BYTES * len(records), "decode: 20 ms a record", len(pcm), len(records))
+        d = self.delta()
+        check(d["drop_decode"] <= len(records), "decode: drops", d)
+        if records:
+            try:
+                self.plane.decode(channel, b"".join(records)[:-1])
+                check(False, "decode took a cut record")
+            except ValueError:
+                pass
 
     def op_datagram(self) -> None:
         r = self.r
@@ -683,7 +746,18 @@ class Case:
                 check(d.get("arrivals_lost", 0) == 0, "arrivals_lost", d)
             else:
                 check(d.get("arrivals_lost", 0) == 1, "arrivals_lost", d)
-            return    # a client keeps nothing of what it hears
+            lost = 0
+            if expect.keep and payload:   # logged for its ear, while the log has room
+                size = HEARD_HEAD + len(payload)
+                if len(payload) <= OPUS_MAX and expect.heard_bytes + size <= HEARD_BYTES:
+                    ts = struct.unpack_from("!I", body, 4)[0]
+                    expect.heard.append((seq, ts, bytes(payload)))
+                    expect.heard_bytes += size
+                    self.tally.add("heard")
+                else:
+                    lost = 1
+            check(d.get("heard_lost", 0) == lost, "heard_lost", d, lost)
+            return    # a client keeps nothing else of what it hears
         full = len(expect.inq) == RING
         if not payload:
             check(d["drop_in_queue_full"] == 0, "an empty payload queued", d)
@@ -775,13 +849,14 @@ class Case:
             if s is None:
                 unknown += 1
                 continue
-            if (length != PCM_BYTES) if s.pcm else (length == 0 or length > OPUS_MAX):
+            encode = s.pcm and length == PCM_BYTES   # else an Opus payload, sent as it is
+            if not encode and (length == 0 or length > OPUS_MAX):
                 bad += 1
                 continue
             dropped += len(s.outq) == OUT_KEEP
-            s.outq.append(PCM if s.pcm else payload)
-            if s.pcm:
-                s.coded = 0
+            s.outq.append(PCM if encode else payload)
+            if s.pcm:   # audio of its encoder to end, or none (an agent's own Opus)
+                s.coded = 0 if encode else CODED_SILENCE
             queued += 1
         got = self.plane.put_batch(blob)
         d = self.delta()
@@ -798,10 +873,13 @@ class Case:
         raw = self.r.byte()
         arg = raw - 120
         frames = min(max(arg, 1), OUT_KEEP)
-        order = sorted(self.live.values(), key=lambda s: s.slot)
+        # a send group's tick (raw 32-119 with 0x10 set; older inputs tick every session)
+        group = raw >> 5 & 3 if w.has_keep and 32 <= raw < 120 and raw & 0x10 else -1
+        everyone = sorted(self.live.values(), key=lambda s: s.slot)
+        order = [s for s in everyone if group < 0 or s.group == group]
         unsent = reports = 0
         if raw < 32 and w.has_rtcp:   # every session asked for a report now (odd: with BYE)
-            for s in order:
+            for s in everyone:
                 check(self.plane.report(s.channel, bool(raw & 1)) is s.rtcp, "report", s.channel)
                 if not s.rtcp:
                     continue
@@ -829,7 +907,7 @@ class Case:
                     unsent += 1    # no shared socket: sendmmsg fails, counted
                 s.seq, s.ts = (s.seq + 1) & 0xFFFF, (s.ts + 960) & 0xFFFFFFFF
                 s.packets_sent += 1
-        sent = self.plane.tick(arg)
+        sent = self.plane.tick(arg, group) if group >= 0 else self.plane.tick(arg)
         d = self.delta()
         check(sent == frames * len(order) == d["rtp_out"], "tick: packets", sent, frames, len(order), d)
         # reports also go out when due (0.5-1.5 s after a session's last): a slow input's
@@ -837,12 +915,12 @@ class Case:
         check(timed >= 0, "rtcp_out", d, reports)
         check(unsent <= d["send_errors"] <= unsent + (0 if self.shared else timed) and
               d["drop_frame_too_big"] == 0, "tick: sends", d, unsent)
-        by_own = {w.name[s.own.fileno()]: s for s in order if s.own is not None}
+        by_own = {w.name[s.own.fileno()]: s for s in everyone if s.own is not None}
         for sock in w.ready():
             dest = w.name[sock.fileno()]
             for data, sender in w.drain(sock):
                 self.arrived(dest, tuple(sender), data, by_own)
-        for s in order:
+        for s in everyone:
             check(not s.expect, "tick: a packet counted as sent did not arrive", s.channel, len(s.expect))
             check(not s.reports, "tick: a report asked for did not arrive", s.channel)
         self.tally.add("tick_packets", sent)
@@ -1039,6 +1117,12 @@ def seeds() -> list[bytes]:
             "!IH", 0, 3) + SILENCE + struct.pack("!IH", 0, 2) + b"\x78\x00")
         .datagram(0x11, 1, rtp(1, 0, 9, b"to client")).datagram(0x01, 1, rtp(2, 960, 9, b"shared"))
         .op("tick", 123).op("stats", 1),
+        # a conversation's caller (SSRC 0xA: keeps what it hears, send group 2): two Opus
+        # payloads heard and decoded, a tick of its group only, then of another group
+        Seed(0b0010).add(0x10, 7, 0xA, 0, 0, 111, b"a", 1, 3, SILENCE, script=struct.pack(
+            "!IH", 0, 3) + SILENCE)
+        .datagram(0x11, 1, rtp(1, 0, 9, SILENCE)).datagram(0x11, 1, rtp(2, 960, 9, opus))
+        .op("stats", 1).op("tick", 0x50).op("tick", 0x30).op("stats", 1),
         # a port-per-session server's session (its own socket, no script): what it hears queued
         # for the agent; then a client session through TURN channel 0x4001: ChannelData
         Seed(0b0010).add(0x10, 7, 9, 0, 0, 111, b"a", 1, 3, SILENCE, script=b"",

@@ -9,7 +9,8 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from scenarios.spec import DEFAULT_SCENARIO
-from services.mediapaths import MEDIA_PATHS
+from services.clienttypes import AIORTC
+from services.mediapaths import MEDIA_PATHS, NATIVE
 from voiceedge.errors import UserError
 
 EXIT_CODES = """\
@@ -86,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
     for key in ("media_path", "light_path"):
         if getattr(args, key, None):
             scenario = dataclasses.replace(scenario, **{key: getattr(args, key)})
+    if args.light_path and scenario.conversation is not None:   # who speaks: the pump or aiortc
+        scenario = dataclasses.replace(scenario, full_clients_per_region=0 if args.light_path
+                                       == NATIVE else scenario.clients.get(AIORTC, 0))
     if args.target is not None:
         return _run_target(args, scenario, console)
     if args.verify is not None:

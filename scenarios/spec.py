@@ -15,7 +15,7 @@ from scenarios.faultspec import FaultSpec
 from scenarios.priorities import Priorities
 from scenarios.sweepspec import SweepSpec
 from services.clienttypes import AIORTC, CHROMIUM
-from services.mediapaths import MEDIA_PATHS, PYTHON
+from services.mediapaths import MEDIA_PATHS, NATIVE, PYTHON
 from voiceedge.errors import ConfigError
 
 # The architectures a scenario runs when its file names none (scenarios/architectures/).
@@ -88,7 +88,7 @@ class Scenario:
     realtime: Priorities = Priorities()  # SCHED_FIFO of services and clients (priorities.py)
     halt_poll_us: int = 2000          # idle cores poll this long before halting (haltpoll.py)
     many_regions: ManyRegions | None = None  # the load of a world of many client regions
-    # Calls that speak in turns to a reply agent (every aiortc session full; docs/conversation.md)
+    # Calls that speak in turns to a reply agent (every aiortc session; docs/conversation.md)
     conversation: ConversationSpec | None = None
     description: str = ""
     source: str = ""
@@ -174,12 +174,15 @@ class Scenario:
             except ValueError as exc:
                 raise ScenarioError(str(exc)) from None
             if "full_clients_per_region" in doc:
-                raise ScenarioError(f"{path}: conversation: every aiortc session is a full "
-                                    "client; leave out full_clients_per_region")
+                raise ScenarioError(f"{path}: conversation: every aiortc session speaks, on "
+                                    "light_path (native: the pump; python: full aiortc "
+                                    "clients); leave out full_clients_per_region")
+        # a conversation's callers: light ones on the native pump, or full aiortc clients
+        talk_full = 0 if doc.get("light_path") == NATIVE else sessions
         full = (need("full_clients_per_region", int, lambda v: 0 <= v <= sessions,
                      f"0..sessions_per_region ({sessions})")
                 if "full_clients_per_region" in doc
-                else sessions if conversation is not None else min(2, sessions))
+                else talk_full if conversation is not None else min(2, sessions))
         client = doc.get("client", {}) or {}
         if not isinstance(client, dict) or set(client) - {"media_timeout_s",
                                                           "reconnect_attempts"}:

@@ -87,6 +87,21 @@ def test_a_reply_is_told_over_by_its_own_response_done_not_a_late_one_of_the_cut
     assert talk._reply_done(line_end) == talk._arrived[-1][1]
 
 
+def test_an_agent_that_sends_opus_encodes_its_line_once_and_it_decodes_to_the_line():
+    from services import libopus
+    from services.agent.server import reply_frames
+    pcm = reply_frames(AgentConfig(mode="reply", reply="speech"))
+    opus = reply_frames(AgentConfig(mode="reply", reply="speech", reply_codec="opus"))
+    assert len(opus) == len(pcm) and all(0 < len(p) <= 1275 for p in opus)
+    decoder = libopus.Decoder()
+    heard = b"".join(decoder.decode(p) for p in opus)
+    assert len(heard) == len(b"".join(pcm))
+    level = [rms_dbfs(heard[i:i + 1920]) for i in range(0, len(heard), 1920)]
+    said = [rms_dbfs(f) for f in pcm]
+    # the line's voiced frames are voiced after the codec (its look-ahead shifts them a frame)
+    assert sum(v >= -45 for v in level) == pytest.approx(sum(v >= -45 for v in said), abs=3)
+
+
 def test_the_ear_keeps_audio_on_its_rtp_timeline_and_cuts_it_into_replies():
     ear = Ear(seconds=2)
     t = 1000.0
@@ -107,9 +122,11 @@ def test_the_ear_keeps_audio_on_its_rtp_timeline_and_cuts_it_into_replies():
 
 
 async def _conversation(hangover_ms: int, turns: int = 2, share: float = 1.0,
-                        audio_dir=None):
+                        audio_dir=None, path: str = "python", reply_codec: str = "opus"):
+    """Two calls to a reply agent through a native transceiver on loopback; ``path``: the
+    callers are full aiortc clients (python) or light ones on the native pump (native)."""
     async with AgentServer(AgentConfig(port=0, mode="reply", reply="speech",
-                                       hangover_ms=hangover_ms)) as agent:
+                                       hangover_ms=hangover_ms, reply_codec=reply_codec)) as agent:
         cfg = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host="127.0.0.1",
                                 control=("127.0.0.1", 0), media_path="native",
                                 agent_url=f"ws://127.0.0.1:{agent.port}")
@@ -118,7 +135,8 @@ async def _conversation(hangover_ms: int, turns: int = 2, share: float = 1.0,
                                   duration_s=30, start_rate=10,
                                   conversation=ConversationConfig(turns=turns,
                                                                   barge_in_share=share),
-                                  audio_dir=None if audio_dir is None else str(audio_dir))
+                                  audio_dir=None if audio_dir is None else str(audio_dir),
+                                  light_path=path, full_sessions=0 if path == "native" else None)
             return await run_sessions(client, 2)
 
 
@@ -130,20 +148,30 @@ def _turns(results) -> "analysis.pd.DataFrame":
 
 @pytest.fixture(scope="module")
 def calls(tmp_path_factory):
-    """Two agents side by side, hangovers 300 and 250 ms: two calls each, two lines a call,
-    the second into the reply."""
-    audio = tmp_path_factory.mktemp("heard")
+    """Three agents side by side: hangovers 300 and 250 ms with full callers, 300 ms with
+    callers on the native pump; two calls each, two lines a call, the second into the reply.
+    By caller path: (calls of the 300 ms agent, where their replies were kept)."""
+    audio = {path: tmp_path_factory.mktemp(path) for path in PATHS}
 
-    async def both():
-        return await asyncio.gather(_conversation(300, audio_dir=audio), _conversation(250))
+    async def all_three():
+        return await asyncio.gather(_conversation(300, audio_dir=audio["python"]),
+                                    _conversation(250),
+                                    _conversation(300, audio_dir=audio["native"],
+                                                  path="native"))
 
-    long, short = asyncio.run(both())
-    return long, short, audio
+    long, short, native = asyncio.run(all_three())
+    return {"python": (long, audio["python"]), "native": (native, audio["native"]),
+            "short": short}
 
 
-def test_every_line_is_answered_and_the_split_adds_up(calls):
-    long, _, _ = calls
+PATHS = ("python", "native")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_every_line_is_answered_and_the_split_adds_up(calls, path):
+    long, _ = calls[path]
     assert all(r.ok and r.verified == r.verifies for r in long), [r.error for r in long]
+    assert {r.media_path for r in long} == {path}
     turns = _turns(long)
     assert len(turns) == 4
     answered = turns[turns.gap_ms.notna()]
@@ -158,8 +186,18 @@ def test_every_line_is_answered_and_the_split_adds_up(calls):
     assert answered.playout_ms.between(75, 110).all(), answered.playout_ms.tolist()
 
 
+def test_the_native_caller_hears_a_reply_when_the_full_caller_does(calls):
+    """Side by side on one machine: what the caller waits after the agent answered (downlink
+    and playout) is the same on both paths, within what aiortc's decoder thread and hand-off to
+    the event loop add on the full caller's (a few ms)."""
+    heard = {path: _turns(calls[path][0]) for path in PATHS}
+    wait = {path: (t.downlink_ms + t.playout_ms).median() for path, t in heard.items()}
+    assert -2 <= wait["python"] - wait["native"] <= 10, wait
+    assert (heard["native"].playout_ms.between(75, 90)).all(), heard["native"].playout_ms
+
+
 def test_a_shorter_hangover_moves_the_agents_share_and_not_the_networks(calls):
-    long, short, _ = calls
+    (long, _), short = calls["python"], calls["short"]
     a, b = _turns(long), _turns(short)
     moved = a.agent_ms.median() - b.agent_ms.median()
     assert 32 <= moved <= 48, moved  # 250 ms is 13 whole frames (260 ms): 40 ms shorter
@@ -167,8 +205,9 @@ def test_a_shorter_hangover_moves_the_agents_share_and_not_the_networks(calls):
     assert 25 <= a.gap_ms.median() - b.gap_ms.median() <= 55
 
 
-def test_a_barge_in_cancels_the_reply_it_cuts_and_the_caller_hears_it_stop(calls):
-    long, _, _ = calls
+@pytest.mark.parametrize("path", PATHS)
+def test_a_barge_in_cancels_the_reply_it_cuts_and_the_caller_hears_it_stop(calls, path):
+    long, _ = calls[path]
     turns = _turns(long)
     barges = turns[turns.barge_in]
     assert len(barges) == 2
@@ -181,8 +220,9 @@ def test_a_barge_in_cancels_the_reply_it_cuts_and_the_caller_hears_it_stop(calls
         assert cut.loc[(b.session, b.turn - 1), "agent_status"] == "cancelled"
 
 
-def test_the_replies_heard_in_full_score_high_and_are_kept_for_scoring(calls, tmp_path):
-    long, _, audio = calls
+@pytest.mark.parametrize("path", PATHS)
+def test_the_replies_heard_in_full_score_high_and_are_kept_for_scoring(calls, tmp_path, path):
+    long, audio = calls[path]
     kept = [t for r in long for t in r.turns if t["audio"]]
     assert kept and all(t["agent_status"] == "completed" for t in kept)
     for t in kept:
@@ -337,9 +377,13 @@ def test_a_scenarios_conversation_block_is_checked(tmp_path):
     s = Scenario.load(path)
     assert s.full_clients_per_region == 3 and s.conversation.turns == 5
     assert s.conversation.agent_args() == ("--mode", "reply", "--reply", "speech",
-                                           "--hangover-ms", "300")
+                                           "--hangover-ms", "300", "--reply-codec", "opus")
+    path.write_text(base + "conversation: {reply_codec: pcm16}\nlight_path: native\n")
+    s = Scenario.load(path)   # callers on the pump: no full client
+    assert s.full_clients_per_region == 0 and s.conversation.reply_codec == "pcm16"
     for bad, said in (("conversation: {turns: 0}", "turns"),
                       ("conversation: {hangover: 3}", "a mapping of"),
+                      ("conversation: {reply_codec: mp3}", "reply_codec"),
                       ("conversation: {}\nfull_clients_per_region: 1", "every aiortc session")):
         path.write_text(base + bad + "\n")
         with pytest.raises(ScenarioError, match=said):

@@ -5,6 +5,7 @@ implementations (its own AES-GCM, srtp_gcm.c, and Debian's libsrtp2). Bad input 
 counted, never delivered to another session."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -227,7 +228,7 @@ def test_the_tick_and_the_batch_walk_exactly_the_live_sessions_as_they_come_and_
 def test_pcm_sessions_decode_for_the_agent_and_encode_its_frames(server):
     profile, key_len = PROFILES["AES128_CM_SHA1_80"]
     plane, peer = Plane(server.fileno(), 2), Peer(profile, key_len)
-    from services.transceiver import libopus
+    from services import libopus
     encoder, decoder = libopus.Encoder("voip", 32000, 5, 960), libopus.Decoder()
     tone = struct.pack("<960h", *[int(8000 * ((i // 24) % 2 * 2 - 1)) for i in range(960)])
     channel = add(plane, peer, profile, pcm=True)
@@ -241,7 +242,9 @@ def test_pcm_sessions_decode_for_the_agent_and_encode_its_frames(server):
     payload = peer.rx.unprotect(peer.sock.recv(2048))
     ext_len = struct.unpack_from("!H", payload, 14)[0] * 4
     assert len(decoder.decode(payload[16 + ext_len:])) == 1920
-    assert plane.put_batch(batch((channel, b"short"))) == 0   # not a 20 ms PCM frame
+    bad = plane.counters()["batch_bad_record"]
+    assert plane.put_batch(batch((channel, bytes(1300)))) == 0   # neither PCM nor Opus
+    assert plane.counters()["batch_bad_record"] == bad + 1
     # After the agent's audio: three silent frames through the encoder (the sound ends as the
     # encoder shaped it; the next audio starts from silence), then the cached packet, as the
     # Python path's AgentAudioTrack does; audio again restarts the count.
@@ -261,6 +264,11 @@ def test_pcm_sessions_decode_for_the_agent_and_encode_its_frames(server):
     plane.put_batch(batch((channel, tone)))
     again = sent(5)
     assert SILENCE not in again[:4] and again[4] == SILENCE
+    # An agent that encodes its own audio (a TTS streaming Opus): its payloads go out as they
+    # are, and the cached silence right after them (no sound of the plane's encoder to end)
+    opus = [encoder.encode(tone) for _ in range(2)]
+    plane.put_batch(batch(*((channel, p) for p in opus)))
+    assert sent(4) == opus + [SILENCE, SILENCE]
 
 
 def test_a_client_session_on_its_own_socket_plays_its_script_and_logs_arrivals(server):
@@ -300,6 +308,122 @@ def test_a_client_session_on_its_own_socket_plays_its_script_and_logs_arrivals(s
     assert plane.counters()["wrong_peer"] == 1
     assert plane.remove(channel)
     client.close()
+
+
+def _opus_frames(n: int, hz: float = 440.0) -> list[bytes]:
+    """``n`` 20 ms mono Opus payloads of a tone (PyAV's libopus, not the plane's)."""
+    import av
+    import numpy as np
+    codec = av.CodecContext.create("libopus", "w")
+    codec.sample_rate, codec.layout, codec.format, codec.bit_rate = 48000, "mono", "s16", 32000
+    out = []
+    for i in range(n + 4):
+        t = (np.arange(960) + i * 960) / 48000
+        frame = av.AudioFrame.from_ndarray(
+            (np.sin(2 * np.pi * hz * t) * 8000).astype("<i2").reshape(1, -1), format="s16",
+            layout="mono")
+        frame.sample_rate, frame.pts = 48000, i * 960
+        out.extend(bytes(p) for p in codec.encode(frame))
+    return out[:n]
+
+
+def test_a_keeping_client_session_logs_what_it_hears_and_decodes_it_in_the_order_given(server):
+    """A conversation's caller: each payload heard is logged with its sequence number, RTP
+    timestamp and wall-clock arrival; decode gives 20 ms of PCM per record in the order given
+    (its playout order), silence for what libopus refuses, and refuses records cut short."""
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    peer = Peer(profile, key_len)
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    client.bind(("127.0.0.1", 0))
+    client.setblocking(False)
+    plane = Plane(-1, 4)
+    args = (peer.address, None, profile, peer.up_key, peer.down_key, 77, 10, 0, 111, b"0",
+            MID_ID, AST_ID, SILENCE, False, client.fileno())
+    with pytest.raises(ValueError):       # keep is a client session's: it needs a script
+        plane.add(*args, keep=True)
+    channel = plane.add(*args, batch((0, SILENCE)), keep=True)
+    frames = _opus_frames(3)
+    before = time.time()
+    for i, payload in enumerate(frames + [b"\x03\x00"]):   # the last: a code-3 packet of 0 frames
+        peer.sock.sendto(peer.tx.protect(rtp(500 + i, 960 * i, 0xAB, payload)),
+                         client.getsockname())
+    time.sleep(0.05)
+    assert plane.read_session(channel) == []
+    blob, heard, pos = plane.take_heard(channel), [], 0
+    while pos < len(blob):
+        at, seq, ts, size = struct.unpack_from("=dHIH", blob, pos)
+        heard.append((at, seq, ts, blob[pos + 16:pos + 16 + size]))
+        pos += 16 + size
+    assert [(seq, ts, p) for _, seq, ts, p in heard] == [
+        (500 + i, 960 * i, p) for i, p in enumerate(frames + [b"\x03\x00"])]
+    assert all(before <= at <= time.time() for at, *_ in heard)
+    assert plane.take_heard(channel) == b""
+    # the plane hands nothing to an agent and logs the arrivals as any client session
+    assert plane.take_batch() is None and len(plane.take_arrivals(channel)) == 4 * 16
+    order = [frames[1], frames[0], frames[2], b"\x03\x00"]
+    pcm = plane.decode(channel, b"".join(struct.pack("=H", len(p)) + p for p in order))
+    assert len(pcm) == 4 * 1920
+    import numpy as np
+    samples = np.frombuffer(pcm, dtype="<i2").reshape(4, 960)
+    assert (np.abs(samples[:3]).max(axis=1) > 1000).all()   # the tone, through libopus
+    assert not samples[3].any() and plane.counters()["drop_decode"] == 1
+    for bad in (b"\x05", struct.pack("=H", 9) + b"short", struct.pack("=H", 0)):
+        with pytest.raises(ValueError):
+            plane.decode(channel, bad)
+    # a session that keeps nothing has no log and decodes nothing
+    other = plane.add(peer.address, None, profile, peer.up_key, peer.down_key, 78, 10, 0, 111,
+                      b"0", MID_ID, AST_ID, SILENCE, False, client.fileno(), batch((0, SILENCE)))
+    assert plane.take_heard(other) is None
+    with pytest.raises(ValueError):
+        plane.decode(other, b"")
+    assert plane.remove(channel) and plane.take_heard(channel) is None
+    client.close()
+
+
+def test_a_keeping_clients_full_log_drops_and_counts_what_does_not_fit(server):
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    peer = Peer(profile, key_len)
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    client.bind(("127.0.0.1", 0))
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 21)
+    client.setblocking(False)
+    plane = Plane(-1, 1)
+    channel = plane.add(peer.address, None, profile, peer.up_key, peer.down_key, 77, 10, 0, 111,
+                        b"0", MID_ID, AST_ID, SILENCE, False, client.fileno(),
+                        batch((0, SILENCE)), keep=True)
+    payload = bytes(1000)          # 1016 bytes a record: 64 fit in 65536
+    for i in range(70):
+        peer.sock.sendto(peer.tx.protect(rtp(i, 960 * i, 0xAB, payload)), client.getsockname())
+    deadline = time.monotonic() + 2
+    while plane.counters()["rtp_in"] < 70 and time.monotonic() < deadline:
+        plane.read_session(channel, 8)
+    assert len(plane.take_heard(channel)) == 64 * 1016
+    assert plane.counters()["heard_lost"] == 6
+    client.close()
+
+
+def test_a_tick_of_one_send_group_sends_for_its_sessions_only(server):
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    plane = Plane(server.fileno(), 4)
+    peers = [Peer(profile, key_len) for _ in range(3)]
+    for group, peer in enumerate(peers):
+        plane.add(peer.address, None, profile, peer.up_key, peer.down_key, 5 + group, 1, 0,
+                  111, b"0", MID_ID, AST_ID, SILENCE, group=group % 2)
+    with pytest.raises(ValueError):
+        plane.add(("127.0.0.1", 9), None, profile, peers[0].up_key, peers[0].down_key, 9, 1,
+                  0, 111, b"0", MID_ID, AST_ID, SILENCE, group=256)
+    assert plane.tick(2, 1) == 2          # two frames of session 1, the only one in group 1
+    assert plane.tick(1, 0) == 2 and plane.tick(1) == 3
+    got = []
+    for peer in peers:
+        n = 0
+        with contextlib.suppress(TimeoutError, BlockingIOError, socket.timeout):
+            peer.sock.settimeout(0.2)
+            while True:
+                peer.sock.recv(2048)
+                n += 1
+        got.append(n)
+    assert got == [2, 3, 2]
 
 
 def test_a_server_session_on_its_own_socket_queues_what_it_hears_for_the_agent():

@@ -164,6 +164,25 @@ def test_the_track_encodes_audio_and_the_end_of_it_then_sends_cached_silence():
     assert max(rms(frame) for frame in pcm) > 1000  # the tone is in there
 
 
+def test_the_track_sends_an_agents_opus_as_it_is_and_cached_silence_right_after():
+    """An agent that encodes its own audio (a TTS streaming Opus): the track passes its
+    payloads through (the native plane does the same: tests/test_mediaplane.py)."""
+    payloads = [b"\x78" + bytes([k]) * 60 for k in range(3)]
+
+    async def scenario():
+        track = AgentAudioTrack(clock=FrameClock(period=0.001))
+        for p in payloads + [bytes(1300)]:   # the last is neither PCM nor Opus: dropped
+            track.push(p)
+        got = [bytes(await track.recv()) for _ in range(5)]
+        track.stop()
+        return got, track
+
+    got, track = asyncio.run(scenario())
+    silence = silence_packet(OpusSettings())
+    assert got == payloads + [silence, silence]
+    assert track.frames_played == 3 and track.frames_encoded == 0
+
+
 def test_cli_sets_the_encoder():
     import argparse
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from services.agent.config import MODES, REPLIES, AgentConfig
+from services.agent.config import MODES, REPLIES, REPLY_CODECS, AgentConfig
 from voiceedge.errors import ConfigError
 from voiceedge.errors import UserError
 
@@ -30,6 +30,10 @@ def add_parser(sub) -> None:
     p.add_argument("--reply", choices=REPLIES, default=defaults.reply,
                    help="what a reply says: a tone, or a spoken sentence (espeak-ng; "
                         f"default {defaults.reply})")
+    p.add_argument("--reply-codec", choices=REPLY_CODECS, default=defaults.reply_codec,
+                   help="how a reply is sent: pcm16 frames the transceiver encodes, or Opus "
+                        "encoded once here and passed through, as a TTS that streams Opus "
+                        f"(default {defaults.reply_codec})")
     p.add_argument("--reply-freq", type=float, default=defaults.reply_freq_hz, metavar="HZ",
                    help=f"frequency of the reply tone (default {defaults.reply_freq_hz:g})")
     p.set_defaults(func=run, service="agent")  # JSON logs: services/logs.py
@@ -41,7 +45,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         return AgentConfig(host=args.listen, port=args.port, mode=args.mode,
                            vad_threshold_dbfs=args.vad_threshold, vad_start_ms=args.vad_start_ms,
                            hangover_ms=args.hangover_ms, reply_ms=args.reply_ms,
-                           reply_freq_hz=args.reply_freq, reply=args.reply)
+                           reply_freq_hz=args.reply_freq, reply=args.reply,
+                           reply_codec=args.reply_codec)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
 

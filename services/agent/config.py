@@ -7,6 +7,7 @@ from voiceedge.errors import ConfigError
 
 MODES = ("echo", "reply")
 REPLIES = ("tone", "speech")   # what a reply says: a tone, or services/speech.py's AGENT_LINE
+REPLY_CODECS = ("pcm16", "opus")  # how a reply is sent: PCM the edge encodes, or Opus
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,10 @@ class AgentConfig:
     hangover_ms: int = 300           # silence needed before speech_stopped
     reply_ms: int = 1000             # the tone's length (a spoken reply is as long as its line)
     reply: str = "tone"
+    # pcm16: 20 ms PCM frames, encoded by the transceiver; opus: the reply encoded once by the
+    # agent (libopus's voip default: complexity 10, automatic bitrate), sent as Opus payloads
+    # that the transceiver passes through, as a TTS that streams Opus
+    reply_codec: str = "pcm16"
     reply_freq_hz: float = 440.0
     reply_peak_dbfs: float = -12.0
     heartbeat_s: float | None = 20.0  # WebSocket ping interval; a peer that never pongs is dropped
@@ -29,6 +34,9 @@ class AgentConfig:
             raise ConfigError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
         if self.reply not in REPLIES:
             raise ConfigError(f"reply {self.reply!r} is not one of {', '.join(REPLIES)}")
+        if self.reply_codec not in REPLY_CODECS:
+            raise ConfigError(f"reply_codec {self.reply_codec!r} is not one of "
+                              f"{', '.join(REPLY_CODECS)}")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port {self.port} is not a TCP port")
         if self.vad_threshold_dbfs >= 0:

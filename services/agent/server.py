@@ -37,11 +37,17 @@ class _Open:
 
 def reply_frames(config: AgentConfig) -> list[bytes]:
     """What every reply says, as frames: the tone, or the spoken line (services/speech.py;
-    SpeechError without espeak-ng)."""
+    SpeechError without espeak-ng); PCM, or encoded to Opus once (``reply_codec``)."""
     if config.reply == "speech":
         from services import speech
-        return pcm.to_frames(speech.synthesize(speech.AGENT_LINE))
-    return pcm.tone(config.reply_freq_hz, config.reply_ms, config.reply_peak_dbfs)
+        frames = pcm.to_frames(speech.synthesize(speech.AGENT_LINE))
+    else:
+        frames = pcm.tone(config.reply_freq_hz, config.reply_ms, config.reply_peak_dbfs)
+    if config.reply_codec == "opus":
+        from services import libopus
+        encoder = libopus.Encoder("voip", libopus.AUTO_BITRATE, 10)
+        frames = [encoder.encode(frame) for frame in frames]
+    return frames
 
 
 class AgentServer:

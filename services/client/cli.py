@@ -83,8 +83,9 @@ def add_parser(sub) -> None:
                         "arrival time), one JSON line per session")
     conv = ConversationConfig()
     p.add_argument("--conversation", type=int, metavar="TURNS",
-                   help="full sessions speak TURNS lines in turns to a reply agent instead of "
-                        "sending the tone, and time what they hear (docs/conversation.md)")
+                   help="sessions speak TURNS lines in turns to a reply agent instead of "
+                        "sending the tone, and time what they hear: full ones through aiortc, "
+                        "light ones on the native pump (docs/conversation.md)")
     p.add_argument("--barge-in-share", type=float, default=conv.barge_in_share, metavar="F",
                    help="share of the lines after the first spoken into the reply "
                         f"(default {conv.barge_in_share:g})")
@@ -147,6 +148,10 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
                                               jitter_buffer=args.jitter_buffer)
         except ValueError as exc:
             raise UserError(f"--conversation: {exc}") from None
+        if (args.light_path == "python" and args.full_clients is not None
+                and args.full_clients < args.sessions):
+            raise UserError("--conversation: a light session speaks only on the native pump: "
+                            "--light-path native, or every session full (no --full-clients)")
     elif args.audio_dir:
         raise UserError("--audio-dir needs --conversation")
     headers = {}

@@ -82,10 +82,16 @@ class SpeakingTrack(PreEncodedOpusTrack):
 
     def __init__(self, silence: bytes) -> None:
         super().__init__((silence,))
+        self.silence = silence
         self._line: Line | None = None
         self._next = 0
         self._started: asyncio.Future | None = None
         self._voiced_out: asyncio.Future | None = None
+
+    @property
+    def speaking(self) -> bool:
+        """Whether a line is still being sent."""
+        return self._line is not None
 
     def speak(self, line: Line) -> tuple[asyncio.Future, asyncio.Future]:
         """Queue ``line``; futures of the wall-clock times its first payload and its last
@@ -143,11 +149,15 @@ class Ear:
         self._last_at: float | None = None
 
     def hear(self, frame: av.AudioFrame, at: float) -> None:
+        """A decoded frame came out of the decoder at ``at`` (wall clock)."""
         data = frame.to_ndarray().reshape(-1)
-        mono = data[::len(frame.layout.channels)]
+        self.hear_pcm(data[::len(frame.layout.channels)], frame.pts or 0, at)
+
+    def hear_pcm(self, mono: np.ndarray, pts: int, at: float) -> None:
+        """Mono 48 kHz samples of RTP timestamp ``pts``, played out at ``at`` (wall clock)."""
         if self._pts0 is None:
-            self._pts0 = frame.pts or 0
-        start = (frame.pts or 0) - self._pts0
+            self._pts0 = pts
+        start = (pts - self._pts0) & 0xFFFFFFFF   # the RTP timestamp wraps at 2^32
         if 0 <= start and start + mono.size <= self.audio.size:
             self.audio[start:start + mono.size] = mono
         power = float(np.mean(np.square(mono, dtype=np.float64))) if mono.size else 0.0
@@ -161,12 +171,15 @@ class Ear:
         self.changed.set()
 
     def arrived(self, size: int, _at: float) -> None:
-        """An RTP packet of ``size`` payload bytes arrived (RtpProbe's listener): a voiced one
+        """An RTP packet of ``size`` payload bytes arrived just now (RtpProbe's listener)."""
+        self.arrived_at(size, time.time())
+
+    def arrived_at(self, size: int, now: float) -> None:
+        """An RTP packet of ``size`` payload bytes arrived at ``now`` (wall clock): a voiced one
         (an Opus payload of VOICED_MIN_BYTES or more, services/client/voiced.py) extends or
-        starts a stretch, timed on the wall clock."""
+        starts a stretch."""
         if size < VOICED_MIN_BYTES:
             return
-        now = time.time()
         last = self.arrivals[-1] if self.arrivals else None
         if last is not None and now - last.last_unix < REPLY_GAP_S:
             last.last_unix = now

@@ -50,10 +50,11 @@ async def run_sessions(config: ClientConfig, n: int, *,
     out = JsonLines(results_path, samples_path, arrivals_path)
     pump = None
     if config.light_path == "native" and (config.full_sessions or 0) < n:
-        from services.client.pump import LightPump
+        from services.client.pump import PHASES, LightPump
         from services.client.tone import opus_tone
 
-        pump = LightPump(opus_tone(config.tone_hz), capacity=max(n, 1))
+        pump = LightPump(opus_tone(config.tone_hz), capacity=max(n, 1),
+                         phases=1 if config.conversation is None else PHASES)
         await pump.start()
     slots = asyncio.Semaphore(config.concurrency) if config.concurrency else None
     results: list[SessionResult] = []

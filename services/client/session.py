@@ -163,14 +163,19 @@ class CallSession:
         self._audio_seen = 0       # samples per channel received
         self._audio_sumsq = 0.0    # over samples after echo_skip_ms
         self._audio_n = 0
-        # A conversation (conversation.py): full sessions speak in turns instead of the tone.
-        self._talk = (Conversation(config.conversation, index, config.duration_s)
-                      if config.conversation is not None and kind == FULL else None)
+        # A conversation (conversation.py): sessions speak in turns instead of the tone, full
+        # ones through aiortc, light ones on the native pump (pumpedtalk.py).
+        self._talk = None
+        if config.conversation is not None:
+            if kind == LIGHT and self._pump is None:
+                raise ValueError("a light session holds a conversation only on the native pump "
+                                 "(light_path native)")
+            self._talk = Conversation(config.conversation, index, config.duration_s)
         self._talking: asyncio.Task | None = None
 
     @property
     def conversation(self) -> Conversation | None:
-        """The conversation this session holds (full sessions with ``config.conversation``)."""
+        """The conversation this session holds (with ``config.conversation``)."""
         return self._talk
 
     @property
@@ -301,7 +306,7 @@ class CallSession:
             [c for c in RTCRtpSender.getCapabilities("audio").codecs
              if c.mimeType.lower() == "audio/opus"])
         conn.rtp.attach(transceiver.receiver)
-        if self._talk is not None:
+        if self._talk is not None and self.kind == FULL:
             conn.rtp.listener = self._talk.ear.arrived
             if cfg.conversation.jitter_buffer == "playout":
                 playout.install(transceiver.receiver)
@@ -368,9 +373,12 @@ class CallSession:
         """Hand the connected attempt's RTP to the native pump (aiortc keeps it when the pair
         goes through TURN)."""
         pair = conn.stun.selected_pair()
-        channel = self._pump.attach(conn.pc, conn.idle, pair, conn.rtp) if pair else None
+        channel = (self._pump.attach(conn.pc, conn.idle, pair, conn.rtp, self._talk)
+                   if pair else None)
         if channel is None:
             conn.idle.release()
+            if self._talk is not None:   # aiortc's light receive path hears nothing
+                conn.fail("a conversation on the native pump needs a direct or TURN/UDP pair")
             return
         conn.pump_channel = channel
         self.result.media_path = "native"

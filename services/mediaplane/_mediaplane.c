@@ -13,7 +13,8 @@
  *        unknown addresses) is returned to Python unchanged, with its source address.
  *   agent take_batch() packs every session's queued frames into one buffer of records
  *        [u32 channel][u16 length][payload] (network order), put_batch() queues the agent's
- *        records for sending (pcm16: encoded to Opus first).
+ *        records for sending (pcm16: a 1920-byte PCM frame encoded to Opus first, a record of
+ *        1-1275 bytes sent as the Opus payload it is).
  *   out  tick(frames): per session and 20 ms frame, the next queued payload (or the silence
  *        packet), as an RTP packet with the session's SSRC, sequence and timestamp and its
  *        one-byte header extensions (mid, abs-send-time), protected with libsrtp, and sent in
@@ -25,7 +26,11 @@
  * read_session(channel), must come from the session's peer, and it sends on that socket. A
  * client session is one given a ``script`` (pre-encoded Opus payloads): it sends the script
  * in a loop when nothing is queued, keeps nothing of what it hears, and logs every packet's
- * arrival (take_arrivals) for the client's own statistics. A session on its own socket may
+ * arrival (take_arrivals) for the client's own statistics; a client session that ``keep``s
+ * what it hears (a conversation's caller) also logs each packet's payload with its wall-clock
+ * arrival, sequence number and timestamp (take_heard), for the caller's playout rule in
+ * Python, which hands the frames back in playout order to be decoded with libopus here
+ * (decode). A session on its own socket may
  * also go through a TURN server (``turn_channel``, RFC 8656 12: its ``client`` is then the
  * server): what it sends is ChannelData of that channel, and only ChannelData of that channel
  * from the server reaches it; everything else on the socket (the allocation's STUN, other
@@ -71,6 +76,10 @@
 #define GAP_NS 60000000ll       /* 60 ms: services/gaps.py's threshold */
 #define RTP_MAX (SLOT_BYTES - HOP_V4_LEN - SRTP_MAX_TRAILER_LEN)
 #define ARRIVALS 2048           /* arrivals logged until Python takes them */
+#define HEARD_BYTES 65536       /* a keeping client's heard packets until Python takes them */
+#define HEARD_HEAD 16           /* before each: arrival (f64, wall clock), seq (u16), RTP
+                                   timestamp (u32), payload length (u16), native order */
+#define OPUS_MAX 1275           /* the largest Opus packet (RFC 6716 3.2.1) */
 #define LSRS 4                  /* our SRs an RR may answer (the latest few) */
 #define RTT_ALPHA 0.85          /* aiortc's smoothing of the RTT (rtcrtpsender.py) */
 #define SSRCS 4                 /* remote SSRCs a session may use: libsrtp keeps a stream each,
@@ -90,7 +99,7 @@ enum {
     C_BATCH_BAD_RECORD, C_BATCH_UNKNOWN_CHANNEL, C_DROP_ENCODE, C_SEND_ERRORS, C_SSRC_CHANGES,
     C_RECV_TRUNCATED, C_WRONG_PEER, C_ARRIVALS_LOST, C_DROP_SSRC_LIMIT, C_NOT_IPV4,
     C_RTCP_IN, C_RTCP_OUT, C_DROP_RTCP_AUTH, C_DROP_RTCP_REPLAY, C_DROP_RTCP_OTHER,
-    C_DROP_RTCP_MALFORMED, C_RTCP_BAD_PART, C_RTCP_BYE, C_COUNTERS
+    C_DROP_RTCP_MALFORMED, C_RTCP_BAD_PART, C_RTCP_BYE, C_HEARD_LOST, C_COUNTERS
 };
 static const char *COUNTER_NAMES[C_COUNTERS] = {
     "datagrams", "to_python", "rtp_in", "rtp_out", "bytes_in", "bytes_out",
@@ -99,7 +108,7 @@ static const char *COUNTER_NAMES[C_COUNTERS] = {
     "batch_bad_record", "batch_unknown_channel", "drop_encode", "send_errors", "ssrc_changes",
     "recv_truncated", "wrong_peer", "arrivals_lost", "drop_ssrc_limit", "not_ipv4",
     "rtcp_in", "rtcp_out", "drop_rtcp_auth", "drop_rtcp_replay", "drop_rtcp_other",
-    "drop_rtcp_malformed", "rtcp_bad_part", "rtcp_bye",
+    "drop_rtcp_malformed", "rtcp_bad_part", "rtcp_bye", "heard_lost",
 };
 
 typedef struct {
@@ -174,7 +183,10 @@ typedef struct {
     unsigned script_n, script_pos;
     Arrival *arrivals;                  /* logged arrivals (client sessions) */
     unsigned narrivals;
+    uint8_t *heard;                     /* a keeping client's heard packets (HEARD_HEAD each) */
+    unsigned heard_len;
     unsigned order_pos;                 /* where its slot is in Plane.order */
+    uint8_t group;                      /* tick(frames, group) sends for this group's sessions */
 } Session;
 
 typedef struct {
@@ -201,6 +213,7 @@ typedef struct {
     unsigned scount;
     uint64_t rng;                       /* xorshift64*: the RTCP intervals */
     int own_gcm;                        /* srtp="openssl": GCM profiles on srtp_gcm.c */
+    int opus_application, opus_bitrate, opus_complexity;   /* pcm16 sessions' encoders */
 } Plane;
 
 static int srtp_ready = 0;
@@ -475,6 +488,23 @@ static int handle_rtcp(Plane *p, Session *s, uint8_t *pkt, int plen, int len, in
     return 1;
 }
 
+/* A keeping client's payload into its heard log; a full log drops it (heard_lost). */
+static void keep_heard(Plane *p, Session *s, uint16_t seq, uint32_t ts, const uint8_t *data,
+                       int len) {
+    if (len > OPUS_MAX || s->heard_len + HEARD_HEAD + (unsigned)len > HEARD_BYTES) {
+        p->counters[C_HEARD_LOST]++;
+        return;
+    }
+    uint8_t *r = s->heard + s->heard_len;
+    uint16_t size = (uint16_t)len;
+    memcpy(r, &s->last_wall, 8);   /* note_arrival's clock reading of this packet */
+    memcpy(r + 8, &seq, 2);
+    memcpy(r + 10, &ts, 4);
+    memcpy(r + 14, &size, 2);
+    memcpy(r + HEARD_HEAD, data, (size_t)len);
+    s->heard_len += HEARD_HEAD + (unsigned)len;
+}
+
 /* One datagram (data may be modified in place, it is ours). Returns 1 when the plane took it
  * (delivered or dropped), 0 when it goes to Python. */
 static int handle(Plane *p, uint8_t *data, int len, const struct sockaddr_in *src,
@@ -549,7 +579,11 @@ static int handle(Plane *p, uint8_t *data, int len, const struct sockaddr_in *sr
     p->counters[C_BYTES_IN] += (uint64_t)len;
     int payload = end - off;
     int dropped;
-    if (payload == 0 || s->script) return 1;   /* a client keeps nothing of what it hears */
+    if (s->script) {   /* a client keeps nothing of what it hears, or logs it for its ear */
+        if (s->heard && payload > 0) keep_heard(p, s, seq, ts, pkt + off, payload);
+        return 1;
+    }
+    if (payload == 0) return 1;
     if (s->pcm) {
         opus_int16 pcm[PCM_SAMPLES];
         int n = opus_decode(s->dec, pkt + off, payload, pcm, PCM_SAMPLES, 0);
@@ -770,10 +804,19 @@ static void send_report(Plane *p, Session *s, int64_t now, int bye) {
 
 /* ------------------------------------------------------------------ the type */
 
-static int codecs_on(Session *s) {
+/* A pcm16 session's codecs; its encoder as the plane was told (the transceiver's
+ * OpusSettings, as its Python path encodes). */
+static int codecs_on(Plane *p, Session *s) {
     int err;
     if (!s->dec) s->dec = opus_decoder_create(48000, 1, &err);
-    if (!s->enc) s->enc = opus_encoder_create(48000, 1, OPUS_APPLICATION_VOIP, &err);
+    if (!s->enc) {
+        s->enc = opus_encoder_create(48000, 1, p->opus_application, &err);
+        if (s->enc && (opus_encoder_ctl(s->enc, OPUS_SET_BITRATE(p->opus_bitrate)) != OPUS_OK ||
+                       opus_encoder_ctl(s->enc, OPUS_SET_COMPLEXITY(p->opus_complexity)) != OPUS_OK)) {
+            opus_encoder_destroy(s->enc);
+            s->enc = NULL;
+        }
+    }
     return s->dec && s->enc ? 0 : -1;
 }
 
@@ -791,6 +834,7 @@ static void session_free(Session *s) {
     PyMem_Free(s->script_len);
     PyMem_Free(s->script_off);
     PyMem_Free(s->arrivals);
+    PyMem_Free(s->heard);
     uint32_t channel = s->channel;
     memset(s, 0, sizeof *s);
     s->channel = channel;   /* keeps the generation for the slot's next session */
@@ -810,13 +854,24 @@ static void Plane_dealloc(Plane *p) {
 }
 
 static int Plane_init(Plane *p, PyObject *args, PyObject *kw) {
-    static char *names[] = {"fd", "capacity", "srtp", NULL};
+    static char *names[] = {"fd", "capacity", "srtp", "opus_application", "opus_bitrate",
+                            "opus_complexity", NULL};
     int fd;
     unsigned capacity = 1024;
     const char *srtp = "openssl";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|Is", names, &fd, &capacity, &srtp)) return -1;
+    /* libopus's voip default, unless told (the transceiver tells it its OpusSettings) */
+    int application = OPUS_APPLICATION_VOIP, bitrate = OPUS_AUTO, complexity = 10;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|Isiii", names, &fd, &capacity, &srtp,
+                                     &application, &bitrate, &complexity))
+        return -1;
     if (strcmp(srtp, "openssl") && strcmp(srtp, "libsrtp")) {
         PyErr_SetString(PyExc_ValueError, "srtp must be 'openssl' or 'libsrtp'");
+        return -1;
+    }
+    if ((application != OPUS_APPLICATION_VOIP && application != OPUS_APPLICATION_AUDIO &&
+         application != OPUS_APPLICATION_RESTRICTED_LOWDELAY) || complexity < 0 ||
+        complexity > 10 || (bitrate != OPUS_AUTO && (bitrate < 500 || bitrate > 512000))) {
+        PyErr_SetString(PyExc_ValueError, "bad Opus encoder settings");
         return -1;
     }
     if (p->sessions) {
@@ -837,6 +892,9 @@ static int Plane_init(Plane *p, PyObject *args, PyObject *kw) {
     p->fd = fd;
     p->capacity = capacity;
     p->own_gcm = !strcmp(srtp, "openssl");
+    p->opus_application = application;
+    p->opus_bitrate = bitrate;
+    p->opus_complexity = complexity;
     p->rng = (uint64_t)mono_ns() ^ (uint64_t)(uintptr_t)p ^ 0x9E3779B97F4A7C15ull;
     p->table_size = 1;
     while (p->table_size < capacity * 2) p->table_size <<= 1;
@@ -880,16 +938,17 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
     static char *names[] = {"client", "relay", "profile", "rx_key", "tx_key", "ssrc", "seq",
                             "timestamp", "payload_type", "mid", "mid_id", "abs_send_time_id",
                             "silence", "pcm", "fd", "script", "rtcp", "cname", "turn_channel",
-                            NULL};
+                            "keep", "group", NULL};
     PyObject *client, *relay;
-    int profile, pt, mid_id, ast_id, pcm = 0, fd = -1, rtcp = 0, turn_channel = 0;
+    int profile, pt, mid_id, ast_id, pcm = 0, fd = -1, rtcp = 0, turn_channel = 0, keep = 0;
+    int group = 0;
     Py_buffer script = {0}, cname = {0};
     unsigned int ssrc, seq, timestamp;
     Py_buffer rx_key, tx_key, mid, silence;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOiy*y*IIIiy*iiy*|piy*py*i", names,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOiy*y*IIIiy*iiy*|piy*py*ipi", names,
                                      &client, &relay, &profile, &rx_key, &tx_key, &ssrc, &seq,
                                      &timestamp, &pt, &mid, &mid_id, &ast_id, &silence, &pcm, &fd,
-                                     &script, &rtcp, &cname, &turn_channel))
+                                     &script, &rtcp, &cname, &turn_channel, &keep, &group))
         return NULL;
     PyObject *result = NULL;
     struct sockaddr_in caddr, raddr;
@@ -899,7 +958,7 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
     /* payload types 64-95 read as RTCP's packet types on a muxed port (RFC 5761 4) */
     if (mid.len > 16 || silence.len > 64 || (cname.buf && cname.len > 63) || pt < 0 || pt > 127 ||
         (pt >= 64 && pt <= 95) || mid_id < 0 || mid_id > 14 ||
-        ast_id < 0 || ast_id > 14 || seq > 0xFFFF) {
+        ast_id < 0 || ast_id > 14 || seq > 0xFFFF || group < 0 || group > 255) {
         PyErr_SetString(PyExc_ValueError, "bad RTP parameters");
         goto done;
     }
@@ -911,6 +970,10 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
     if (turn_channel && (fd < 0 || turn_channel < CHANNEL_MIN || turn_channel > CHANNEL_MAX)) {
         PyErr_SetString(PyExc_ValueError,
                         "a TURN channel is 0x4000-0x4FFF, on a session's own socket");
+        goto done;
+    }
+    if (keep && (fd < 0 || !script.buf || pcm)) {
+        PyErr_SetString(PyExc_ValueError, "keep is a client session's (fd and script, not pcm)");
         goto done;
     }
     if (fd < 0 && find(p, key)) { PyErr_SetString(PyExc_ValueError, "that client address has a session"); goto done; }
@@ -969,7 +1032,7 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
         }
     }
     if (pcm) {
-        if (codecs_on(s) < 0) {
+        if (codecs_on(p, s) < 0) {
             session_free(s);
             PyErr_SetString(PyExc_RuntimeError, "opus codec creation failed");
             goto done;
@@ -1009,6 +1072,16 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
             off += 6 + len;
         }
         s->script_n = n;
+        if (keep) {
+            int err;
+            s->heard = PyMem_Malloc(HEARD_BYTES);
+            s->dec = opus_decoder_create(48000, 1, &err);
+            if (!s->heard || !s->dec) {
+                session_free(s);
+                PyErr_SetString(PyExc_RuntimeError, "no memory or no Opus decoder for keep");
+                goto done;
+            }
+        }
     }
     s->used = 1;
     s->channel = (s->channel & 0xFFFF0000u) + 0x10000u + slot;  /* a new generation */
@@ -1031,6 +1104,7 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
     s->silence_len = (uint16_t)silence.len;
     memcpy(s->silence, silence.buf, silence.len);
     s->rtcp = rtcp;
+    s->group = (uint8_t)group;
     if (cname.buf) {
         s->cname_len = (uint8_t)cname.len;
         memcpy(s->cname, cname.buf, cname.len);
@@ -1057,7 +1131,7 @@ static PyObject *Plane_set_pcm(Plane *p, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Op", &arg, &pcm) || channel_arg(arg, &channel) < 0) return NULL;
     Session *s = by_channel(p, (uint32_t)channel);
     if (!s) Py_RETURN_FALSE;
-    if (pcm && codecs_on(s) < 0) {
+    if (pcm && codecs_on(p, s) < 0) {
         PyErr_SetString(PyExc_RuntimeError, "opus codec creation failed");
         return NULL;
     }
@@ -1177,6 +1251,62 @@ static PyObject *Plane_take_arrivals(Plane *p, PyObject *arg) {
     return blob;
 }
 
+static PyObject *Plane_take_heard(Plane *p, PyObject *arg) {
+    uint32_t channel;
+    if (channel_arg(arg, &channel) < 0) return NULL;
+    Session *s = by_channel(p, (uint32_t)channel);
+    if (!s || !s->heard) Py_RETURN_NONE;
+    PyObject *blob = PyBytes_FromStringAndSize((const char *)s->heard, (Py_ssize_t)s->heard_len);
+    s->heard_len = 0;
+    return blob;
+}
+
+/* Decode a keeping client's frames in the order given (its playout order): records
+ * [u16 length, native order][Opus payload]; 20 ms of mono 48 kHz PCM each, silence where
+ * libopus refuses one (drop_decode). */
+static PyObject *Plane_decode(Plane *p, PyObject *args) {
+    PyObject *arg;
+    Py_buffer in;
+    uint32_t channel;
+    if (!PyArg_ParseTuple(args, "Oy*", &arg, &in)) return NULL;
+    PyObject *out = NULL;
+    if (channel_arg(arg, &channel) < 0) goto done;
+    Session *s = by_channel(p, (uint32_t)channel);
+    if (!s || !s->heard) {
+        PyErr_SetString(PyExc_ValueError, "no keeping client session on that channel");
+        goto done;
+    }
+    const uint8_t *r = in.buf;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t off = 0; off < in.len; n++) {
+        uint16_t len;
+        if (off + 2 > in.len) goto bad;
+        memcpy(&len, r + off, 2);
+        if (len == 0 || len > OPUS_MAX || off + 2 + len > in.len) goto bad;
+        off += 2 + len;
+    }
+    out = PyBytes_FromStringAndSize(NULL, n * PCM_SAMPLES * 2);
+    if (!out) goto done;
+    opus_int16 *pcm = (opus_int16 *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t off = 0, k = 0; k < n; k++, pcm += PCM_SAMPLES) {
+        uint16_t len;
+        memcpy(&len, r + off, 2);
+        int got = opus_decode(s->dec, r + off + 2, len, pcm, PCM_SAMPLES, 0);
+        if (got < 0) {
+            p->counters[C_DROP_DECODE]++;
+            got = 0;
+        }
+        memset(pcm + got, 0, (size_t)(PCM_SAMPLES - got) * 2);
+        off += 2 + len;
+    }
+    goto done;
+bad:
+    PyErr_SetString(PyExc_ValueError, "decode: records are [u16 length 1-1275][payload]");
+done:
+    PyBuffer_Release(&in);
+    return out;
+}
+
 static PyObject *Plane_process(Plane *p, PyObject *args) {
     /* One datagram as if received from addr (tests, fuzzing): None when the plane took it,
      * else the bytes Python would get. */
@@ -1245,8 +1375,13 @@ static PyObject *Plane_put_batch(Plane *p, PyObject *arg) {
         Session *s = by_channel(p, ch);
         if (!s) { p->counters[C_BATCH_UNKNOWN_CHANNEL]++; continue; }
         int dropped;
-        if (s->pcm) {
-            if (len != PCM_SAMPLES * 2) { p->counters[C_BATCH_BAD_RECORD]++; continue; }
+        if (s->pcm && len != PCM_SAMPLES * 2) {
+            /* an Opus payload from an agent that encodes its own audio: sent as it is; no
+             * sound of this session's encoder to end after it */
+            if (len == 0 || len > OPUS_MAX) { p->counters[C_BATCH_BAD_RECORD]++; continue; }
+            s->coded_silence = CODED_SILENCE;
+            ring_push(&s->out, payload, len, OUT_KEEP, &dropped);
+        } else if (s->pcm) {
             opus_int16 pcm[PCM_SAMPLES];
             memcpy(pcm, payload, sizeof pcm);
             uint8_t coded[FRAME_MAX];
@@ -1280,8 +1415,8 @@ static void send_coded_silence(Plane *p, Session *s) {
 }
 
 static PyObject *Plane_tick(Plane *p, PyObject *args) {
-    int frames = 1;
-    if (!PyArg_ParseTuple(args, "|i", &frames)) return NULL;
+    int frames = 1, group = -1;
+    if (!PyArg_ParseTuple(args, "|ii", &frames, &group)) return NULL;
     if (frames < 1) frames = 1;
     if (frames > OUT_KEEP) frames = OUT_KEEP;
     long sent = 0;
@@ -1296,6 +1431,7 @@ static PyObject *Plane_tick(Plane *p, PyObject *args) {
     for (int f = 0; f < frames; f++) {
         for (unsigned i = 0; i < p->live; i++) {
             Session *s = &p->sessions[p->order[i]];
+            if (group >= 0 && s->group != group) continue;
             Frame *fr = ring_pop(&s->out);
             if (fr) send_frame(p, s, fr->data, fr->len);
             else if (s->pcm && s->enc && s->coded_silence < CODED_SILENCE)
@@ -1378,7 +1514,7 @@ static PyMethodDef Plane_methods[] = {
      "add(client, relay, profile, rx_key, tx_key, ssrc, seq, timestamp, payload_type, mid, "
      "mid_id, abs_send_time_id, silence, pcm=False, fd=-1, script=<a client session's>, "
      "rtcp=False, turn_channel=0, "
-     "cname=b'') -> channel"},
+     "cname=b'', keep=False, group=0) -> channel"},
     {"remove", (PyCFunction)Plane_remove, METH_VARARGS,
      "remove(channel, bye=False) -> whether it was there (bye: a last report with BYE first)"},
     {"report", (PyCFunction)Plane_report, METH_VARARGS,
@@ -1391,6 +1527,11 @@ static PyMethodDef Plane_methods[] = {
      "read_session(channel, max_batches=2) -> what of its own socket's datagrams is Python's"},
     {"take_arrivals", (PyCFunction)Plane_take_arrivals, METH_O,
      "take_arrivals(channel) -> the logged arrivals, packed '=dIHH' (at, ssrc, seq, size)"},
+    {"take_heard", (PyCFunction)Plane_take_heard, METH_O,
+     "take_heard(channel) -> a keeping client's heard packets: records '=dHIH' (arrival, seq, "
+     "timestamp, length) + payload, or None"},
+    {"decode", (PyCFunction)Plane_decode, METH_VARARGS,
+     "decode(channel, records) -> mono 48 kHz s16 PCM, 960 samples per [u16 length][payload]"},
     {"process", (PyCFunction)Plane_process, METH_VARARGS,
      "process(datagram, (host, port)) -> None if the plane took it, else the datagram"},
     {"take_batch", (PyCFunction)Plane_take_batch, METH_NOARGS,
@@ -1398,7 +1539,8 @@ static PyMethodDef Plane_methods[] = {
     {"put_batch", (PyCFunction)Plane_put_batch, METH_O,
      "put_batch(records) -> frames queued towards the clients"},
     {"tick", (PyCFunction)Plane_tick, METH_VARARGS,
-     "tick(frames=1) -> RTP packets sent (frames 20 ms frames per session)"},
+     "tick(frames=1, group=-1) -> RTP packets sent (frames 20 ms frames per session; of the "
+     "sessions added with that group only, when group >= 0)"},
     {"stats", (PyCFunction)Plane_stats, METH_O, "stats(channel) -> dict or None"},
     {"counters", (PyCFunction)Plane_counters, METH_NOARGS, "counters() -> dict"},
     {NULL}

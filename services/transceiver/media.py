@@ -8,7 +8,7 @@ shared frame clock); silence fills the gaps.
 Why not aiortc's own codec path: it decodes in a thread per receiver and encodes through the
 default executor, two cross-thread hand-offs per 20 ms frame, which cost more CPU than the
 codec itself (stereo, 96 kbit/s). Decoding and encoding mono voice inline with libopus
-(libopus.py), and giving aiortc encoded packets (which it only packetizes), is what
+(services/libopus.py), and giving aiortc encoded packets (which it only packetizes), is what
 docs/transceiver.md measures per session-second.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import fractions
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from services.transceiver import libopus
+from services import libopus
 from services.transceiver.opus import OpusSettings
 from services.transceiver.pacing import FrameClock
 
@@ -29,6 +29,7 @@ FRAME_BYTES = FRAME_SAMPLES * 2
 _TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 _MAX_QUEUE = 5                # frames (100 ms) before the oldest is dropped: bounded latency
 _CODED_SILENCE = 3            # silent frames encoded after audio before the cached packet
+OPUS_MAX = 1275               # the largest Opus packet: an agent's frame up to this is Opus
 
 
 class OpusMonoDecoder:
@@ -127,7 +128,9 @@ def decode_inline(receiver, sink) -> None:
 
 
 class AgentAudioTrack(MediaStreamTrack):
-    """The session's outgoing audio: agent frames, or silence, every 20 ms of ``clock``.
+    """The session's outgoing audio: agent frames, or silence, every 20 ms of ``clock``. A
+    frame is 20 ms of PCM (encoded here), or an Opus payload from an agent that encodes its own
+    audio (a TTS that streams Opus), sent as it is.
 
     Silence costs no encoder call once it has lasted ``_CODED_SILENCE`` frames: the first
     silent frames after audio are encoded (the decoder hears the sound end as the encoder
@@ -150,13 +153,13 @@ class AgentAudioTrack(MediaStreamTrack):
         self.frames_dropped = 0
         self.frames_encoded = 0
 
-    def push(self, pcm: bytes) -> None:
-        if len(pcm) != FRAME_BYTES:
+    def push(self, frame: bytes) -> None:
+        if len(frame) != FRAME_BYTES and not 0 < len(frame) <= OPUS_MAX:
             return
         if len(self._queue) >= _MAX_QUEUE:
             self._queue.popleft()
             self.frames_dropped += 1
-        self._queue.append(pcm)
+        self._queue.append(frame)
 
     async def recv(self) -> OpusPacket:
         """The next 20 ms, Opus-encoded, paced on the clock (aiortc's own send loop; the
@@ -175,9 +178,12 @@ class AgentAudioTrack(MediaStreamTrack):
         pts = self._pts
         self._pts += FRAME_SAMPLES
         if self._queue:
-            self._silent = 0
             self.frames_played += 1
             pcm = self._queue.popleft()
+            if len(pcm) != FRAME_BYTES:   # Opus already: no sound of our encoder to end
+                self._silent = _CODED_SILENCE
+                return OpusPacket(pcm, pts)
+            self._silent = 0
         elif self._silent < _CODED_SILENCE:
             self._silent += 1
             pcm = self._silence

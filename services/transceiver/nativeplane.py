@@ -22,6 +22,7 @@ from services.mediapaths import OPENSSL
 from services.mediaplane._mediaplane import Plane
 from services.mediaplane.hooks import (IdleSender, SessionSocket, cname, rtp_parameters,
                                       srtp_keys)
+from services import libopus
 from services.transceiver.media import silence_packet
 from services.transceiver.opus import OpusSettings
 from services.transceiver.pacing import FrameClock
@@ -54,6 +55,7 @@ class NativeMedia:
         self._clock = clock
         self._capacity = capacity
         self._silence = silence_packet(opus)
+        self._opus = opus
         self.plane: Plane | None = None
         self.frames = None               # agentframes.AgentFrames, when an agent is set
         self._attached: dict[int, Attached] = {}
@@ -61,11 +63,14 @@ class NativeMedia:
         self._gaps_task: asyncio.Task | None = None
 
     async def start(self, frames=None) -> None:
+        # pcm16 sessions' encoders as the Python path's (media.py): the same OpusSettings
+        encoder = dict(opus_application=libopus.APPLICATION[self._opus.application],
+                       opus_bitrate=self._opus.bitrate, opus_complexity=self._opus.complexity)
         if self._mux is not None:
-            self.plane = Plane(self._mux.fileno(), self._capacity, self._srtp)
+            self.plane = Plane(self._mux.fileno(), self._capacity, self._srtp, **encoder)
             self._mux.read_through(self.plane)
         else:
-            self.plane = Plane(-1, self._capacity, self._srtp)
+            self.plane = Plane(-1, self._capacity, self._srtp, **encoder)
         self.frames = frames
         if frames is not None:
             await frames.start(self.plane)

@@ -17,6 +17,7 @@ import av
 
 APPLICATION = {"voip": 2048, "audio": 2049, "lowdelay": 2051}  # OPUS_APPLICATION_*
 _SET_BITRATE, _SET_COMPLEXITY = 4002, 4010                      # opus_defines.h requests
+AUTO_BITRATE = -1000                                            # OPUS_AUTO: libopus chooses
 _MAX_PACKET = 1500
 _MAX_SAMPLES = 5760  # 120 ms at 48 kHz: the longest packet Opus has
 
