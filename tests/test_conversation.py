@@ -121,6 +121,23 @@ def test_the_ear_keeps_audio_on_its_rtp_timeline_and_cuts_it_into_replies():
     assert ear.last_heard_during(t + 0.45, t + 0.5) is None   # nothing was playing then
 
 
+def test_a_reconnected_calls_stream_is_heard_where_it_was_played():
+    """A second attempt of a call (new SSRC, timestamps from elsewhere, wrapping past 2^32)
+    lands where its first frame was played on the wall clock, not off the first stream's
+    timeline (which would leave its replies silent for PESQ)."""
+    ear = Ear(seconds=3)
+    t = 1000.0
+    for i in range(5):
+        ear.hear_pcm(np.full(960, 8000, dtype="<i2"), 7_000 + 960 * i, t + 0.02 * i, "first")
+    for i in range(5):
+        ear.hear_pcm(np.full(960, 6000, dtype="<i2"), (2**32 - 1920 + 960 * i) % 2**32,
+                     t + 1.0 + 0.02 * i, "second")
+    assert (ear.audio[:5 * 960] == 8000).all() and not ear.audio[5 * 960:48_000].any()
+    assert (ear.audio[48_000:48_000 + 5 * 960] == 6000).all()
+    assert [(h.start_sample, h.end_sample) for h in ear.heard] == [(0, 4800),
+                                                                   (48_000, 48_000 + 4800)]
+
+
 async def _conversation(hangover_ms: int, turns: int = 2, share: float = 1.0,
                         audio_dir=None, path: str = "python", reply_codec: str = "opus"):
     """Two calls to a reply agent through a native transceiver on loopback; ``path``: the

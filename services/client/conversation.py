@@ -138,26 +138,31 @@ class Arrived:
 class Ear:
     """The decoded audio the caller hears: kept on its RTP timeline (a lost or late frame
     leaves silence where it belonged, as a player without concealment would play it), cut into
-    stretches of audible audio."""
+    stretches of audible audio. A stream of a later attempt of the call (a reconnection: new
+    SSRC, new timestamps) starts where its first frame was played, by the wall clock."""
 
     def __init__(self, seconds: float) -> None:
         self.audio = np.zeros(int(seconds * SAMPLE_RATE), dtype="<i2")
         self.heard: list[Heard] = []
         self.arrivals: list[Arrived] = []
         self.changed = asyncio.Event()
-        self._pts0: int | None = None
-        self._last_at: float | None = None
+        self._t0: float | None = None     # when the first frame was played: sample 0
+        self._streams: dict[object, tuple[int, int]] = {}   # stream: its first pts, its sample
 
-    def hear(self, frame: av.AudioFrame, at: float) -> None:
+    def hear(self, frame: av.AudioFrame, at: float, stream: object = None) -> None:
         """A decoded frame came out of the decoder at ``at`` (wall clock)."""
         data = frame.to_ndarray().reshape(-1)
-        self.hear_pcm(data[::len(frame.layout.channels)], frame.pts or 0, at)
+        self.hear_pcm(data[::len(frame.layout.channels)], frame.pts or 0, at, stream)
 
-    def hear_pcm(self, mono: np.ndarray, pts: int, at: float) -> None:
-        """Mono 48 kHz samples of RTP timestamp ``pts``, played out at ``at`` (wall clock)."""
-        if self._pts0 is None:
-            self._pts0 = pts
-        start = (pts - self._pts0) & 0xFFFFFFFF   # the RTP timestamp wraps at 2^32
+    def hear_pcm(self, mono: np.ndarray, pts: int, at: float, stream: object = None) -> None:
+        """Mono 48 kHz samples of RTP timestamp ``pts`` of ``stream``, played out at ``at``
+        (wall clock)."""
+        origin = self._streams.get(stream)
+        if origin is None:
+            if self._t0 is None:
+                self._t0 = at
+            origin = self._streams[stream] = (pts, round((at - self._t0) * SAMPLE_RATE))
+        start = origin[1] + ((pts - origin[0]) & 0xFFFFFFFF)   # the timestamp wraps at 2^32
         if 0 <= start and start + mono.size <= self.audio.size:
             self.audio[start:start + mono.size] = mono
         power = float(np.mean(np.square(mono, dtype=np.float64))) if mono.size else 0.0

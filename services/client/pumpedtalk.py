@@ -80,4 +80,4 @@ class PumpedTalk:
             _LENGTH.pack(len(data)) + data for data, _, _ in released)), dtype="<i2")
         step = pcm.size // len(released)
         for k, (_, timestamp, at) in enumerate(released):
-            ear.hear_pcm(pcm[k * step:(k + 1) * step], timestamp, at)
+            ear.hear_pcm(pcm[k * step:(k + 1) * step], timestamp, at, self._channel)

@@ -420,7 +420,7 @@ class CallSession:
             except MediaStreamError:
                 return
             if self._talk is not None:
-                self._talk.ear.hear(frame, time.time())
+                self._talk.ear.hear(frame, time.time(), track)
             if skip is None:
                 skip = int(self.config.echo_skip_ms / 1000.0 * frame.sample_rate)
             if self._audio_seen + frame.samples > skip:
