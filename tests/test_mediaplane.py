@@ -271,6 +271,32 @@ def test_pcm_sessions_decode_for_the_agent_and_encode_its_frames(server):
     assert sent(4) == opus + [SILENCE, SILENCE]
 
 
+def test_pcm_sessions_encode_as_the_plane_was_told(server):
+    """The transceiver's OpusSettings reach the plane's encoders (they once did not: every
+    pcm16 session encoded with libopus's voip default whatever the transceiver said)."""
+    from services import libopus
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    speech = struct.pack("<960h", *[int(6000 * ((i // 40) % 2 * 2 - 1)) for i in range(960)])
+    modes = {}
+    for name, settings in (("default", {}), ("told", dict(
+            opus_application=libopus.APPLICATION["voip"], opus_bitrate=6000,
+            opus_complexity=0))):
+        plane, peer = Plane(server.fileno(), 1, **settings), Peer(profile, key_len)
+        channel = add(plane, peer, profile, pcm=True)
+        plane.put_batch(batch((channel, speech)))
+        plane.tick()
+        packet = peer.rx.unprotect(peer.sock.recv(2048))
+        payload = packet[16 + struct.unpack_from("!H", packet, 14)[0] * 4:]
+        modes[name] = (payload[0] >> 3, len(payload))   # TOC config (RFC 6716 3.1), size
+    # the default (voip, its automatic bitrate) codes this in CELT full band (config 31); told
+    # 6 kbit/s, the encoder drops to SILK (configs 0-11) in a few bytes
+    assert modes["default"][0] == 31 and modes["default"][1] > 60, modes
+    assert modes["told"][0] < 12 and modes["told"][1] < 30, modes
+    for bad in (dict(opus_application=1), dict(opus_complexity=11), dict(opus_bitrate=100)):
+        with pytest.raises(ValueError):
+            Plane(server.fileno(), 1, **bad)
+
+
 def test_a_client_session_on_its_own_socket_plays_its_script_and_logs_arrivals(server):
     """A light client's session: its own socket, its peer the only source it takes, its
     script sent in a loop, every arrival logged (nothing queued for an agent)."""

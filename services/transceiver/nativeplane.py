@@ -17,12 +17,12 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from services import libopus
 from services.gaps import ArrivalGaps
 from services.mediapaths import OPENSSL
 from services.mediaplane._mediaplane import Plane
 from services.mediaplane.hooks import (IdleSender, SessionSocket, cname, rtp_parameters,
                                       srtp_keys)
-from services import libopus
 from services.transceiver.media import silence_packet
 from services.transceiver.opus import OpusSettings
 from services.transceiver.pacing import FrameClock
