@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -16,6 +17,7 @@ from topology.impairment.backend import detect
 
 CI = REPO / "scenarios" / "ci.yaml"
 N = Scenario.load(CI).sessions_per_region  # sessions per architecture (one client region)
+ROUND_TRIP_SD_MS = 3.0  # one round trip's sd on the CI world's path (1-2 ms per hop and direction)
 
 
 @pytest.fixture(scope="module")
@@ -69,15 +71,21 @@ def test_the_numbers_make_physical_sense(ci_results):
         assert a["first_ice_rtt_over_floor_ms"]["p50"] > -6, name
         assert a["setup_over_floor_ms"]["p50"] > -10, name
         # The call's RTT (RTCP) averages many round trips: its median sits on the floor or
-        # above it, as do the consent checks' (the 4 s calls here may end before the first).
-        # A receive time taken before the receiving host's emulated ingress delay (the
-        # kernel's stamp) put them 6 ms under it (the last mile's one way).
-        for metric in ("rtt_ms", "consent_rtt_ms"):
-            over = [float(r[metric]) - float(r["floor_media_rtt_ms"])
-                    for r in csv.DictReader(open(directory / "sessions.csv"))
-                    if r["architecture"] == name and r[metric] not in ("", None)]
-            assert over or metric == "consent_rtt_ms", (name, metric)
-            assert not over or statistics.median(over) > -2, (name, metric, over)
+        # above it. A receive time taken before the receiving host's emulated ingress delay
+        # (the kernel's stamp) put it 6 ms under it (the last mile's one way).
+        over = [float(r["rtt_ms"]) - float(r["floor_media_rtt_ms"])
+                for r in csv.DictReader(open(directory / "sessions.csv"))
+                if r["architecture"] == name and r["rtt_ms"] not in ("", None)]
+        assert over and statistics.median(over) > -2, (name, over)
+        # A consent check's RTT is one round trip, like the first check's: the median of n of
+        # them may sit 3 sd of that median below the mean floor (sd 3 ms a round trip; the
+        # 4 s calls here often end before the first check, so n is often 0 or 1).
+        over = [float(r["consent_rtt_ms"]) - float(r["floor_media_rtt_ms"])
+                for r in csv.DictReader(open(directory / "sessions.csv"))
+                if r["architecture"] == name and r["consent_rtt_ms"] not in ("", None)]
+        if over:
+            allowed = 3 * 1.2533 * ROUND_TRIP_SD_MS / math.sqrt(len(over))
+            assert statistics.median(over) > -allowed, (name, over, allowed)
     # First ICE RTT via the global relay: its median within 2 ms + 5% of the path RTT the
     # topology implies (single sessions see the path's jitter and the first check's set-up).
     rows = [r for r in csv.DictReader(open(directory / "sessions.csv"))
