@@ -176,6 +176,22 @@ def architecture_summary(turns: pd.DataFrame, boot: Bootstrap = Bootstrap()) -> 
     return out
 
 
+CALLER_FIGURES = ("gap_ms", "uplink_ms", "agent_ms", "downlink_ms", "playout_ms",
+                  "barge_reaction_ms", "pesq")
+
+
+def caller_summary(turns: pd.DataFrame) -> dict:
+    """One kind of caller's turns of one architecture: answered, and the medians."""
+    answered = turns[turns.gap_ms.notna()]
+    barges = turns[turns.barge_in & turns.barge_reaction_ms.notna()]
+    out: dict = {"turns": int(len(turns)), "answered": int(len(answered))}
+    for name in CALLER_FIGURES:
+        values = (barges if name.startswith("barge") else answered)[name].dropna()
+        p = _p(values, 50)
+        out[name] = {"p50": None if p is None else round(p, 3), "n": int(len(values))}
+    return out
+
+
 def summary(directory: str | Path, baseline: str | None = None,
             boot: Bootstrap = Bootstrap()) -> dict | None:
     """summary.json's ``conversation``: per architecture (``architecture_summary``) and, beside
@@ -188,6 +204,12 @@ def summary(directory: str | Path, baseline: str | None = None,
         turns = turns.assign(**{c: math.nan for c in AGENT_CLOCK})
     for arch, rows in turns.groupby("architecture", sort=False):
         out["architectures"][arch] = architecture_summary(rows, boot)
+    kinds = turns.client_type.dropna().unique() if "client_type" in turns else ()
+    if len(kinds) > 1:  # callers of more than one kind: each kind's own figures too
+        out["callers"] = {
+            arch: {str(kind): caller_summary(mine)
+                   for kind, mine in rows.groupby("client_type", sort=False)}
+            for arch, rows in turns.groupby("architecture", sort=False)}
     if baseline in out["architectures"]:
         base = turns[(turns.architecture == baseline) & turns.network_ms.notna()]
         for arch, rows in turns.groupby("architecture", sort=False):
@@ -256,6 +278,29 @@ def table(results, stats, data: dict | None):
             fmt(a["talk_over_per_call_ms"]["p50"]),
             f"{ci(a['pesq'], 2)} (n={a['pesq']['n']})",
             "-" if mos is None else f"{mos.p50:.2f}"])
+    return table
+
+
+def caller_table(data: dict | None):
+    """The report's "Turns by caller" table (runs with more than one kind of caller), or
+    None."""
+    from analysis.tables import Table, fmt
+
+    if not data or not data.get("callers"):
+        return None
+    table = Table(["architecture", "caller", "turns answered", "turn gap p50 (ms)",
+                   "uplink p50 (ms)", "agent p50 (ms)", "downlink p50 (ms)",
+                   "jitter buffer p50 (ms)", "barge-in reaction p50 (ms)", "PESQ p50 (n)"],
+                  note="The same turns by the kind of caller that spoke them: an aiortc caller "
+                       "times its audio at its decoder, a Chromium one at its audio output "
+                       "device, whose latency is part of its jitter buffer share "
+                       "(docs/conversation.md: the Chromium caller). Medians per turn.")
+    for arch, kinds in data["callers"].items():
+        for kind, c in kinds.items():
+            table.rows.append([arch, kind, f"{c['answered']}/{c['turns']}",
+                               *(fmt(c[name]["p50"]) for name in CALLER_FIGURES[:-1]),
+                               "-" if c["pesq"]["p50"] is None
+                               else f"{c['pesq']['p50']:.2f} (n={c['pesq']['n']})"])
     return table
 
 

@@ -218,6 +218,9 @@ def render_html(results: Results, stats: Stats, plots: dict[str, Path], model: E
         heard = conversation.summary(results.path, results.baseline, stats.bootstrap)
         parts += ["<h2 id='turns'>Turns</h2>",
                   tables.to_html(conversation.table(results, stats, heard))]
+        by_caller = conversation.caller_table(heard)
+        if by_caller is not None:
+            parts += ["<h3>Turns by caller</h3>", tables.to_html(by_caller)]
         parts += [f"<p>{e(line)}</p>" for line in conversation.disagreements(heard, stats)]
     if results.faults:
         parts += _faults_html(results, fault_effects(results), plots)
@@ -303,6 +306,9 @@ def render_markdown(results: Results, stats: Stats, plots: dict[str, Path], mode
     if (results.path / conversation.TURNS_FILE).is_file():
         heard = conversation.summary(results.path, results.baseline, stats.bootstrap)
         lines += ["## Turns", "", tables.to_markdown(conversation.table(results, stats, heard))]
+        by_caller = conversation.caller_table(heard)
+        if by_caller is not None:
+            lines += ["", "### Turns by caller", "", tables.to_markdown(by_caller)]
         lines += [f"> {line}" for line in conversation.disagreements(heard, stats)]
     if results.faults:
         lines += _faults_markdown(results, fault_effects(results), plots, base)

@@ -35,7 +35,7 @@ from scenarios.haltpoll import HaltPolling
 from scenarios.hostlock import HostLock
 from scenarios.priorities import SOFTIRQ, Raised, softirq_threads
 from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
-from scenarios.clients import ClientCommand, RegionClients, results_suffixes
+from scenarios.clients import REGISTRY, ClientCommand, RegionClients, results_suffixes
 from scenarios.clients import commands as client_commands
 from scenarios.spec import Scenario, ScenarioError
 from scenarios.saturation import LagWindows, flag
@@ -63,7 +63,7 @@ SESSION_FIELDS = (
     "datachannel_echo")
 # Every call a client made for a session: the first (attempt 0) and each reconnection.
 # turns.csv: one row per caller line of a conversation (services/client/conversation.py Turn)
-TURN_FIELDS = ("architecture", "client_region", "session", "turn", "barge_in",
+TURN_FIELDS = ("architecture", "client_region", "session", "client_type", "turn", "barge_in",
                "speech_start_unix", "speech_end_unix", "cut_reply_end_unix", "reply_arrived_unix",
                "reply_heard_unix",
                "reply_end_unix", "agent_voice_end_unix", "agent_detected_unix",
@@ -918,20 +918,24 @@ def write_results(result: RunResult) -> None:
 
 def turn_rows(arch: str, regions, logs: Path, directory: Path) -> list[dict]:
     """turns.csv rows: every turn of the conversation sessions of ``regions`` (none without
-    a conversation), the reply's audio as a path under the results folder ``directory``."""
+    a conversation), of every client type, the reply's audio as a path under the results
+    folder ``directory``."""
     rows = []
     for region in regions:
-        path = logs / f"sessions-{region}.jsonl"
-        if not path.exists():
-            continue
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            for t in r.get("turns") or []:
-                audio = t.get("audio")
-                if audio:
-                    audio = str((logs / f"audio-{region}" / audio).relative_to(directory))
-                rows.append({"architecture": arch, "client_region": region,
-                             "session": r.get("index"), **t, "audio": audio})
+        for kind in REGISTRY.values():
+            path, _ = kind.results_files(logs, region)
+            if not path.exists():
+                continue
+            audio_dir = logs / kind.audio_dir(region)
+            for line in path.read_text().splitlines():
+                r = json.loads(line)
+                for t in r.get("turns") or []:
+                    audio = t.get("audio")
+                    if audio:
+                        audio = str((audio_dir / audio).relative_to(directory))
+                    rows.append({"architecture": arch, "client_region": region,
+                                 "session": r.get("index"), "client_type": kind.name, **t,
+                                 "audio": audio})
     return rows
 
 

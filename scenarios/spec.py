@@ -88,7 +88,7 @@ class Scenario:
     realtime: Priorities = Priorities()  # SCHED_FIFO of services and clients (priorities.py)
     halt_poll_us: int = 2000          # idle cores poll this long before halting (haltpoll.py)
     many_regions: ManyRegions | None = None  # the load of a world of many client regions
-    # Calls that speak in turns to a reply agent (every aiortc session; docs/conversation.md)
+    # Calls that speak in turns to a reply agent (every session; docs/conversation.md)
     conversation: ConversationSpec | None = None
     description: str = ""
     source: str = ""

@@ -57,6 +57,34 @@ class CollectionPolicy:
                              "idle_s not negative")
 
 
+class _Collector:
+    """The process's one collector, held by the policies started in it (a process that runs a
+    transceiver and clients, or a test running several, starts more than one): the first to
+    start saves its thresholds, the last to stop restores them, in whatever order they stop."""
+
+    def __init__(self) -> None:
+        self.holders: set[int] = set()
+        self.saved: tuple[int, int, int] | None = None
+
+    def hold(self, holder: object) -> None:
+        if not self.holders:
+            self.saved = gc.get_threshold()
+            young, middle, _ = self.saved
+            gc.set_threshold(young, middle, _NEVER)
+            gc.freeze()
+        self.holders.add(id(holder))
+
+    def release(self, holder: object) -> None:
+        self.holders.discard(id(holder))
+        if not self.holders and self.saved is not None:
+            gc.set_threshold(*self.saved)
+            self.saved = None
+            gc.unfreeze()
+
+
+_COLLECTOR = _Collector()
+
+
 class SessionCollections:
     """``with SessionCollections(logger):`` (or ``start``/``stop``) the policy above for this
     process; call ``session_started()`` and ``session_ended(live)`` as sessions come and go.
@@ -70,7 +98,7 @@ class SessionCollections:
         self.ended = 0       # sessions ended since the last full collection
         self.freezes = 0
         self.full_collections = 0
-        self._thresholds: tuple[int, int, int] | None = None
+        self._active = False
         self._pending: asyncio.Handle | None = None
         self._idle: asyncio.TimerHandle | None = None
         self._full_due = False
@@ -84,25 +112,21 @@ class SessionCollections:
 
     @property
     def active(self) -> bool:
-        return self._thresholds is not None
+        return self._active
 
     def start(self) -> None:
-        if self._thresholds is not None:
-            return
-        self._thresholds = gc.get_threshold()
-        young, middle, _ = self._thresholds
-        gc.set_threshold(young, middle, _NEVER)
-        gc.freeze()
+        if not self._active:
+            _COLLECTOR.hold(self)
+            self._active = True
 
     def stop(self) -> None:
         self._cancel_idle()
         if self._pending is not None:
             self._pending.cancel()
             self._pending = None
-        if self._thresholds is not None:
-            gc.set_threshold(*self._thresholds)
-            self._thresholds = None
-            gc.unfreeze()
+        if self._active:
+            _COLLECTOR.release(self)
+            self._active = False
 
     def session_started(self) -> None:
         self._cancel_idle()

@@ -164,7 +164,13 @@ def test_bad_input_is_one_line(tmp_path):
              ("--url", "http://x/v1/calls", "--rate", "0"): "--rate must be positive",
              ("--url", "http://x/v1/calls", "-n", "0"): "--sessions must be at least 1",
              ("--url", "http://x/v1/calls", "--chromium", str(tmp_path / "none")):
-                 "run `make browsers`"}
+                 "run `make browsers`",
+             ("--url", "http://x/v1/calls", "--audio-dir", str(tmp_path)):
+                 "--audio-dir needs --conversation",
+             ("--url", "http://x/v1/calls", "--conversation", "0"):
+                 "--conversation: a conversation needs at least 1 turn",
+             ("--url", "http://x/v1/calls", "--conversation", "2", "--barge-in-share", "2"):
+                 "--conversation: barge_in_share must be between 0 and 1"}
     for args, expected in cases.items():
         proc = subprocess.run([sys.executable, "-m", "voiceedge", "browser", *args], cwd=REPO,
                               capture_output=True, text=True, timeout=60)

@@ -101,6 +101,21 @@ def test_the_commands_are_what_the_clients_own_parsers_take(tmp_path):
     assert config.start_at_unix is None      # no clock given: calls start once it is up
 
 
+def test_a_conversation_reaches_both_kinds_of_caller_with_a_folder_each(tmp_path):
+    from services.browser.cli import config_from_args as browser_config
+
+    sc = load(tmp_path, "clients: {aiortc: 3, chromium: 1}\nlight_path: native\n"
+                        "conversation: {turns: 3, barge_in_share: 0.5}\n")
+    where = RegionClients("http://127.0.0.1:8080/v1/calls", "eu-west", LOGS)
+    by_type = {c.client_type: c for c in commands(sc, where)}
+    aiortc = config_from_args(build_parser().parse_args(list(by_type["aiortc"].argv)))
+    browser = browser_config(build_parser().parse_args(list(by_type["chromium"].argv)))
+    for config in (aiortc, browser):
+        assert (config.conversation.turns, config.conversation.barge_in_share) == (3, 0.5)
+    assert aiortc.audio_dir == str(LOGS / "audio-eu-west")
+    assert browser.audio_dir == str(LOGS / "audio-eu-west-chromium")
+
+
 def test_a_fault_runs_clock_reaches_the_client_as_its_first_calls_time(tmp_path):
     sc = load(tmp_path, "clients: {aiortc: 3}\n")
     where = RegionClients("http://127.0.0.1:8080/v1/calls", "eu-west", LOGS,

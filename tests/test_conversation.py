@@ -381,7 +381,44 @@ def test_the_runner_writes_every_field_of_a_turn():
 
     from scenarios.runner import TURN_FIELDS
     from services.client.conversation import Turn
-    assert TURN_FIELDS[3:] == tuple(f.name for f in fields(Turn))
+    assert TURN_FIELDS[:4] == ("architecture", "client_region", "session", "client_type")
+    assert TURN_FIELDS[4:] == tuple(f.name for f in fields(Turn))
+
+
+def test_the_runner_reads_the_turns_of_every_kind_of_caller(tmp_path):
+    import json
+
+    from scenarios.runner import turn_rows
+    logs = tmp_path / "logs" / "global-relay"
+    logs.mkdir(parents=True)
+    for suffix, index in (("", 0), ("-chromium", 8)):
+        turn = {"turn": 0, "barge_in": False, "speech_end_unix": 10.0, "audio": f"s{index}-t0.wav"}
+        (logs / f"sessions-au{suffix}.jsonl").write_text(json.dumps(
+            {"index": index, "turns": [turn, {**turn, "turn": 1, "audio": None}]}) + "\n")
+    rows = turn_rows("global-relay", ["au", "apac-se"], logs, tmp_path)
+    assert [(r["session"], r["client_type"], r["turn"], r["audio"]) for r in rows] == [
+        (0, "aiortc", 0, "logs/global-relay/audio-au/s0-t0.wav"), (0, "aiortc", 1, None),
+        (8, "chromium", 0, "logs/global-relay/audio-au-chromium/s8-t0.wav"),
+        (8, "chromium", 1, None)]
+
+
+def test_the_turns_of_each_kind_of_caller_are_set_side_by_side(tmp_path):
+    run = _conversation_run(tmp_path / "run", {"port-per-session": 900, "global-relay": 700})
+    assert analysis.caller_table(analysis.summary(run, "port-per-session")) is None  # one kind
+    turns = analysis.pd.read_csv(run / analysis.TURNS_FILE)
+    browser = turns.session == 2   # the third session of each region: a page 30 ms later
+    turns["client_type"] = np.where(browser, "chromium", "aiortc")
+    turns.loc[browser, "reply_heard_unix"] += 0.03
+    turns.to_csv(run / analysis.TURNS_FILE, index=False)
+    data = analysis.summary(run, "port-per-session")
+    kinds = data["callers"]["global-relay"]
+    assert kinds["aiortc"]["answered"] == 24 and kinds["chromium"]["answered"] == 12
+    assert kinds["chromium"]["playout_ms"]["p50"] == pytest.approx(110)
+    assert kinds["aiortc"]["playout_ms"]["p50"] == pytest.approx(80)
+    rows = analysis.caller_table(data).rows
+    assert [r[:2] for r in rows] == [["port-per-session", "aiortc"],
+                                     ["port-per-session", "chromium"],
+                                     ["global-relay", "aiortc"], ["global-relay", "chromium"]]
 
 
 def test_a_scenarios_conversation_block_is_checked(tmp_path):

@@ -52,6 +52,19 @@ def test_growth_does_not_trigger_a_full_collection_while_active(restore_gc):
     assert _oldest_collections() > during   # and CPython's rule is back
 
 
+def test_policies_that_overlap_restore_the_collector_whatever_order_they_stop(restore_gc):
+    """Two policies of one process (a test running several transceivers and clients at once):
+    the last to stop restores what the first found."""
+    found = gc.get_threshold()
+    first, second = SessionCollections(log), SessionCollections(log)
+    first.start()
+    second.start()
+    first.stop()
+    assert gc.get_threshold()[2] == 2 ** 31 - 1   # the second still holds it
+    second.stop()
+    assert gc.get_threshold() == found
+
+
 def test_every_freeze_every_sessions_what_is_live_is_frozen(restore_gc):
     policy = CollectionPolicy(freeze_every=4)
     with SessionCollections(log, policy) as collections:

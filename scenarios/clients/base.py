@@ -76,6 +76,15 @@ class ClientType:
         return (logs / f"sessions-{region}{self.results_suffix}.jsonl",
                 logs / f"samples-{region}{self.results_suffix}.jsonl")
 
+    def audio_dir(self, region: str) -> str:
+        """The folder (under the logs) a conversation's replies heard are kept in."""
+        return f"audio-{region}{self.results_suffix}"
+
+    def _conversation(self, scenario: "Scenario", where: RegionClients) -> list[str]:
+        """The conversation's options, if the scenario holds one."""
+        talk = scenario.conversation
+        return [] if talk is None else talk.client_args(where.logs / self.audio_dir(where.region))
+
     def _outputs(self, where: RegionClients) -> list[str]:
         sessions, samples = self.results_files(where.logs, where.region)
         return ["--results", str(sessions), "--samples", str(samples)]

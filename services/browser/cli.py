@@ -7,7 +7,8 @@ import json
 import logging
 
 from services.browser.config import DEFAULT_CHROMIUM, OFFER_CHOICES, OFFER_STYLES, BrowserConfig
-from services.client.cli import add_output_args, add_verify_arg, verifies_from_args
+from services.client.cli import (add_conversation_args, add_output_args, add_verify_arg,
+                                 conversation_from_args, verifies_from_args)
 from services.logs import log_event
 from voiceedge.errors import UserError
 
@@ -47,6 +48,8 @@ def add_parser(sub) -> None:
                    help="the fake microphone's tone (default 440; 0: silence, so no echo)")
     p.add_argument("--chromium", default=DEFAULT_CHROMIUM, metavar="PATH",
                    help=f"the Chromium executable (default {DEFAULT_CHROMIUM}: make browsers)")
+    add_conversation_args(p, "each page plays them through WebAudio and times what its "
+                             "audio output plays")
     add_verify_arg(p)
     add_output_args(p)
     p.set_defaults(func=run, service="browser")  # JSON logs: services/logs.py
@@ -63,7 +66,9 @@ def config_from_args(args: argparse.Namespace) -> BrowserConfig:
                              signaling_timeout_s=args.signaling_timeout,
                              media_timeout_s=args.media_timeout,
                              ice_from_signaling=args.ice_from_signaling, tone_hz=args.tone_hz,
-                             verifies=verifies_from_args(args))
+                             verifies=verifies_from_args(args),
+                             conversation=conversation_from_args(args),
+                             audio_dir=args.audio_dir)
     except ValueError as exc:  # name the flag, not the field
         text = str(exc)
         for name, flag in _FLAGS.items():

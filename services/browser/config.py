@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.client.config import ConversationConfig
 from services.client.verify import DEFAULT_VERIFIES, parse_verifies
 
 GATHERED, IMMEDIATE, ALTERNATE = "gathered", "immediate", "alternate"
@@ -33,6 +34,9 @@ class BrowserConfig:
     # measures ~0.2, the edge's silence 0.0 (docs/browser.md, "Echo").
     echo_min_rms: float = 0.02
     verifies: tuple[str, ...] = DEFAULT_VERIFIES  # what counts as verified (client/verify.py)
+    # sessions speak in turns to a reply agent instead of the tone (browser/talk.py)
+    conversation: ConversationConfig | None = None
+    audio_dir: str | None = None          # where a conversation's completed replies are kept
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -50,6 +54,8 @@ class BrowserConfig:
         if not 0 <= self.tone_hz <= 20_000:
             raise ValueError("tone_hz must be 0 (silence) to 20000")
         object.__setattr__(self, "verifies", parse_verifies(self.verifies))  # ValueError: unknown
+        if self.audio_dir is not None and self.conversation is None:
+            raise ValueError("audio_dir needs a conversation")
 
     def offer_style(self, i: int) -> str:
         """The offer style of the run's session ``i`` (0-based): alternate starts gathered."""

@@ -16,14 +16,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 from yarl import URL
 
 from services.browser.chromium import Chromium
 from services.browser.config import BrowserConfig
 from services.browser.page import PAGE_PATH
+from services.browser.talk import PageTalk
 from services.browser.view import BrowserExtras, failed, to_result
 from services.client.results import SessionResult
+from services.client.verify import verified
 
 log = logging.getLogger(__name__)
 PAGE_LOAD_TIMEOUT_S = 10.0
@@ -60,6 +63,7 @@ class PreparedSession:
         self.context = None
         self.page = None
         self.error: str | None = None   # the page could not be loaded
+        self.talk: PageTalk | None = None  # the conversation it holds (config.conversation)
 
     async def prepare(self) -> None:
         """Open the context and load the call page; a failure is kept as the session's."""
@@ -70,6 +74,10 @@ class PreparedSession:
             self.context = await self.browser.new_context()
             self.page = await self.context.new_page()
             await self.page.goto(url, timeout=PAGE_LOAD_TIMEOUT_S * 1000)
+            if self.config.conversation is not None:
+                self.talk = PageTalk(self.page, self.config.conversation, self.index,
+                                     self.config.duration_s)
+                await self.talk.prepare()
         except PlaywrightError as exc:
             self.error = f"cannot load the call page {url}: {_line(exc)}"
 
@@ -84,9 +92,7 @@ class PreparedSession:
                           verifies=self.config.verifies), BrowserExtras()
         budget = session_budget_s(self.config)
         try:
-            view = await asyncio.wait_for(
-                self.page.evaluate("options => window.runSession(options)",
-                                   self.config.page_options(self.i)), budget)
+            view = await asyncio.wait_for(self._call(), budget)
         except asyncio.TimeoutError:
             return failed(self.index, self.style, started, time.time(),
                           f"browser: the page gave no result within {budget:g} s",
@@ -95,7 +101,35 @@ class PreparedSession:
             log.debug("browser session %d failed", self.index, exc_info=True)
             return failed(self.index, self.style, started, time.time(),
                           f"browser: {_line(exc)}", "browser", self.config.verifies), BrowserExtras()
-        return to_result(view, self.index, self.config.echo_min_rms, self.config.verifies)
+        result, extras = to_result(view, self.index, self.config.echo_min_rms,
+                                   self.config.verifies)
+        if self.talk is not None:  # the audio check of a conversation: a reply was heard
+            audio_dir = self.config.audio_dir
+            result.turns = self.talk.conversation.turns(
+                None if audio_dir is None else Path(audio_dir), f"s{self.index}-")
+            result.echo_verified = any(t["reply_heard_unix"] is not None for t in result.turns)
+            result.verified = verified(self.config.verifies, result.echo_verified,
+                                       result.datachannel_echo)
+            if self.talk.error and result.ok:
+                result.ok, result.stage = False, "call"
+                result.error = f"conversation: {self.talk.error}"
+        return result, extras
+
+    async def _call(self) -> dict:
+        """The page's call; with a conversation, spoken beside it (talk.py)."""
+        options = self.config.page_options(self.i)
+        if self.talk is None:
+            return await self.page.evaluate("options => window.runSession(options)", options)
+        call = asyncio.ensure_future(self.page.evaluate(
+            "options => window.runTalkSession(options)", {**options, **self.talk.options()}))
+        talking = asyncio.ensure_future(self.talk.converse())
+        try:
+            await asyncio.wait({call, talking}, return_when=asyncio.FIRST_COMPLETED)
+            return await call   # hung up by the conversation, or ended by itself
+        finally:
+            for task in (call, talking):
+                task.cancel()
+            await asyncio.gather(call, talking, return_exceptions=True)
 
     async def close(self) -> None:
         """Close the context (its page, peer connection and renderer work); never raises."""

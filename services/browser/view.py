@@ -33,6 +33,13 @@ class BrowserExtras:
     echo_seconds: float | None = None      # received audio the echo RMS covers
     ice_policy: str | None = None          # "all" or "relay" (from /v1/ice-servers)
     marks: dict = field(default_factory=dict)   # the page's timeline, as it gave it
+    # a conversation's page: the audio output's latency (AudioContext.outputLatency), part of
+    # each reply's time heard
+    audio_output_latency_ms: float | None = None
+    # what Chrome's jitter buffer did to the audio it played (inbound-rtp: its mean delay,
+    # samples concealed, stretched and squeezed)
+    playout: dict | None = None
+    audio_underruns: dict | None = None   # AudioContext.playbackStats: events, ms
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,7 +122,9 @@ def to_result(view: dict, index: int, echo_min_rms: float,
         first_ice_rtt_responses=first_rtt.get("responses"),
         first_audio_stats_ms=_number(marks.get("first_audio_stats")),
         echo_seconds=_number(seconds) if seconds else None,
-        ice_policy=view.get("ice_policy"), marks=dict(marks))
+        ice_policy=view.get("ice_policy"), marks=dict(marks),
+        audio_output_latency_ms=_number(view.get("audio_output_latency_ms")),
+        playout=view.get("playout"), audio_underruns=view.get("audio_underruns"))
     return r, extras
 
 

@@ -81,22 +81,41 @@ def add_parser(sub) -> None:
     p.add_argument("--rx-log", metavar="FILE",
                    help="append each session's received RTP packets (SSRC, sequence number, "
                         "arrival time), one JSON line per session")
+    add_conversation_args(p, "full ones through aiortc, light ones on the native pump")
     conv = ConversationConfig()
-    p.add_argument("--conversation", type=int, metavar="TURNS",
-                   help="sessions speak TURNS lines in turns to a reply agent instead of "
-                        "sending the tone, and time what they hear: full ones through aiortc, "
-                        "light ones on the native pump (docs/conversation.md)")
-    p.add_argument("--barge-in-share", type=float, default=conv.barge_in_share, metavar="F",
-                   help="share of the lines after the first spoken into the reply "
-                        f"(default {conv.barge_in_share:g})")
     p.add_argument("--jitter-buffer", choices=JITTER_BUFFERS, default=conv.jitter_buffer,
                    help="a conversation's audio jitter buffer: playout (gives a lost packet up "
                         "after 4 frames) or aiortc's own (its delay grows at the first loss); "
                         f"default {conv.jitter_buffer}")
-    p.add_argument("--audio-dir", metavar="DIR",
-                   help="write the completed replies each conversation heard here (16 kHz WAV)")
     add_output_args(p)
     p.set_defaults(func=run, service="client")  # JSON logs: services/logs.py
+
+
+def add_conversation_args(p, how: str) -> None:
+    """--conversation, --barge-in-share and --audio-dir (docs/conversation.md)."""
+    conv = ConversationConfig()
+    p.add_argument("--conversation", type=int, metavar="TURNS",
+                   help="sessions speak TURNS lines in turns to a reply agent instead of "
+                        f"sending the tone, and time what they hear: {how} "
+                        "(docs/conversation.md)")
+    p.add_argument("--barge-in-share", type=float, default=conv.barge_in_share, metavar="F",
+                   help="share of the lines after the first spoken into the reply "
+                        f"(default {conv.barge_in_share:g})")
+    p.add_argument("--audio-dir", metavar="DIR",
+                   help="write the completed replies each conversation heard here (16 kHz WAV)")
+
+
+def conversation_from_args(args: argparse.Namespace, **more) -> ConversationConfig | None:
+    """The conversation the flags ask for, or None; UserError for bad ones."""
+    if args.conversation is None:
+        if args.audio_dir:
+            raise UserError("--audio-dir needs --conversation")
+        return None
+    try:
+        return ConversationConfig(turns=args.conversation, barge_in_share=args.barge_in_share,
+                                  **more)
+    except ValueError as exc:
+        raise UserError(f"--conversation: {exc}") from None
 
 
 def add_verify_arg(p) -> None:
@@ -140,20 +159,11 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
     if args.index_base < 0:
         raise UserError("--index-base must be at least 0")
     verifies = verifies_from_args(args)
-    conversation = None
-    if args.conversation is not None:
-        try:
-            conversation = ConversationConfig(turns=args.conversation,
-                                              barge_in_share=args.barge_in_share,
-                                              jitter_buffer=args.jitter_buffer)
-        except ValueError as exc:
-            raise UserError(f"--conversation: {exc}") from None
-        if (args.light_path == "python" and args.full_clients is not None
-                and args.full_clients < args.sessions):
-            raise UserError("--conversation: a light session speaks only on the native pump: "
-                            "--light-path native, or every session full (no --full-clients)")
-    elif args.audio_dir:
-        raise UserError("--audio-dir needs --conversation")
+    conversation = conversation_from_args(args, jitter_buffer=args.jitter_buffer)
+    if (conversation is not None and args.light_path == "python"
+            and args.full_clients is not None and args.full_clients < args.sessions):
+        raise UserError("--conversation: a light session speaks only on the native pump: "
+                        "--light-path native, or every session full (no --full-clients)")
     headers = {}
     for h in args.header:
         name, sep, value = h.partition(":")

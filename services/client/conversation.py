@@ -238,12 +238,14 @@ class Conversation:
     feeds it decoded frames (``ear.hear``) and agent events (``on_agent_event``); ``turns()``
     says what happened."""
 
-    def __init__(self, config: ConversationConfig, session: int, call_s: float) -> None:
+    def __init__(self, config: ConversationConfig, session: int, call_s: float,
+                 mouth=None) -> None:
         self.config = config
         self.session = session
         lines, silence = caller_lines()
         self.lines = lines
-        self.track = SpeakingTrack(silence)
+        # what speaks the lines: aiortc's track, or another with its ``speak`` (the browser's)
+        self.track = SpeakingTrack(silence) if mouth is None else mouth
         self.ear = Ear(call_s + 5.0)
         self.agent_events: list[dict] = []
         self._arrived: list[tuple[str, float]] = []   # each event's type, when it arrived
@@ -318,12 +320,13 @@ class Conversation:
                 return at
         return None
 
-    def on_agent_event(self, event: dict) -> None:
+    def on_agent_event(self, event: dict, at: float | None = None) -> None:
+        """An agent event arrived (at ``at``, wall clock; default now)."""
         kind = event.get("type")
         if kind in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
                     "response.done"):
             self.agent_events.append(event)
-            self._arrived.append((kind, time.time()))
+            self._arrived.append((kind, time.time() if at is None else at))
 
     def turns(self, audio_dir: Path | None = None, name: str = "") -> list[dict]:
         """Every turn with what was heard and what the agent said it did; with ``audio_dir``,

@@ -105,6 +105,7 @@ class CallSession {
       rtt_ms: null, jitter_ms: null, packets_received: 0, packets_lost: 0,
       echo: null,                // {energy, seconds} after first audio + echoSkipMs
       last_rx_unix: null, call_ms: null,
+      playout: null,             // what NetEq did (finalStats)
       datachannel_verified: false, // the event came back inside the agent.echo envelope
       datachannel_echo: null,    // how it came back: "envelope", "raw" (as sent), or null
       events: [], samples: [],
@@ -164,14 +165,7 @@ class CallSession {
       const ice = this.opts.iceFromSignaling ? await this.iceServers()
         : {iceServers: [], iceTransportPolicy: "all"};
       v.ice_policy = ice.iceTransportPolicy || "all";
-      // Echo cancellation, noise suppression and gain control would treat the steady tone
-      // as noise or echo and change its level: off, as the aiortc client sends the tone as is.
-      // A person with speakers talking to the echo agent needs them on (else it feeds back).
-      const processing = Boolean(this.opts.humanAudio);
-      this.stream = await navigator.mediaDevices.getUserMedia({
-        audio: {echoCancellation: processing, noiseSuppression: processing,
-                autoGainControl: processing},
-        video: false});
+      this.stream = await this.microphone();
       if (this.hungUp) throw new SessionError(HUNG_UP);  // while the microphone was asked for
       this.t0 = performance.now();  // the session's clock: just before the peer connection
       v.started_unix = (performance.timeOrigin + this.t0) / 1000;
@@ -207,6 +201,25 @@ class CallSession {
     }
   }
 
+  // The audio the call sends. Echo cancellation, noise suppression and gain control would
+  // treat the steady tone as noise or echo and change its level: off, as the aiortc client
+  // sends the tone as is. A person with speakers talking to the echo agent needs them on
+  // (else it feeds back). A subclass may send other audio (talk.js).
+  async microphone() {
+    const processing = Boolean(this.opts.humanAudio);
+    return navigator.mediaDevices.getUserMedia({
+      audio: {echoCancellation: processing, noiseSuppression: processing,
+              autoGainControl: processing},
+      video: false});
+  }
+
+  peerConfiguration(ice) {
+    return {iceServers: ice.iceServers, iceTransportPolicy: ice.iceTransportPolicy || "all",
+            bundlePolicy: "max-bundle"};
+  }
+
+  onSender(sender) {}  // each track's sender as it is added (talk.js watches what it sends)
+
   async iceServers() {
     // credentials "omit": Chrome keeps such requests in a socket group of their own, so the
     // offer's POST does not reuse this connection (it opens its own, as without TURN).
@@ -229,9 +242,7 @@ class CallSession {
 
   async connect(ice) {
     const v = this.view;
-    const pc = this.pc = new RTCPeerConnection({
-      iceServers: ice.iceServers, iceTransportPolicy: ice.iceTransportPolicy || "all",
-      bundlePolicy: "max-bundle"});
+    const pc = this.pc = new RTCPeerConnection(this.peerConfiguration(ice));
     pc.addEventListener("icegatheringstatechange", () => {
       if (pc.iceGatheringState === "complete") this.gatheredAt = performance.now();
     });
@@ -252,7 +263,7 @@ class CallSession {
       }
     });
     pc.addEventListener("track", (ev) => this.onTrack(ev));
-    for (const track of this.stream.getAudioTracks()) pc.addTrack(track, this.stream);
+    for (const track of this.stream.getAudioTracks()) this.onSender(pc.addTrack(track, this.stream));
     const channel = pc.createDataChannel(DATA_CHANNEL);
     channel.addEventListener("open", () => this.onChannelOpen(channel));
     channel.addEventListener("message", (ev) => this.onChannelMessage(ev.data));
@@ -472,6 +483,16 @@ class CallSession {
       v.packets_lost = Math.max(0, inbound.packetsLost || 0);
       v.jitter_ms = inbound.jitter == null ? null : round3(inbound.jitter * 1000);
       if (inbound.lastPacketReceivedTimestamp) v.last_rx_unix = inbound.lastPacketReceivedTimestamp / 1000;
+      // what Chrome's jitter buffer (NetEq) did to the audio it played
+      v.playout = {
+        jitter_buffer_delay_ms: inbound.jitterBufferEmittedCount
+          ? round3(inbound.jitterBufferDelay / inbound.jitterBufferEmittedCount * 1000) : null,
+        concealed_samples: inbound.concealedSamples || 0,
+        silent_concealed_samples: inbound.silentConcealedSamples || 0,
+        inserted_for_deceleration: inbound.insertedSamplesForDeceleration || 0,
+        removed_for_acceleration: inbound.removedSamplesForAcceleration || 0,
+        total_samples_received: inbound.totalSamplesReceived || 0,
+      };
       if (this.baseline) {
         v.echo = {energy: (inbound.totalAudioEnergy || 0) - this.baseline.energy,
                   seconds: (inbound.totalSamplesDuration || 0) - this.baseline.seconds,
