@@ -102,8 +102,11 @@ class TalkSession extends CallSession {
     this.judge = null;        // the decoder that judges the frames sent voiced
     this.judgeCount = 0;
     this.judging = new Map(); // frame number -> [line, when sent], until the decoder has judged it
-    this.line = null;         // {k, from (wall time of its first sample), to}
+    // the line playing: {k, from and to (wall times of its first and last sample), frames
+    // sent since, voicedEnd (when the last of them judged voiced was sent)}
+    this.line = null;
     this.ctx = null;
+    this.mouth = null;        // the microphone: a MediaStreamAudioDestinationNode
     this.flusher = null;
   }
 
