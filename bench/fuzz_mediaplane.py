@@ -25,7 +25,8 @@ to 80 copies or series of up to 16 packets), ``put_batch`` records (well-formed 
 ``tick`` (every session, or one send group's), ``take_batch``, ``add`` (good and bad
 parameters, sessions with a socket of their own: a client's with a script, keeping what it hears
 or not, a port-per-session server's without, either through a TURN channel or not), ``remove``,
-``set_pcm``, ``stats``, ``take_arrivals``, ``take_heard`` and ``decode`` (what was heard, whole
+``set_pcm``, ``move`` (to another client address, bare or through a relay; refused onto
+another session's address), ``stats``, ``take_arrivals``, ``take_heard`` and ``decode`` (what was heard, whole
 and cut short). The harness's sockets are
 on 127.90.0.0/24 (loopback only; every address the plane can send to is one of them).
 
@@ -229,6 +230,7 @@ class World:
         self.has_set_pcm = hasattr(module.Plane, "set_pcm")
         self.has_rtcp = hasattr(module.Plane, "report")
         self.has_keep = hasattr(module.Plane, "take_heard")
+        self.has_move = hasattr(module.Plane, "move")
         self.tally = Tally()
 
     def ready(self) -> list[socket.socket]:
@@ -546,7 +548,10 @@ class Case:
         check(self.plane.sessions == len(self.live), "sessions after remove")
 
     def op_set_pcm(self) -> None:
-        channel, pcm = self.pick_channel(), bool(self.r.byte() & 1)
+        channel, b = self.pick_channel(), self.r.byte()
+        if b & 2 and self.world.has_move:   # the op's byte says: move the session instead
+            return self.move(channel, b)
+        pcm = bool(b & 1)
         if not self.world.has_set_pcm:
             return
         s = self.live.get(channel)
@@ -556,6 +561,33 @@ class Case:
             s.coded = CODED_SILENCE
             s.inq.clear()
             s.outq.clear()
+        self.delta()
+
+    def move(self, channel: int, b: int) -> None:
+        """plane.move to one of the clients' addresses, bare or through a relay: refused for a
+        shared session onto another's address, and for a session on its own socket through a
+        relay or a TURN channel."""
+        w = self.world
+        client = w.client_addrs[(b >> 2) % len(w.client_addrs)]
+        relay = w.relay_addrs[b >> 7] if b & 0x40 else None
+        s = self.live.get(channel)
+        refused = False
+        if s is not None and s.own is not None:
+            refused = relay is not None or bool(s.turn)
+        elif s is not None:
+            other = self.shared_by_key(key_of(client))
+            refused = other is not None and other is not s
+        try:
+            moved = self.plane.move(channel, client, relay)
+        except ValueError:
+            check(refused, "move refused", channel, client, relay)
+            self.delta()
+            return
+        check(not refused and moved is (s is not None), "move", channel, moved, refused)
+        if s is not None:
+            s.client, s.key, s.relayed = client, key_of(client), relay is not None
+            s.relay = s.home_relay = relay if relay is not None else ("0.0.0.0", 0)
+            self.tally.add("moves")
         self.delta()
 
     def op_stats(self) -> None:
@@ -1095,6 +1127,10 @@ def seeds() -> list[bytes]:
         Seed(0b1010).datagram(1, 2, rtp(1, 0, 3, SILENCE)).datagram(1, 2, rtp(2, 960, 3, opus))
         .put((2, bytes(PCM_BYTES))).op("tick", 121).op("tick", 125).op("take")
         .op("set_pcm", 2, 0),
+        # a session moved to another client address (a NAT rebinding), then through a relay
+        Seed(0b0110).datagram(1, 0, rtp(1, 0, 7, b"here")).op("set_pcm", 0, 0b1110)
+        .datagram(1, 0, rtp(2, 960, 7, b"moved")).op("tick", 121).op("set_pcm", 0, 0b1010110)
+        .datagram(1, 0, rtp(3, 1920, 7, b"relayed")).op("tick", 121).op("take"),
         # a series of 14 packets (more than the 8 kept for the agent), 7 replies (more than 5)
         Seed(0b0110).datagram(0x41, 0, rtp(1, 0, 5, b"series"), 12).op("take")
         .put(*[(0, b"r%d" % i) for i in range(7)]).op("tick", 125).op("tick", 125),

@@ -169,6 +169,46 @@ def test_relayed_sessions_answer_through_the_relay_that_last_delivered(server):
     relay.close()
 
 
+def test_a_moved_session_takes_and_sends_at_its_new_address_only(server):
+    """A client that moved (ICE nominated its pair from a new address): the same SRTP
+    contexts and stream, another address; through a relay, then directly."""
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    plane, peer = Plane(server.fileno(), 8), Peer(profile, key_len)
+    other = Peer(profile, key_len)
+    channel = add(plane, peer, profile)
+    assert plane.process(peer.tx.protect(rtp(1, 0, 5, b"one")), peer.address) is None
+    moved = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)   # the client's new address
+    moved.bind(("127.0.0.1", 0))
+    moved.settimeout(2)
+    assert plane.move(channel, moved.getsockname(), None)
+    before = peer.tx.protect(rtp(2, 960, 5, b"two"))
+    assert plane.process(before, peer.address) == before        # the old address: Python's
+    assert plane.process(peer.tx.protect(rtp(3, 1920, 5, b"three")), moved.getsockname()) is None
+    assert records(plane.take_batch()) == [(channel, b"one"), (channel, b"three")]
+    assert plane.tick() == 1
+    assert peer.rx.unprotect(moved.recv(2048))[-len(SILENCE):] == SILENCE  # the same stream
+    # the new address is the session's alone; an address of another session is refused
+    second = add(plane, other, profile)
+    with pytest.raises(ValueError, match="has a session"):
+        plane.move(channel, other.address, None)
+    relay = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    relay.bind(("127.0.0.1", 0))
+    relay.settimeout(2)
+    assert plane.move(channel, peer.address, relay.getsockname())
+    header = hop.encode(peer.address, hop.TO_SERVER)
+    assert plane.process(header + peer.tx.protect(rtp(4, 2880, 5, b"four")),
+                         relay.getsockname()) is None
+    plane.tick()
+    decoded, _ = hop.decode(relay.recv(2048))
+    assert decoded.client == peer.address
+    assert not plane.move(0xFFFF, peer.address, None) and plane.stats(second) is not None
+    with pytest.raises(ValueError):
+        plane.move(channel, ("not an address", 1), None)
+    assert plane.stats(channel)["packets_received"] == 3
+    for sock in (moved, relay):
+        sock.close()
+
+
 def test_a_removed_session_matches_nothing_and_its_channel_is_not_reused(server):
     profile, key_len = PROFILES["AES128_CM_SHA1_80"]
     plane, peer = Plane(server.fileno(), 2), Peer(profile, key_len)

@@ -1141,6 +1141,45 @@ static PyObject *Plane_set_pcm(Plane *p, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
+/* A session's client moved (ICE nominated a pair to a new address: a NAT rebinding, a
+ * handover): its datagrams are taken from, and sent to, the new address (through ``relay``
+ * for a relayed one); the keys, the streams and their counters stay. */
+static PyObject *Plane_move(Plane *p, PyObject *args) {
+    PyObject *arg, *client, *relay;
+    uint32_t channel;
+    if (!PyArg_ParseTuple(args, "OOO", &arg, &client, &relay) || channel_arg(arg, &channel) < 0)
+        return NULL;
+    struct sockaddr_in caddr, raddr;
+    memset(&raddr, 0, sizeof raddr);
+    if (parse_v4(client, &caddr) < 0) return NULL;
+    if (relay != Py_None && parse_v4(relay, &raddr) < 0) return NULL;
+    Session *s = by_channel(p, channel);
+    if (!s) Py_RETURN_FALSE;
+    if (s->fd >= 0 && (relay != Py_None || s->turn_channel)) {
+        PyErr_SetString(PyExc_ValueError, s->turn_channel
+                        ? "a session through a TURN channel moves with its TURN server"
+                        : "a session with its own socket is not relayed");
+        return NULL;
+    }
+    uint64_t key = key_of_sockaddr(&caddr);
+    if (s->fd < 0 && key != s->key) {
+        if (find(p, key)) {
+            PyErr_SetString(PyExc_ValueError, "that client address has a session");
+            return NULL;
+        }
+        table_remove(p, s->key);   /* (a rebuild it triggers leaves this session out) */
+        s->key = key;
+        table_insert(p, (unsigned)(s - p->sessions));
+    }
+    s->key = key;
+    s->client = caddr;
+    s->relayed = relay != Py_None;
+    s->relay = raddr;
+    memcpy(s->hop + 2, &caddr.sin_port, 2);
+    memcpy(s->hop + 4, &caddr.sin_addr, 4);
+    Py_RETURN_TRUE;
+}
+
 /* (channel, bye=False) arguments: the session, or NULL with *bad set on an argument error. */
 static Session *channel_and_bye(Plane *p, PyObject *args, int *bye, int *bad) {
     PyObject *arg;
@@ -1521,6 +1560,9 @@ static PyMethodDef Plane_methods[] = {
      "report(channel, bye=False) -> whether a report went out now (an rtcp session)"},
     {"set_pcm", (PyCFunction)Plane_set_pcm, METH_VARARGS,
      "set_pcm(channel, pcm) -> whether the session is there: pcm16 (True) or Opus frames"},
+    {"move", (PyCFunction)Plane_move, METH_VARARGS,
+     "move(channel, client, relay) -> whether the session is there: its client is now at "
+     "client (through relay, or None)"},
     {"read", (PyCFunction)Plane_read, METH_VARARGS,
      "read(max_batches=4) -> [(datagram, (host, port))] that are Python's"},
     {"read_session", (PyCFunction)Plane_read_session, METH_VARARGS,

@@ -341,6 +341,9 @@ class EdgeConnection(aioice.Connection):
         super().__init__(*args, **kwargs)
         self.plan = plan
         self.media_sink = None  # set once DTLS is up: SRTP goes there, not to the queue
+        # called with (old, new) pair when the client nominates another one on a connected
+        # session (a NAT rebinding, a handover): whoever sends the session's media moves too
+        self.on_moved = None
 
     def data_received(self, data: bytes, component: int) -> None:
         """Every non-STUN datagram of the session (both modes). SRTP goes to ``media_sink``
@@ -372,6 +375,15 @@ class EdgeConnection(aioice.Connection):
                     pair.nominated = True
                     self.check_complete(pair)
                 return
+
+    def check_complete(self, pair) -> None:
+        """aioice's; the connection follows a pair the client nominates after the first (its
+        selected pair then changes: RFC 8445 8.1.1) and says so through ``on_moved``."""
+        before = self._nominated.get(pair.component)
+        super().check_complete(pair)
+        if (before is not None and self._nominated.get(pair.component) is pair
+                and pair is not before and self.on_moved is not None):
+            self.on_moved(before, pair)
 
     async def gather_candidates(self) -> None:
         """aioice's, without enumerating the host's addresses (neither mode uses them: the

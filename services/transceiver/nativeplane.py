@@ -115,6 +115,20 @@ class NativeMedia:
         self._attached[channel] = Attached(channel, gaps, socket)
         return channel
 
+    def move(self, channel: int, pair) -> bool:
+        """The session's client moved to ``pair``'s address (a pair it nominated after the
+        first): the plane sends there and takes its datagrams from there. A session through a
+        TURN channel stays (its server's address did not change); False then."""
+        attached = self._attached.get(channel)
+        if attached is None:
+            return False
+        socket = attached.socket
+        if socket is not None and socket.turn_channel:
+            return False
+        client = tuple(pair.remote_addr)
+        relay = self._mux.relay_of(client) if self._mux is not None else None
+        return self.plane.move(channel, client, relay)
+
     def set_pcm(self, channel: int, pcm: bool) -> None:
         self.plane.set_pcm(channel, pcm)
 

@@ -174,11 +174,27 @@ class Session:
             if self._native is not None:
                 self.channel = self._native.attach(self._pc, self._idle,
                                                    selected_pair(self._pc), self.rx)
+            self._follow_moves()
             self._connected.set()
             log_event(log, "session_connected", session=self.id,
                       setup_s=round(self.stats.connected_at - self.stats.created, 4))
         elif state in ("failed", "closed") and not self._closing:
             self._spawn(self.close(f"connection {state}"))
+
+    def _follow_moves(self) -> None:
+        """When the client nominates a pair to a new address (a NAT rebinding, a handover:
+        docs/mobility.md), aioice sends there; the native plane is told too."""
+        for transceiver in self._pc.getTransceivers()[:1]:
+            connection = transceiver.receiver.transport.transport._connection
+            if hasattr(connection, "on_moved"):   # an EdgeConnection
+                connection.on_moved = self._on_moved
+
+    def _on_moved(self, before, pair) -> None:
+        moved = None
+        if self._native is not None and self.channel is not None:
+            moved = self._native.move(self.channel, pair)
+        log_event(log, "session_moved", session=self.id, previous=_hostport(before.remote_addr),
+                  client=_hostport(pair.remote_addr), plane=moved)
 
     def _on_track(self, track) -> None:
         if track.kind != "audio":
@@ -283,3 +299,7 @@ class Session:
             self.stats.events_to_client += 1
         elif len(self._to_client) < 100:
             self._to_client.append(text)
+
+
+def _hostport(addr) -> str:
+    return f"{addr[0]}:{addr[1]}"
