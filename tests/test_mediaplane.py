@@ -413,7 +413,8 @@ def test_a_keeping_client_session_logs_what_it_hears_and_decodes_it_in_the_order
     for i, payload in enumerate(frames + [b"\x03\x00"]):   # the last: a code-3 packet of 0 frames
         peer.sock.sendto(peer.tx.protect(rtp(500 + i, 960 * i, 0xAB, payload)),
                          client.getsockname())
-    time.sleep(0.05)
+    sent, sent_mono = time.time(), time.monotonic()
+    time.sleep(0.05)   # a busy event loop: read 50 ms after they arrived
     assert plane.read_session(channel) == []
     blob, heard, pos = plane.take_heard(channel), [], 0
     while pos < len(blob):
@@ -422,10 +423,14 @@ def test_a_keeping_client_session_logs_what_it_hears_and_decodes_it_in_the_order
         pos += 16 + size
     assert [(seq, ts, p) for _, seq, ts, p in heard] == [
         (500 + i, 960 * i, p) for i, p in enumerate(frames + [b"\x03\x00"])]
-    assert all(before <= at <= time.time() for at, *_ in heard)
+    # stamped when the kernel had them (SO_TIMESTAMPNS), not when they were read
+    assert all(before <= at <= sent + 0.01 for at, *_ in heard), (before, sent, heard)
     assert plane.take_heard(channel) == b""
     # the plane hands nothing to an agent and logs the arrivals as any client session
-    assert plane.take_batch() is None and len(plane.take_arrivals(channel)) == 4 * 16
+    arrivals = plane.take_arrivals(channel)
+    assert plane.take_batch() is None and len(arrivals) == 4 * 16
+    assert all(struct.unpack_from("=d", arrivals, i)[0] <= sent_mono + 0.01
+               for i in range(0, len(arrivals), 16))
     order = [frames[1], frames[0], frames[2], b"\x03\x00"]
     pcm = plane.decode(channel, b"".join(struct.pack("=H", len(p)) + p for p in order))
     assert len(pcm) == 4 * 1920

@@ -205,6 +205,9 @@ typedef struct {
     struct mmsghdr rmsgs[BATCH];
     struct iovec riov[BATCH];
     struct sockaddr_in rnames[BATCH];
+    union { char buf[CMSG_SPACE(sizeof(struct timespec))]; struct cmsghdr align; } rctl[BATCH];
+    double rx_wall;                     /* the datagram being handled arrived then (wall clock):
+                                           the kernel's receive time where the socket gave it */
     uint8_t *rbuf;
     /* send batch */
     struct mmsghdr smsgs[BATCH];
@@ -243,6 +246,26 @@ static inline double wall_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* When the kernel received a datagram (SO_TIMESTAMPNS, set on every socket the plane reads),
+ * or ``otherwise``: a read later than the arrival (a busy event loop) does not move it. */
+static double kernel_time(struct msghdr *m, double otherwise) {
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS &&
+            c->cmsg_len >= CMSG_LEN(sizeof(struct timespec))) {
+            struct timespec ts;
+            memcpy(&ts, CMSG_DATA(c), sizeof ts);
+            double at = (double)ts.tv_sec + ts.tv_nsec / 1e9;
+            return at > 0 && at <= otherwise ? at : otherwise;
+        }
+    }
+    return otherwise;
+}
+
+static void stamp_arrivals(int fd) {
+    int on = 1;
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof on);  /* best effort */
 }
 
 static Session *find(Plane *p, uint64_t key) {
@@ -350,7 +373,7 @@ static int64_t next_report_ns(Plane *p, int64_t now) {
 
 /* ------------------------------------------------------------------ receive */
 
-static void stats_add(Session *s, uint16_t seq, uint32_t ts, uint32_t ssrc) {
+static void stats_add(Session *s, uint16_t seq, uint32_t ts, uint32_t ssrc, double at) {
     if (s->have_ssrc && ssrc != s->rx_ssrc) {   /* a new stream: its statistics start over */
         s->have_ssrc = 0;
         s->packets_received = 0;
@@ -368,9 +391,7 @@ static void stats_add(Session *s, uint16_t seq, uint32_t ts, uint32_t ssrc) {
         s->base_seq = seq;
     }
     if (in_order) {
-        struct timespec now;
-        clock_gettime(CLOCK_REALTIME, &now);
-        int64_t arrival = (int64_t)now.tv_sec * 48000 + (int64_t)now.tv_nsec * 48 / 1000000;
+        int64_t arrival = (int64_t)(at * 48000.0);   /* in the clock rate's units */
         if (!first && seq < s->max_seq) s->cycles += 1u << 16;
         s->max_seq = seq;
         if (!first && ts != s->last_ts && s->packets_received > 1) {
@@ -383,9 +404,9 @@ static void stats_add(Session *s, uint16_t seq, uint32_t ts, uint32_t ssrc) {
     }
 }
 
-static void note_arrival(Session *s) {
+static void note_arrival(Session *s, double at) {
     int64_t now = mono_ns();
-    s->last_wall = wall_s();
+    s->last_wall = at;
     if (!s->first_wall) s->first_wall = s->last_wall;
     if (s->last_ns && now - s->last_ns >= GAP_NS) {
         if (s->ngaps < GAPS) {
@@ -561,12 +582,13 @@ static int handle(Plane *p, uint8_t *data, int len, const struct sockaddr_in *sr
     uint32_t ts = (uint32_t)pkt[4] << 24 | pkt[5] << 16 | pkt[6] << 8 | pkt[7];
     uint32_t ssrc = (uint32_t)pkt[8] << 24 | pkt[9] << 16 | pkt[10] << 8 | pkt[11];
     if (s->have_ssrc && ssrc != s->rx_ssrc) p->counters[C_SSRC_CHANGES]++;
-    stats_add(s, seq, ts, ssrc);
-    note_arrival(s);
+    stats_add(s, seq, ts, ssrc, p->rx_wall);
+    note_arrival(s, p->rx_wall);
     if (s->arrivals) {
         if (s->narrivals < ARRIVALS) {
             Arrival *a = &s->arrivals[s->narrivals++];
-            a->at = mono_ns() / 1e9;
+            double waited = wall_s() - p->rx_wall;   /* since the kernel had it */
+            a->at = mono_ns() / 1e9 - (waited > 0 ? waited : 0);
             a->ssrc = ssrc;
             a->seq = seq;
             a->size = (uint16_t)(end - off);
@@ -890,6 +912,7 @@ static int Plane_init(Plane *p, PyObject *args, PyObject *kw) {
         srtp_ready = 1;
     }
     p->fd = fd;
+    stamp_arrivals(fd);
     p->capacity = capacity;
     p->own_gcm = !strcmp(srtp, "openssl");
     p->opus_application = application;
@@ -1041,6 +1064,7 @@ static PyObject *Plane_add(Plane *p, PyObject *args, PyObject *kw) {
         s->coded_silence = CODED_SILENCE;  /* nothing played yet: no sound to end */
     }
     s->fd = fd;
+    stamp_arrivals(fd);
     s->turn_channel = (uint16_t)turn_channel;
     if (fd >= 0 && script.buf) {
         /* a client session's script: records [u32 ignored][u16 length][payload], as take_batch packs them */
@@ -1227,13 +1251,17 @@ static PyObject *read_socket(Plane *p, int fd, Session *own, int max_batches) {
         for (int i = 0; i < BATCH; i++) {
             p->rmsgs[i].msg_hdr.msg_name = &p->rnames[i];
             p->rmsgs[i].msg_hdr.msg_namelen = sizeof p->rnames[i];
+            p->rmsgs[i].msg_hdr.msg_control = &p->rctl[i];
+            p->rmsgs[i].msg_hdr.msg_controllen = sizeof p->rctl[i];
             p->rmsgs[i].msg_hdr.msg_flags = 0;
         }
         int n = recvmmsg(fd, p->rmsgs, BATCH, MSG_DONTWAIT, NULL);
         if (n <= 0) break;      /* EAGAIN, or an error Python's own read will see */
+        double now = wall_s();
         for (int i = 0; i < n; i++) {
             uint8_t *data = p->rbuf + (size_t)i * SLOT_BYTES;
             int len = (int)p->rmsgs[i].msg_len;
+            p->rx_wall = kernel_time(&p->rmsgs[i].msg_hdr, now);
             p->counters[C_DATAGRAMS]++;
             if (p->rnames[i].sin_family != AF_INET) {   /* the socket is IPv4 */
                 p->counters[C_NOT_IPV4]++;
@@ -1356,6 +1384,7 @@ static PyObject *Plane_process(Plane *p, PyObject *args) {
     if (parse_v4(addr, &src) < 0) { PyBuffer_Release(&data); return NULL; }
     PyObject *result;
     p->counters[C_DATAGRAMS]++;
+    p->rx_wall = wall_s();
     if (data.len > SLOT_BYTES) {
         p->counters[C_RECV_TRUNCATED]++;
         PyBuffer_Release(&data);
