@@ -23,19 +23,20 @@ from tests.conftest import lab_fixture
 from topology.netns import in_namespace
 
 lab = lab_fixture("vebtalk")
-CALLS = 2
+CALLS, TURNS = 2, 2
+BARGES = 1   # barge_in_share 0.5 over two lines: the second call's second line
 
 
 @pytest.fixture(scope="module")
 def talks(lab, chromium, tmp_path_factory):
-    """Two Chromium calls and two aiortc calls at once, three lines each, the later ones into
-    the reply (barge_in_share 0.5: one a call). By caller: (results, where replies were
-    kept), and the browser run's extras."""
+    """Two Chromium calls and two aiortc calls at once, two lines each; the second line of
+    the second call of each kind cuts into the reply (barge_in_share 0.5 spreads barge-ins by
+    session). By caller: (results, where replies were kept), and the browser run's extras."""
     plan = dataclasses.replace(demo_plan("shared", lab.name, *lab.addresses),
                                agent_args=ConversationSpec().agent_args())
     work = tmp_path_factory.mktemp("btalk")
     audio = {kind: work / f"audio-{kind}" for kind in ("chromium", "aiortc")}
-    talk = ConversationConfig(turns=3, barge_in_share=0.5)
+    talk = ConversationConfig(turns=TURNS, barge_in_share=0.5)
     with Edge(plan, work) as edge:
         url = signaling_url(edge)
 
@@ -69,7 +70,7 @@ def test_every_line_is_answered_and_the_split_adds_up(talks):
     results, _ = talks["chromium"]
     assert all(r.ok and "audio" in r.verified for r in results), [r.error for r in results]
     turns = _turns(results)
-    assert len(turns) == 3 * CALLS
+    assert len(turns) == TURNS * CALLS
     answered = turns[turns.gap_ms.notna()]
     assert len(answered) == len(turns) and answered.split_error_ms.abs().max() < 5
     assert answered.agent_ms.between(270, 330).all(), answered.agent_ms.tolist()
@@ -89,14 +90,14 @@ def test_the_page_ends_a_line_where_the_agent_does(talks):
     or two 20 ms frames late: uplink -19 and -38 ms)."""
     browser, aiortc = (_turns(talks[kind][0]) for kind in ("chromium", "aiortc"))
     uplink = browser.uplink_ms.dropna()
-    assert len(uplink) == 3 * CALLS and (uplink > -2).all() and (uplink < 20).all(), uplink
+    assert len(uplink) == TURNS * CALLS and (uplink > -2).all() and (uplink < 20).all(), uplink
     assert abs(uplink.median() - aiortc.uplink_ms.median()) < 10
 
 
 def test_a_barge_in_from_the_page_cancels_the_reply_and_the_page_hears_it_stop(talks):
     turns = _turns(talks["chromium"][0])
     barges = turns[turns.barge_in]
-    assert len(barges) == CALLS and barges.barge_reaction_ms.notna().all()
+    assert len(barges) == BARGES and barges.barge_reaction_ms.notna().all()
     assert barges.barge_detect_ms.between(0, 120).all(), barges.barge_detect_ms.tolist()
     assert barges.barge_reaction_ms.between(40, 400).all(), barges.barge_reaction_ms.tolist()
     cut = turns.set_index(["session", "turn"])

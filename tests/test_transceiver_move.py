@@ -81,8 +81,9 @@ class Ear:
         return self.frames - start
 
 
-@pytest.mark.parametrize("mode", [ice.SHARED, ice.PORT_PER_SESSION])
-@pytest.mark.parametrize("media_path", ["python", "native"])
+# aioice moves the Python path's media in either mode (its selected pair): one case of it
+@pytest.mark.parametrize("mode, media_path", [(ice.SHARED, "python"), (ice.SHARED, "native"),
+                                              (ice.PORT_PER_SESSION, "native")])
 def test_media_follows_a_pair_the_client_nominates_from_a_new_address(mode, media_path):
     async def call():
         config = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host="127.0.0.1",
@@ -103,13 +104,13 @@ def test_media_follows_a_pair_the_client_nominates_from_a_new_address(mode, medi
             await asyncio.wait_for(connected.wait(), 10)
             [session] = server.sessions.values()
             dtls = session._pc.getTransceivers()[0].sender.transport
-            heard = {"connected": await ear.count(1.0)}
+            heard = {"connected": await ear.count(0.5)}
             old, new = await rebind(pc)
-            await asyncio.sleep(0.3)
-            heard["rebound"] = await ear.count(1.0)
+            await asyncio.sleep(0.2)
+            heard["rebound"] = await ear.count(0.5)
             await nominate(pc)
             await asyncio.sleep(0.2)
-            heard["nominated"] = await ear.count(1.0)
+            heard["nominated"] = await ear.count(0.5)
             out = (heard, old, new, selected_remote_address(session._pc),
                    list(server.sessions.values()) == [session],
                    session._pc.getTransceivers()[0].sender.transport is dtls, dtls.state)
@@ -118,9 +119,9 @@ def test_media_follows_a_pair_the_client_nominates_from_a_new_address(mode, medi
 
     heard, old, new, selected, same_session, same_dtls, dtls_state = asyncio.run(call())
     assert old != new and selected == new, (old, new, selected)
-    # 50 frames a second while connected, none where the NAT forgot the mapping, flowing
-    # again once the new pair is nominated (at least half of them: the check tier runs
-    # beside other tests on two cores)
-    assert heard["connected"] >= 25 and heard["rebound"] <= 3, heard
-    assert heard["nominated"] >= 25, heard
+    # 25 frames in each half second while connected, none where the NAT forgot the mapping,
+    # flowing again once the new pair is nominated (at least half of them: the check tier
+    # runs beside other tests on two cores)
+    assert heard["connected"] >= 12 and heard["rebound"] <= 2, heard
+    assert heard["nominated"] >= 12, heard
     assert same_session and same_dtls and dtls_state == "connected"

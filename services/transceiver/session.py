@@ -192,7 +192,10 @@ class Session:
     def _on_moved(self, before, pair) -> None:
         moved = None
         if self._native is not None and self.channel is not None:
-            moved = self._native.move(self.channel, pair)
+            try:
+                moved = self._native.move(self.channel, pair)
+            except ValueError as exc:   # another session's address: the plane keeps the old
+                moved = f"refused: {exc}"
         log_event(log, "session_moved", session=self.id, previous=_hostport(before.remote_addr),
                   client=_hostport(pair.remote_addr), plane=moved)
 
