@@ -189,6 +189,14 @@ def caller_summary(turns: pd.DataFrame) -> dict:
         values = (barges if name.startswith("barge") else answered)[name].dropna()
         p = _p(values, 50)
         out[name] = {"p50": None if p is None else round(p, 3), "n": int(len(values))}
+    # replies the caller's jitter buffer concealed or stretched while they were heard (only a
+    # Chromium caller measures it: NetEq's counters)
+    concealed, stretched = (pd.to_numeric(turns.get(c, pd.Series(dtype=float)), errors="coerce")
+                            for c in ("playout_concealed_ms", "playout_stretched_ms"))
+    measured = concealed.notna() & stretched.notna()
+    out["playout_altered"] = {"replies": int(measured.sum()),
+                              "altered": int((measured & ((concealed > 0) | (stretched > 0)))
+                                             .sum())}
     return out
 
 
@@ -290,17 +298,24 @@ def caller_table(data: dict | None):
         return None
     table = Table(["architecture", "caller", "turns answered", "turn gap p50 (ms)",
                    "uplink p50 (ms)", "agent p50 (ms)", "downlink p50 (ms)",
-                   "jitter buffer p50 (ms)", "barge-in reaction p50 (ms)", "PESQ p50 (n)"],
+                   "jitter buffer p50 (ms)", "barge-in reaction p50 (ms)", "PESQ p50 (n)",
+                   "replies the jitter buffer altered"],
                   note="The same turns by the kind of caller that spoke them: an aiortc caller "
                        "times its audio at its decoder, a Chromium one at its audio output "
                        "device, whose latency is part of its jitter buffer share "
-                       "(docs/conversation.md: the Chromium caller). Medians per turn.")
+                       "(docs/conversation.md: the Chromium caller). Medians per turn. A "
+                       "Chromium caller's NetEq conceals and stretches audio, which P.862 "
+                       "charges: the replies it did so to while they were heard (its counters; "
+                       "'-': not measured, as for aiortc callers, whose buffer does neither).")
     for arch, kinds in data["callers"].items():
         for kind, c in kinds.items():
+            altered = c.get("playout_altered") or {"replies": 0}
             table.rows.append([arch, kind, f"{c['answered']}/{c['turns']}",
                                *(fmt(c[name]["p50"]) for name in CALLER_FIGURES[:-1]),
                                "-" if c["pesq"]["p50"] is None
-                               else f"{c['pesq']['p50']:.2f} (n={c['pesq']['n']})"])
+                               else f"{c['pesq']['p50']:.2f} (n={c['pesq']['n']})",
+                               f"{altered['altered']}/{altered['replies']}"
+                               if altered["replies"] else "-"])
     return table
 
 

@@ -171,9 +171,28 @@ def test_pacer_does_not_drift():
     assert 0.49 <= run(main()) < 0.6  # 25 periods of 20 ms
 
 
+def test_a_leading_pacer_runs_that_many_periods_ahead_without_drifting():
+    async def main():
+        pacer = Pacer(0.02, lead=2)
+        start = time.monotonic()
+        at = []
+        for _ in range(28):
+            await pacer.tick()
+            at.append(time.monotonic() - start)
+        return at
+
+    at = run(main())
+    assert at[2] < 0.01 < at[3]               # three at once: the two ahead and now's
+    assert 0.49 <= at[-1] < 0.6               # then the grid: 25 periods after the third
+    with pytest.raises(ValueError):
+        Pacer(0.02, max_late=0.1, lead=5)     # that far ahead would look like a stall
+
+
 def test_config_rejects_what_cannot_work():
     for bad in ({"mode": "parrot"}, {"port": 70000}, {"hangover_ms": 0}, {"reply_ms": -1},
-                {"vad_threshold_dbfs": 3.0}, {"reply_freq_hz": 30_000}):
+                {"vad_threshold_dbfs": 3.0}, {"reply_freq_hz": 30_000},
+                {"reply_lead_frames": 5}, {"reply_lead_frames": -1}, {"reply_jitter_ms": -1},
+                {"reply_jitter_ms": 100}):
         with pytest.raises(ConfigError):
             AgentConfig(**bad)
 
@@ -342,7 +361,11 @@ def test_barge_in_cancels_the_reply_at_once():
             return frames + [f for _, f in more], events, done, quiet, counters
 
     frames, events, done, quiet, counters = run(main())
-    assert [e["type"] for e in events] == ["input_audio_buffer.speech_started"]
+    # first the transceiver is told to drop the reply frames it holds (sent ahead of time)
+    assert [e["type"] for e in events] == ["output_audio_buffer.clear",
+                                           "input_audio_buffer.speech_started"]
+    assert events[0]["response_id"] == done["response"]["id"]
+    events = events[1:]
     assert events[0]["audio_start_ms"] == 800
     assert done["response"]["status"] == "cancelled"
     assert done["response"]["status_details"] == {"reason": "turn_detected"}

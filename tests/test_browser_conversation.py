@@ -106,10 +106,11 @@ def test_a_barge_in_from_the_page_cancels_the_reply_and_the_page_hears_it_stop(t
 
 
 def test_the_replies_the_page_heard_score_as_the_agents_encoding_decodes(talks, tmp_path):
-    scores = {}
+    scores, neteq = {}, {}
     for kind in ("chromium", "aiortc"):
         results, audio = talks[kind]
         kept = [t for r in results for t in r.turns if t["audio"]]
+        neteq[kind] = [(t["playout_concealed_ms"], t["playout_stretched_ms"]) for t in kept]
         assert kept, kind
         rows = []
         for i, t in enumerate(kept):
@@ -122,10 +123,17 @@ def test_the_replies_the_page_heard_score_as_the_agents_encoding_decodes(talks, 
         analysis.pd.DataFrame(rows).to_csv(folder / analysis.TURNS_FILE, index=False)
         assert analysis.score(folder) == len(kept)
         scores[kind] = analysis.pd.read_csv(folder / analysis.TURNS_FILE).pesq.tolist()
-    # Nothing is lost on loopback: most replies come through as the agent's encoding decodes
-    # (4.41, as the aiortc callers'). Now and then, under this test's own load, the page's ear
-    # takes 20 ms more than the call played (the <audio> element and the AudioContext run on
-    # clocks of their own: docs/conversation.md), which P.862 charges (3.2-3.9): 9 of 48
-    # replies in 12 runs.
-    assert max(scores["chromium"]) > 4.4 and statistics.median(scores["chromium"]) > 4.0, scores
-    assert max(scores["aiortc"]) > 4.4, scores
+    # Nothing is lost on loopback: a reply comes through as the agent's encoding decodes
+    # (4.41, as the aiortc callers') unless the page altered it while it played. NetEq
+    # conceals or stretches audio when this test's own load makes the page's packets late
+    # (2.4-4.3 seen, its counters showing it); Chrome's hand-over from the <audio> element to
+    # WebAudio now and then puts 10 ms of silence into what the ear hears (4.2-4.35 seen, no
+    # NetEq activity: docs/conversation.md). An agent frame late for the transceiver's tick
+    # left 20 ms of silence (3.6-3.9; in CI, before replies were sent ahead).
+    assert all(c is not None and s is not None for c, s in neteq["chromium"]), neteq
+    assert all(c is None and s is None for c, s in neteq["aiortc"]), neteq
+    for score, (concealed, stretched) in zip(scores["chromium"], neteq["chromium"]):
+        if score < 4.0:
+            assert concealed > 0 or stretched > 0, (scores, neteq)
+    assert max(scores["chromium"]) > 4.4, scores
+    assert statistics.median(scores["aiortc"]) > 4.4, scores

@@ -102,6 +102,22 @@ def test_caller_rtp_reaches_the_agent_batch_and_replies_go_out_as_srtp(server, n
     assert counters["rtp_in"] == 3 and counters["rtp_out"] == 2 and counters["to_python"] == 0
 
 
+def test_a_cleared_session_sends_silence_instead_of_the_agent_frames_it_held(server):
+    profile, key_len = PROFILES["AES128_CM_SHA1_80"]
+    plane, peer = Plane(server.fileno(), 4), Peer(profile, key_len)
+    channel = add(plane, peer, profile)
+    assert plane.put_batch(batch((channel, b"one"), (channel, b"two"), (channel, b"three"))) == 3
+    plane.tick()
+    assert peer.rx.unprotect(peer.sock.recv(2048)).endswith(b"one")
+    assert plane.clear(channel) == 2 and plane.clear(channel) == 0
+    assert plane.clear(channel + 1) == 0   # no such session: nothing to clear
+    plane.tick()
+    assert peer.rx.unprotect(peer.sock.recv(2048)).endswith(SILENCE)
+    assert plane.put_batch(batch((channel, b"next"),)) == 1   # the next reply plays
+    plane.tick()
+    assert peer.rx.unprotect(peer.sock.recv(2048)).endswith(b"next")
+
+
 @pytest.mark.parametrize("crypto", CRYPTO)
 def test_rollover_across_the_sequence_wrap_both_ways(server, crypto):
     profile, key_len, srtp = CRYPTO[crypto]

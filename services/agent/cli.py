@@ -34,6 +34,13 @@ def add_parser(sub) -> None:
                    help="how a reply is sent: pcm16 frames the transceiver encodes, or Opus "
                         "encoded once here and passed through, as a TTS that streams Opus "
                         f"(default {defaults.reply_codec})")
+    p.add_argument("--reply-lead-frames", type=int, default=defaults.reply_lead_frames,
+                   metavar="N", help="reply frames sent ahead of real time, queued by the "
+                   "transceiver so a late one still makes its tick; a barge-in clears them "
+                   f"(0-4, default {defaults.reply_lead_frames})")
+    p.add_argument("--reply-jitter-ms", type=float, default=defaults.reply_jitter_ms,
+                   metavar="MS", help="each reply frame leaves up to this much late (uniform): "
+                   f"an agent or TTS that delivers unevenly (default {defaults.reply_jitter_ms:g})")
     p.add_argument("--reply-freq", type=float, default=defaults.reply_freq_hz, metavar="HZ",
                    help=f"frequency of the reply tone (default {defaults.reply_freq_hz:g})")
     p.set_defaults(func=run, service="agent")  # JSON logs: services/logs.py
@@ -46,7 +53,9 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
                            vad_threshold_dbfs=args.vad_threshold, vad_start_ms=args.vad_start_ms,
                            hangover_ms=args.hangover_ms, reply_ms=args.reply_ms,
                            reply_freq_hz=args.reply_freq, reply=args.reply,
-                           reply_codec=args.reply_codec)
+                           reply_codec=args.reply_codec,
+                           reply_lead_frames=args.reply_lead_frames,
+                           reply_jitter_ms=args.reply_jitter_ms)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
 

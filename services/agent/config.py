@@ -24,6 +24,14 @@ class AgentConfig:
     # agent (libopus's voip default: complexity 10, automatic bitrate), sent as Opus payloads
     # that the transceiver passes through, as a TTS that streams Opus
     reply_codec: str = "pcm16"
+    # frames of a reply sent ahead of real time: the transceiver queues them (its queue holds
+    # five), so a frame the agent's loop sends up to this many periods late still makes the
+    # transceiver's 20 ms tick instead of leaving 20 ms of silence in the reply (seen under
+    # load with none: a frame a few ms late, the caller hearing a gap); a barge-in clears them
+    reply_lead_frames: int = 2
+    # each reply frame leaves up to this much after its time (uniform): an agent or a TTS that
+    # delivers unevenly (0: on time, as the event loop allows)
+    reply_jitter_ms: float = 0.0
     reply_freq_hz: float = 440.0
     reply_peak_dbfs: float = -12.0
     heartbeat_s: float | None = 20.0  # WebSocket ping interval; a peer that never pongs is dropped
@@ -46,6 +54,10 @@ class AgentConfig:
                 raise ConfigError(f"{name} must be positive, not {getattr(self, name)}")
         if self.vad_start_ms < 0:
             raise ConfigError(f"vad_start_ms must be at least 0, not {self.vad_start_ms}")
+        if not 0 <= self.reply_lead_frames <= 4:
+            raise ConfigError("reply_lead_frames must be 0-4 (the transceiver queues five frames)")
+        if not 0 <= self.reply_jitter_ms < 100:
+            raise ConfigError("reply_jitter_ms must be at least 0 and under 100")
         if not 0 < self.reply_freq_hz < 24_000:
             raise ConfigError("reply_freq_hz must be between 0 and 24000 (Nyquist at 48 kHz)")
         if self.reply_peak_dbfs > 0:

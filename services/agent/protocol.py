@@ -14,6 +14,8 @@ AUDIO_FORMAT = {"encoding": "pcm_s16le", "sample_rate": SAMPLE_RATE, "channels":
 # Control events from the transceiver; every other event type is a forwarded client event.
 SESSION_STARTED = "session.started"
 SESSION_ENDED = "session.ended"
+# Control event to the transceiver: drop the reply frames it holds for the session (a barge-in)
+OUTPUT_AUDIO_BUFFER_CLEAR = "output_audio_buffer.clear"
 
 
 class BadEvent(ValueError):
@@ -84,6 +86,10 @@ def speech_stopped(audio_ms: int, audio_unix: float | None = None,
 
 def response_created(response_id: str) -> dict[str, Any]:
     return {"type": "response.created", "response": {"id": response_id, "status": "in_progress"}}
+
+
+def output_audio_buffer_clear(response_id: str) -> dict[str, Any]:
+    return {"type": OUTPUT_AUDIO_BUFFER_CLEAR, "response_id": response_id}
 
 
 def response_audio_done(response_id: str, frames: int) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Protocol, Sequence
@@ -89,6 +90,9 @@ class Session:
         self.client: dict[str, Any] | None = None
         self._channel = channel
         self._reply_frames = reply_frames
+        self._reply_lead = config.reply_lead_frames
+        self._reply_jitter_s = config.reply_jitter_ms / 1000.0
+        self._random = random.Random()
         self._vad = (EnergyVad(config.vad_threshold_dbfs, config.vad_start_ms, config.hangover_ms)
                      if config.mode == "reply" else None)
         self._voice = VoiceTimes()
@@ -188,6 +192,9 @@ class Session:
         if event.kind == "speech_started":
             # Barge-in: cancel before anything else is awaited, so no reply frame follows.
             interrupted = self._cancel_reply()
+            if interrupted is not None and self._reply_lead:
+                # the frames sent ahead and queued at the transceiver go unplayed
+                await self._send_event(protocol.output_audio_buffer_clear(interrupted.id))
             await self._send_event(protocol.speech_started(
                 event.audio_ms, voice.run_start_unix, now))
             if interrupted is not None:
@@ -231,10 +238,12 @@ class Session:
         self._response = None
 
     async def _play(self, response: Response) -> None:
-        pacer = Pacer(FRAME_SECONDS)
+        pacer = Pacer(FRAME_SECONDS, lead=self._reply_lead)
         try:
             for frame in self._reply_frames:
                 await pacer.tick()
+                if self._reply_jitter_s:
+                    await asyncio.sleep(self._random.uniform(0.0, self._reply_jitter_s))
                 if response.first_frame_unix is None:
                     response.first_frame_unix = time.time()
                 await self._send_frame(frame)

@@ -105,7 +105,7 @@ class PreparedSession:
                                    self.config.verifies)
         if self.talk is not None:  # the audio check of a conversation: a reply was heard
             audio_dir = self.config.audio_dir
-            result.turns = self.talk.conversation.turns(
+            result.turns = self.talk.turns(
                 None if audio_dir is None else Path(audio_dir), f"s{self.index}-")
             result.echo_verified = any(t["reply_heard_unix"] is not None for t in result.turns)
             result.verified = verified(self.config.verifies, result.echo_verified,

@@ -24,6 +24,26 @@ from services.client.config import ConversationConfig
 from services.client.conversation import Conversation, Line, caller_lines
 
 log = logging.getLogger(__name__)
+# NetEq works this much ahead of the output (the output's 30 ms, WebAudio's quantum and the
+# worklet's 20 ms frame, with room): a reply heard from t was in NetEq's hands from t minus this
+NETEQ_AHEAD_S = 0.15
+RATE = 48_000
+
+
+def playout_during(samples: list[tuple[float, int, int, int]], start: float, end: float
+                   ) -> tuple[float, float] | None:
+    """What NetEq did to audio heard from ``start`` to ``end`` (wall clock): milliseconds
+    concealed, and stretched (inserted plus removed), from its counters sampled at
+    ``(time, concealed, inserted, removed)``: the last sample before the audio was in its hands
+    against the first after it was heard. None if the samples do not bracket it."""
+    before = [s for s in samples if s[0] <= start - NETEQ_AHEAD_S]
+    after = [s for s in samples if s[0] >= end]
+    if not before or not after:
+        return None
+    a, b = before[-1], after[0]
+    concealed = (b[1] - a[1]) * 1000.0 / RATE
+    stretched = ((b[2] - a[2]) + (b[3] - a[3])) * 1000.0 / RATE
+    return round(concealed, 1), round(stretched, 1)
 
 
 class PageMouth:
@@ -85,6 +105,7 @@ class PageTalk:
         self.connected = asyncio.Event()
         self.error: str | None = None
         self._calls: set[asyncio.Task] = set()
+        self.playout: list[tuple[float, int, int, int]] = []   # NetEq's counters, in time
 
     async def prepare(self) -> None:
         await self.page.expose_function("voiceedgeTalk", self._batch)
@@ -144,5 +165,19 @@ class PageTalk:
             self.mouth.started(s["line"], s["first_out"])
         for s in box.get("spoken", ()):
             self.mouth.spoken(s["line"], s["voiced_end"])
+        for sample in box.get("playout", ()):
+            self.playout.append(tuple(sample))
         if box.get("connected") is not None:
             self.connected.set()
+
+    def turns(self, audio_dir, name: str) -> list[dict]:
+        """The conversation's turns, each reply with what NetEq did while it was heard
+        (``playout_concealed_ms``, ``playout_stretched_ms``; None where not known)."""
+        turns = self.conversation.turns(audio_dir, name)
+        samples = sorted(self.playout)
+        for t in turns:
+            heard, end = t.get("reply_heard_unix"), t.get("reply_end_unix")
+            done = (playout_during(samples, heard, end)
+                    if heard is not None and end is not None else None)
+            t["playout_concealed_ms"], t["playout_stretched_ms"] = done or (None, None)
+        return turns

@@ -230,6 +230,11 @@ class Turn:
     agent_first_frame_unix: float | None = None  # the reply's first frame to the transceiver
     agent_status: str | None = None              # completed, cancelled
     agent_barge_detected_unix: float | None = None  # barge-in: speech_started at the agent
+    # what the caller's jitter buffer did to the reply while it was heard: ms concealed, and
+    # ms inserted or removed to stretch time (Chromium's NetEq; None where not measured: the
+    # aiortc caller's buffer does neither)
+    playout_concealed_ms: float | None = None
+    playout_stretched_ms: float | None = None
     audio: str | None = None                     # the reply heard, for scoring (a WAV file)
 
 

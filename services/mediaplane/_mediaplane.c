@@ -1165,6 +1165,17 @@ static PyObject *Plane_set_pcm(Plane *p, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
+/* The agent's frames queued towards a session's client go unsent (a barge-in cut the reply). */
+static PyObject *Plane_clear(Plane *p, PyObject *arg) {
+    uint32_t channel;
+    if (channel_arg(arg, &channel) < 0) return NULL;
+    Session *s = by_channel(p, channel);
+    if (!s) return PyLong_FromLong(0);
+    unsigned cleared = s->out.count;
+    s->out.count = 0;
+    return PyLong_FromUnsignedLong(cleared);
+}
+
 /* A session's client moved (ICE nominated a pair to a new address: a NAT rebinding, a
  * handover): its datagrams are taken from, and sent to, the new address (through ``relay``
  * for a relayed one); the keys, the streams and their counters stay. */
@@ -1589,6 +1600,8 @@ static PyMethodDef Plane_methods[] = {
      "report(channel, bye=False) -> whether a report went out now (an rtcp session)"},
     {"set_pcm", (PyCFunction)Plane_set_pcm, METH_VARARGS,
      "set_pcm(channel, pcm) -> whether the session is there: pcm16 (True) or Opus frames"},
+    {"clear", (PyCFunction)Plane_clear, METH_O,
+     "clear(channel) -> how many of the agent's frames queued towards the client were dropped"},
     {"move", (PyCFunction)Plane_move, METH_VARARGS,
      "move(channel, client, relay) -> whether the session is there: its client is now at "
      "client (through relay, or None)"},

@@ -192,6 +192,12 @@ class AgentAudioTrack(MediaStreamTrack):
         self.frames_encoded += 1
         return OpusPacket(self._encoder.encode(pcm), pts)
 
+    def clear(self) -> int:
+        """Drop the agent frames not yet played (a barge-in); how many."""
+        cleared = len(self._queue)
+        self._queue.clear()
+        return cleared
+
     def skip(self, frames: int) -> None:
         """Let ``frames`` x 20 ms pass unsent (the sender fell too far behind real time)."""
         self._pts += frames * FRAME_SAMPLES

@@ -129,6 +129,10 @@ class NativeMedia:
         relay = self._mux.relay_of(client) if self._mux is not None else None
         return self.plane.move(channel, client, relay)
 
+    def clear(self, channel: int) -> int:
+        """Drop the session's agent frames not yet sent (a barge-in); how many."""
+        return self.plane.clear(channel) if channel in self._attached else 0
+
     def set_pcm(self, channel: int, pcm: bool) -> None:
         self.plane.set_pcm(channel, pcm)
 

@@ -31,6 +31,7 @@ from services.transceiver.pacing import FrameClock
 
 log = logging.getLogger("voiceedge.transceiver")
 _RESERVED_EVENTS = ("session.started", "session.ended")  # docs/agent-protocol.md
+_CLEAR = "output_audio_buffer.clear"  # the agent's, to this session's queued reply frames
 
 
 @dataclass
@@ -42,6 +43,7 @@ class SessionStats:
     frames_to_agent: int = 0
     events_to_agent: int = 0
     events_to_client: int = 0
+    frames_cleared: int = 0       # agent frames dropped unplayed by output_audio_buffer.clear
 
 
 class Session:
@@ -144,6 +146,7 @@ class Session:
                       ufrag=self.plan.ufrag, frames_to_agent=self.stats.frames_to_agent,
                       events_to_agent=self.stats.events_to_agent,
                       events_to_client=self.stats.events_to_client,
+                      frames_cleared=self.stats.frames_cleared,
                       srtp_inline=self._srtp_shortcut.packets if self._srtp_shortcut else None,
                       media_path="native" if self._native is not None else "python",
                       agent_codec=self.agent_codec, **self._native_fields(), **self.rx.fields())
@@ -248,6 +251,8 @@ class Session:
             elif message.type == aiohttp.WSMsgType.TEXT:
                 if self.agent_codec is None:
                     self._on_agent_created(message.data)
+                if _CLEAR in message.data and self._clear_output(message.data):
+                    continue
                 self._to_client_text(message.data)
             else:
                 break
@@ -270,6 +275,22 @@ class Session:
                 log_event(log, "agent_without_frames_link", level=logging.WARNING,
                           session=self.id)
             self._native.set_pcm(self.channel, self.agent_codec == "pcm16")
+
+    def _clear_output(self, text: str) -> bool:
+        """The agent's ``output_audio_buffer.clear`` (a barge-in): the reply frames queued for
+        the client go unplayed. True if ``text`` was that event (it is not forwarded)."""
+        try:
+            event = json.loads(text)
+        except ValueError:
+            return False
+        if not isinstance(event, dict) or event.get("type") != _CLEAR:
+            return False
+        if self._native is not None and self.channel is not None:
+            cleared = self._native.clear(self.channel)
+        else:
+            cleared = self._outbound.clear()
+        self.stats.frames_cleared += cleared
+        return True
 
     def _to_agent_audio(self, pcm: bytes) -> None:
         """Caller audio -> agent, one PCM frame per WebSocket message, written at once (no

@@ -14,6 +14,9 @@
 //   plays its first sample (AudioContext.getOutputTimestamp: the context's clock against
 //   performance.now(), which the page turns into the wall clock with performance.timeOrigin).
 // - The agent's events on the data channel, with the time each arrived.
+// - What NetEq did, sampled at every flush: its counters of concealed samples and of samples
+//   inserted and removed to stretch time (the driver charges each reply what changed while it
+//   played: a reply Chrome concealed or stretched is not the reply the agent sent).
 //
 // Everything is sent to the driver in batches (window.voiceedgeTalk, a Playwright binding)
 // every FLUSH_MS; the driver runs the conversation (services/client/conversation.py).
@@ -98,7 +101,8 @@ class TalkSession extends CallSession {
   constructor(options) {
     super(options);
     this.lines = [];
-    this.outbox = {heard: [], arrived: [], events: [], started: [], spoken: [], connected: null};
+    this.outbox = TalkSession.emptyBox();
+    this.receiver = null;     // the audio's RTCRtpReceiver: NetEq's counters
     this.judge = null;        // the decoder that judges the frames sent voiced
     this.judgeCount = 0;
     this.judging = new Map(); // frame number -> [line, when sent], until the decoder has judged it
@@ -176,6 +180,7 @@ class TalkSession extends CallSession {
   onTrack(ev) {
     super.onTrack(ev);  // the <audio> element: Chrome decodes remote audio only while a sink pulls it
     if (ev.track.kind !== "audio") return;
+    this.receiver = ev.receiver;
     watch(ev.receiver.createEncodedStreams(), (at, size) => this.outbox.arrived.push([at, size]));
     const ctx = this.ctx;
     const source = ctx.createMediaStreamSource(new MediaStream([ev.track]));
@@ -229,12 +234,32 @@ class TalkSession extends CallSession {
     this.line = null;
   }
 
+  static emptyBox() {
+    return {heard: [], arrived: [], events: [], started: [], spoken: [], playout: [],
+            connected: null};
+  }
+
   flush() {
+    this.samplePlayout();
     const box = this.outbox;
     if (!box.heard.length && !box.arrived.length && !box.events.length && !box.started.length
-        && !box.spoken.length && box.connected === null) return;
-    this.outbox = {heard: [], arrived: [], events: [], started: [], spoken: [], connected: null};
+        && !box.spoken.length && !box.playout.length && box.connected === null) return;
+    this.outbox = TalkSession.emptyBox();
     if (typeof window.voiceedgeTalk === "function") window.voiceedgeTalk(box).catch(() => {});
+  }
+
+  // NetEq's counters now, into the next batch: [wall time, concealed, inserted, removed].
+  samplePlayout() {
+    if (this.receiver === null) return;
+    const at = wallNow();
+    this.receiver.getStats().then((report) => {
+      for (const stat of report.values()) {
+        if (stat.type !== "inbound-rtp" || stat.kind !== "audio") continue;
+        this.outbox.playout.push([at, stat.concealedSamples || 0,
+                                  stat.insertedSamplesForDeceleration || 0,
+                                  stat.removedSamplesForAcceleration || 0]);
+      }
+    }).catch(() => {});
   }
 
   async teardown() {
