@@ -13,6 +13,7 @@ decisions go to ``steering.csv``. Results go to ``results/<scenario>-<region>-<t
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -211,6 +212,9 @@ class ScenarioRunner:
                 raise ScenarioError(f"{scenario.source or scenario.name}: fault {f.name}: "
                                     f"{exc}") from None
         self.spec = world_spec(catalog, regions, self.clusters, scenario.last_mile)
+        if scenario.nat is not None:   # the clients of every client region behind one
+            self.spec = dataclasses.replace(
+                self.spec, nats={r: scenario.nat for r in self.client_regions})
         self.backend_name = backend
         self.capture = capture
         self.keep_world = keep_world

@@ -15,6 +15,7 @@ from scenarios.faultspec import FaultSpec
 from scenarios.priorities import Priorities
 from scenarios.sweepspec import SweepSpec
 from services.clienttypes import AIORTC, CHROMIUM
+from topology.nat import MAPPINGS, NatSpec
 from services.mediapaths import MEDIA_PATHS, NATIVE, PYTHON
 from voiceedge.errors import ConfigError
 
@@ -90,6 +91,7 @@ class Scenario:
     many_regions: ManyRegions | None = None  # the load of a world of many client regions
     # Calls that speak in turns to a reply agent (every session; docs/conversation.md)
     conversation: ConversationSpec | None = None
+    nat: NatSpec | None = None        # a NAT in front of every client region (topology/nat.py)
     description: str = ""
     source: str = ""
 
@@ -135,7 +137,7 @@ class Scenario:
                  "min_success_pct", "full_clients_per_region", "transceivers_per_cluster",
                  "faults", "client", "clients", "sweep", "external",
                  "media_path", "light_path", "live_at_once", "realtime", "halt_poll_us",
-                 "many_regions", "conversation"}
+                 "many_regions", "conversation", "nat"}
         unknown = set(doc) - known
         if unknown:
             raise ScenarioError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -167,6 +169,7 @@ class Scenario:
             raise ScenarioError(f"{path}: profiles: a mapping of profile -> overrides")
         mix = _client_mix(path, doc)
         sessions = mix.get(AIORTC, 0)
+        nat = _nat(path, doc.get("nat"))
         conversation = None
         if doc.get("conversation") is not None:
             try:
@@ -262,7 +265,7 @@ class Scenario:
             halt_poll_us=int(need("halt_poll_us", int, lambda v: 0 <= v <= 10_000,
                                   "0..10000 us (0: the host's setting)"))
             if "halt_poll_us" in doc else 2000,
-            many_regions=many, conversation=conversation,
+            many_regions=many, conversation=conversation, nat=nat,
             description=str(doc.get("description", "")).strip(), source=str(path))
         if scenario.calibration_count < 20 or scenario.calibration_rate <= 0:
             raise ScenarioError(f"{path}: calibration: count >= 20 and a positive rate")
@@ -346,3 +349,16 @@ def _client_mix(path: Path, doc: dict) -> dict[str, int]:
         return parse_mix(doc["clients"])
     except ValueError as exc:
         raise ScenarioError(f"{path}: clients: {exc}") from None
+
+
+def _nat(path: Path, block) -> NatSpec | None:
+    """``nat: {mapping: endpoint-independent | symmetric, udp_timeout_s: N}`` (both optional)."""
+    if block is None:
+        return None
+    if not isinstance(block, dict) or set(block) - {"mapping", "udp_timeout_s"}:
+        raise ScenarioError(f"{path}: nat: a mapping with mapping ({' or '.join(MAPPINGS)}) "
+                            "and udp_timeout_s")
+    try:
+        return NatSpec(**block)
+    except (TypeError, ValueError) as exc:
+        raise ScenarioError(f"{path}: {exc}") from None

@@ -12,7 +12,8 @@ Address plan (region *i*, so every address tells its region): ``10.i.1.0/24`` cl
 ``10.i.2.0/24`` edge-pub, ``10.i.3.0/24`` edge-bb, ``10.i.4.0/24`` cluster-pub,
 ``10.i.5.0/24`` cluster-bb (router ``.1``, host ``.2``); the public mesh link between regions
 *i* < *j* is ``10.200.k.0/24`` and the backbone one ``10.201.k.0/24`` (*k* numbers the pair;
-``.1`` on *i*, ``.2`` on *j*). Geo steering is anycast: every edge host carries the relay VIP
+``.1`` on *i*, ``.2`` on *j*); ``10.i.7.0/24`` is region *i*'s NAT's, where its clients sit
+behind one (``WorldSpec.nats``, topology/nat.py). Geo steering is anycast: every edge host carries the relay VIP
 ``203.0.113.10`` and the signaling address ``203.0.113.20``, and each public router routes them
 to its own region's edge.
 
@@ -32,7 +33,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from topology import nat
 from topology.impairment.model import Impairment, NetNode
+from topology.nat import NatSpec
 from topology.netns import refuse_if_forbidden
 from voiceedge import reaper
 
@@ -54,6 +57,8 @@ class WorldSpec:
     # (kind, from region, to region) -> Impairment; kinds: last_mile_up (client -> pub),
     # last_mile_down (pub -> client), public, backbone.
     impairments: dict[tuple[str, str, str], Impairment] = field(default_factory=dict)
+    # region -> the NAT in front of its clients (topology/nat.py); none: clients are public
+    nats: dict[str, NatSpec] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.regions:
@@ -65,6 +70,9 @@ class WorldSpec:
         unknown = set(self.clusters) - set(self.regions)
         if unknown:
             raise ValueError(f"cluster regions not in the world: {', '.join(sorted(unknown))}")
+        unknown = set(self.nats) - set(self.regions)
+        if unknown:
+            raise ValueError(f"NAT regions not in the world: {', '.join(sorted(unknown))}")
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,7 @@ class World:
         self.build_seconds: float | None = None
         self.teardown_seconds: float | None = None
         self._applied_later: set[str] = set()  # keys of null directions a fault applied
+        self._rebinds = 0   # NAT mappings moved so far (each to ports of its own)
 
     # ------------------------------------------------------------ names and addresses
 
@@ -308,6 +317,8 @@ class World:
         self._link(edge, pub, self.lan(i, 2, 2), self.lan(i, 2, 1))
         self._link(edge, bb, self.lan(i, 3, 2), self.lan(i, 3, 1))
         self.addresses[client] = {"public": self.lan(i, 1, 2)}
+        if region in self.spec.nats:   # what the client looks like from outside its LAN
+            self.addresses[client]["nat"] = nat.public_address(i)
         self.addresses[edge] = {"public": self.lan(i, 2, 2), "backbone": self.lan(i, 3, 2),
                                 "relay_vip": RELAY_VIP, "signaling_vip": SIGNALING_VIP}
         if region in self.spec.clusters:
@@ -357,7 +368,7 @@ class World:
         for j in others:
             # Public internet: every region's client/edge/cluster subnets via that region's
             # public router; backbone: edge and cluster backbone subnets via its bb router.
-            for subnet in (1, 2, 4):
+            for subnet in (1, 2, 4, nat.NAT_SUBNET):
                 cmds[pub].append(f"ip route add 10.{j}.{subnet}.0/24 via {self._peer_ip('pub', i, j)}")
             for subnet in (3, 5):
                 cmds[bb].append(f"ip route add 10.{j}.{subnet}.0/24 via {self._peer_ip('bb', i, j)}")
@@ -365,8 +376,27 @@ class World:
                 if cluster is not None:
                     cmds[cluster].append(
                         f"ip route add 10.{j}.{subnet}.0/24 via {self.lan(i, 5, 1)}")
+        if region in self.spec.nats:
+            cmds[pub] += nat.setup_commands(i, self.spec.nats[region])
         for host, lines in cmds.items():
             if lines:
                 out = host.cmd("; ".join(lines))
-                if "Error" in out or "RTNETLINK" in out:
+                if "Error" in out or "RTNETLINK" in out or "iptables" in out or "sysctl" in out:
                     raise RuntimeError(f"routing on {host.name}: {out.strip()}")
+
+    def nat_rebind(self, region: str, client: tuple[str, int]) -> int:
+        """The NAT in front of ``region``'s clients gives ``client``'s socket (its LAN address
+        and port) a new public port from its next packet on, as a carrier NAT that lost the
+        mapping: returns the port (the first of the block, for a symmetric NAT)."""
+        spec = self.spec.nats.get(region)
+        if spec is None:
+            raise ValueError(f"region {region} has no NAT")
+        low, high = nat.REBIND_PORTS
+        port = low + (self._rebinds * 100) % (high - low)
+        self._rebinds += 1
+        pub = self.host("pub", region)
+        out = pub.cmd("; ".join(nat.rebind_commands(self.index[region], client, port, spec)))
+        if "iptables" in out or "Bad" in out:
+            raise RuntimeError(f"NAT rebind on {pub.name}: {out.strip()}")
+        log.info("NAT %s: %s:%d now leaves from port %d", region, client[0], client[1], port)
+        return port

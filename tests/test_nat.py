@@ -1,0 +1,159 @@
+"""NATs in front of a region's clients (topology/nat.py) in a two-region world (needs root):
+what the other region sees, both mapping behaviours, a rebinding and the binding timeout."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from topology.calibrate import calibrate
+from topology.impairment.factory import make_backend
+from topology.impairment.model import Impairment
+from topology.nat import NatSpec, public_address
+from topology.world import World, WorldSpec
+
+# a world of its own, behaviour only: make test runs it beside another file
+WORLD, SHAREABLE = pytest.mark.world, pytest.mark.shareable
+
+# In the far region's edge host: UDP on two ports, answering each datagram with the address
+# and port it came from.
+SERVER = """
+import select, socket
+socks = []
+for port in (7001, 7002):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("0.0.0.0", port))
+    socks.append(s)
+print("up", flush=True)
+while True:
+    for s in select.select(socks, [], [])[0]:
+        data, src = s.recvfrom(100)
+        s.sendto(f"{src[0]}:{src[1]}".encode(), src)
+"""
+# In the NAT region's client host: from one socket (port 5555), to each port given; what the
+# server saw of it, in order.
+CLIENT = """
+import json, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 5555))
+s.settimeout(2)
+seen = []
+for port in map(int, sys.argv[2:]):
+    s.sendto(b"x", (sys.argv[1], port))
+    seen.append(s.recvfrom(100)[0].decode())
+print(json.dumps(seen))
+"""
+
+
+class NatWorld:
+    def __init__(self, world: World, tmp_path) -> None:
+        self.world = world
+        self.client_script = tmp_path / "client.py"
+        self.client_script.write_text(CLIENT)
+        self.server_ip = world.addresses["edge2"]["public"]
+        edge = world.host("edge", "b1")
+        self.server = edge.popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE,
+                                 text=True)
+        assert self.server.stdout.readline().strip() == "up"
+
+    def seen(self, *ports: int) -> list[tuple[str, int]]:
+        client = self.world.host("client", "a1")
+        out = client.cmd(f"{sys.executable} {self.client_script} {self.server_ip} "
+                         + " ".join(map(str, ports)))
+        return [(a, int(p)) for a, p in (x.rsplit(":", 1) for x in json.loads(out))]
+
+    def bindings(self) -> int:
+        pub = self.world.host("pub", "a1")
+        out = pub.cmd("conntrack -L -p udp --orig-src 10.1.1.2 2>/dev/null")
+        return sum(1 for line in out.splitlines() if line.startswith("udp"))
+
+    def close(self) -> None:
+        self.server.kill()
+        self.server.wait()
+
+
+@pytest.fixture
+def nat_world(request, tmp_path):
+    spec = WorldSpec(regions=("a1", "b1"), clusters=(), nats={"a1": request.param})
+    with World(spec, make_backend("userspace")) as world:
+        env = NatWorld(world, tmp_path)
+        try:
+            yield env
+        finally:
+            env.close()
+
+
+@pytest.mark.parametrize("nat_world", [NatSpec("endpoint-independent", udp_timeout_s=2)],
+                         indirect=True)
+@WORLD
+@SHAREABLE
+def test_an_endpoint_independent_nat_keeps_a_sockets_port_rebinds_it_and_forgets_it(nat_world):
+    first, second = nat_world.seen(7001, 7002)
+    assert first[0] == second[0] == public_address(1)        # not the client's 10.1.1.2
+    assert first[1] == second[1]                              # one port, any destination
+    assert nat_world.bindings() == 2
+    port = nat_world.world.nat_rebind("a1", ("10.1.1.2", 5555))
+    [after] = nat_world.seen(7001)
+    assert after == (public_address(1), port) and port != first[1]
+    [again] = nat_world.seen(7002)                            # the new mapping, everywhere
+    assert again == after
+    time.sleep(3)                                             # idle past the 2 s timeout
+    assert nat_world.bindings() == 0
+
+
+@pytest.mark.parametrize("mapping", ["endpoint-independent", "symmetric"])
+@WORLD
+@SHAREABLE
+def test_a_world_with_a_nat_calibrates(mapping):
+    """Calibration measures links (the last mile to the public router, router to router), which
+    a NAT on the public router does not change: it holds in a world with one."""
+    link = Impairment(delay_ms=10)
+    spec = WorldSpec(regions=("a1", "b1"), clusters=("b1",), nats={"a1": NatSpec(mapping)},
+                     impairments={("last_mile_up", "a1", "a1"): link,
+                                  ("last_mile_down", "a1", "a1"): link,
+                                  ("public", "a1", "b1"): link, ("public", "b1", "a1"): link})
+    with World(spec, make_backend("userspace")) as world:
+        report = calibrate(world, count=40)
+    kinds = {p.kind for p in report.paths}
+    assert report.ok and {"last_mile_up", "last_mile_down", "public"} <= kinds, \
+        [(p.kind, p.src, p.dst, p.mean_ms, p.loss_pct) for p in report.paths]
+
+
+@pytest.mark.parametrize("nat_world", [NatSpec("symmetric")], indirect=True)
+@WORLD
+@SHAREABLE
+def test_a_symmetric_nat_gives_each_destination_its_own_port(nat_world):
+    seen = nat_world.seen(7001, 7002, 7001)
+    assert {a for a, _ in seen} == {public_address(1)}
+    assert seen[0][1] != seen[1][1] and seen[2] == seen[0]    # per destination, kept
+    port = nat_world.world.nat_rebind("a1", ("10.1.1.2", 5555))
+    a, b = nat_world.seen(7001, 7002)
+    assert port <= a[1] < port + 100 and port <= b[1] < port + 100 and a[1] != b[1]
+
+
+def test_a_nat_spec_says_what_is_wrong(tmp_path):
+    from scenarios.spec import Scenario, ScenarioError
+
+    base = ("name: nat\nclusters: [na-east]\nsessions_per_region: 3\ncall_duration_s: 30\n"
+            "start_rate: 1\n")
+    path = tmp_path / "s.yaml"
+    path.write_text(base + "nat: {mapping: symmetric, udp_timeout_s: 20}\n")
+    assert Scenario.load(path).nat == NatSpec("symmetric", 20)
+    path.write_text(base)
+    assert Scenario.load(path).nat is None
+    for bad, said in (("nat: {mapping: cone}", "nat mapping 'cone'"),
+                      ("nat: {timeout: 3}", "a mapping with mapping"),
+                      ("nat: {udp_timeout_s: 0.5}", "whole number")):
+        path.write_text(base + bad + "\n")
+        with pytest.raises(ScenarioError, match=said):
+            Scenario.load(path)
+    with pytest.raises(ValueError, match="mapping"):
+        NatSpec("full-cone")
+    with pytest.raises(ValueError, match="udp_timeout_s"):
+        NatSpec(udp_timeout_s=0)
+    with pytest.raises(ValueError, match="NAT regions"):
+        WorldSpec(regions=("a1",), clusters=(), nats={"b1": NatSpec()})

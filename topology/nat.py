@@ -1,0 +1,73 @@
+"""A NAT in front of a region's clients (docs/mobility.md): the region's public router
+translates its client LAN to a public address of its own, as a home router or a carrier-grade
+NAT does, with iptables in the router's namespace and the kernel's connection tracking.
+
+Region *i*'s NAT address is ``10.i.7.1`` (on the router's loopback; every public router routes
+``10.i.7.0/24`` to region *i*). Mappings, as RFC 4787 names them:
+
+- ``endpoint-independent``: a client socket keeps one public port whatever it sends to (the
+  kernel keeps the socket's own port when it is free: SNAT without a port range);
+- ``symmetric`` (address- and port-dependent): each destination gets a port of its own
+  (``--random-fully``).
+
+A binding lives ``udp_timeout_s`` after its last packet (the namespace's conntrack UDP
+timeouts, both the one-way and the two-way one). ``rebind_commands`` moves one client
+socket's mapping to a new public port, as a carrier NAT that lost or reassigned it: its
+connection-tracking entries are deleted and a rule maps that socket to the new port from now on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAPPINGS = ("endpoint-independent", "symmetric")
+NAT_SUBNET = 7              # 10.i.7.0/24: region i's NAT addresses
+REBIND_PORTS = (40000, 60000)  # new public ports of rebound mappings come from here
+
+
+@dataclass(frozen=True)
+class NatSpec:
+    """A region's NAT: its mapping behaviour and its UDP binding timeout."""
+
+    mapping: str = "endpoint-independent"
+    udp_timeout_s: int = 30
+
+    def __post_init__(self) -> None:
+        if self.mapping not in MAPPINGS:
+            raise ValueError(f"nat mapping {self.mapping!r} is not one of {', '.join(MAPPINGS)}")
+        if not isinstance(self.udp_timeout_s, int) or not 1 <= self.udp_timeout_s <= 3600:
+            raise ValueError("nat udp_timeout_s must be a whole number of seconds, 1-3600")
+
+
+def public_address(i: int) -> str:
+    """Region ``i``'s NAT address: what its clients look like from everywhere else."""
+    return f"10.{i}.{NAT_SUBNET}.1"
+
+
+def _lan(i: int) -> str:
+    return f"10.{i}.1.0/24"
+
+
+def setup_commands(i: int, spec: NatSpec) -> list[str]:
+    """Shell lines for region ``i``'s public router: the address, the translation of what its
+    client LAN sends anywhere else, then the binding timeout (the table is there by then)."""
+    lan, random = _lan(i), " --random-fully" if spec.mapping == "symmetric" else ""
+    t = spec.udp_timeout_s
+    return [f"ip addr add {public_address(i)}/32 dev lo",
+            f"iptables -w -t nat -A POSTROUTING -s {lan} ! -d {lan} -p udp "
+            f"-j SNAT --to-source {public_address(i)}{random}",
+            f"iptables -w -t nat -A POSTROUTING -s {lan} ! -d {lan} "
+            f"-j SNAT --to-source {public_address(i)}",
+            f"sysctl -qw net.netfilter.nf_conntrack_udp_timeout={t} "
+            f"net.netfilter.nf_conntrack_udp_timeout_stream={t}"]
+
+
+def rebind_commands(i: int, client: tuple[str, int], port: int, spec: NatSpec) -> list[str]:
+    """Shell lines for region ``i``'s public router: ``client``'s socket leaves from public
+    ``port`` from its next packet on (symmetric: from a block of 100 ports at ``port``)."""
+    ip, sport = client
+    lan = _lan(i)
+    to = (f"{public_address(i)}:{port}-{port + 99} --random-fully" if spec.mapping == "symmetric"
+          else f"{public_address(i)}:{port}")
+    return [f"iptables -w -t nat -I POSTROUTING 1 -s {ip} ! -d {lan} -p udp --sport {sport} "
+            f"-j SNAT --to-source {to}",
+            f"conntrack -D -p udp --orig-src {ip} --sport {sport} >/dev/null 2>&1; true"]
