@@ -21,6 +21,7 @@ optional columns its row fills, whether it steers calls.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -41,7 +42,8 @@ FAULT_FIELDS = (
     "window_s", "sessions_live", "sessions_affected", "sessions_lost", "new_calls",
     "new_call_failures", "gap_down_p50_ms", "gap_down_p95_ms", "gap_down_max_ms",
     "gap_up_p50_ms", "gap_up_p95_ms", "gap_up_max_ms", "recovery_s", "recovery_p50_s",
-    "reconnections",
+    "reconnections", "renominations", "detection_p50_ms", "renomination_p50_ms",
+    "renomination_max_ms",
     "restart_s", "gap_over_restart_ms", "audio_after_ready_ms", "first_new_session_s",
     "extra_rtt_ms", "setting_up", "first_audio_after_s", "note")
 # The columns a fault budget may bound (analysis/budgets.py).
@@ -464,6 +466,7 @@ def _effect(f: Fault, run: _Run, next_at: float | None) -> FaultEffect:
         reconnections = int(pd.to_numeric(mine.reconnections, errors="coerce").fillna(0).sum())
     else:
         reconnections = None
+    renominated = _renominated(run, keys, w)
     restart = w.rel(f.ready)
     gap_max = max(down) if down else None
     row.update(
@@ -476,7 +479,7 @@ def _effect(f: Fault, run: _Run, next_at: float | None) -> FaultEffect:
         gap_up_p50_ms=_round(percentile(up, 50), 1), gap_up_p95_ms=_round(percentile(up, 95), 1),
         gap_up_max_ms=_round(max(up) if up else None, 1), recovery_s=_round(recovery, 3),
         recovery_p50_s=_round(recovery_p50, 3),
-        reconnections=reconnections, restart_s=_round(restart, 3))
+        reconnections=reconnections, restart_s=_round(restart, 3), **renominated)
     if f.measures(GAP_OVER_RESTART) and restart is not None and gap_max is not None:
         row["gap_over_restart_ms"] = _round(gap_max - 1000.0 * restart, 1)
     if restart is not None and recovery is not None:
@@ -522,6 +525,33 @@ def fault_effects(results: Results) -> list[FaultEffect]:
                  and g.at is not None and f.at is not None and g.at > f.at]
         out.append(_effect(f, run, min(later, default=None)))
     return out
+
+
+def _renominated(run, keys: set, w) -> dict:
+    """The affected sessions' renominations in the fault's window (a client whose media
+    stopped renominated its pair and the media came back: docs/mobility.md): how many, the
+    client's detection time (its last packet to its watchdog's alarm: its setting, not the
+    edge's) and the renomination's own time (the alarm to the first packet after it)."""
+    sessions = run.sessions
+    if sessions is None or "renominated" not in sessions:
+        return {}
+    detection, renomination = [], []
+    for cell in sessions[sessions.key.isin(keys)].renominated:
+        try:
+            entries = json.loads(cell) if isinstance(cell, str) and cell else []
+        except ValueError:
+            entries = []
+        for stopped, detected, back in entries:
+            if not w.at <= detected <= w.horizon:
+                continue
+            if stopped is not None:
+                detection.append(1000.0 * (detected - stopped))
+            renomination.append(1000.0 * (back - detected))
+    return {"renominations": len(renomination),
+            "detection_p50_ms": _round(percentile(detection, 50), 1) if detection else None,
+            "renomination_p50_ms": (_round(percentile(renomination, 50), 1)
+                                    if renomination else None),
+            "renomination_max_ms": _round(max(renomination), 1) if renomination else None}
 
 
 def fault_rows(results: Results) -> list[dict]:

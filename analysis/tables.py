@@ -205,7 +205,8 @@ def faults_hit(rows: list[dict]) -> Table:
     """Per fault and architecture: when, whom it hit, what was lost, how calls went on."""
     table = Table(["fault", "kind", "target", "architecture", "at (s)", "ended after (s)",
                    "ready after (s)", "live sessions", "affected", "lost",
-                   "new calls (failed)", "reconnections", "first call elsewhere (s)", "note"],
+                   "new calls (failed)", "reconnections", "renominations (detection / "
+                   "renomination p50 ms)", "first call elsewhere (s)", "note"],
                   note="From faults.csv (docs/faults.md). at: seconds after the architecture's "
                        "clients were launched (as the scenario's at_s); the other times: "
                        "seconds after the fault. "
@@ -213,12 +214,16 @@ def faults_hit(rows: list[dict]) -> Table:
                        "affected sessions that ended failed. New calls: first calls and "
                        "reconnections started in the fault's window. First call elsewhere: "
                        "the first call after the fault connected off the failed cluster "
-                       "(outage) or transceiver (crash).")
+                       "(outage) or transceiver (crash). Renominations: affected calls whose "
+                       "media came back when the client renominated its pair (no new call: "
+                       "docs/mobility.md); detection: the client's last packet to its "
+                       "watchdog's alarm (its setting), renomination: the alarm to the first "
+                       "packet after it (the edge's part).")
     for r in rows:
         head = [str(r.get("fault")), str(r.get("kind")), str(r.get("target")),
                 str(r.get("architecture"))]
         if not r.get("applicable"):
-            table.rows.append(head + ["-"] * 3 + ["not applicable"] + ["-"] * 5
+            table.rows.append(head + ["-"] * 3 + ["not applicable"] + ["-"] * 6
                               + [r.get("note") or ""])
             continue
         new = ("-" if r.get("new_calls") is None
@@ -228,6 +233,9 @@ def faults_hit(rows: list[dict]) -> Table:
             is not None else _n(r.get("end_s"), 2), _n(r.get("restart_s"), 2),
             _n(r.get("sessions_live")), _n(r.get("sessions_affected")),
             _n(r.get("sessions_lost")), new, _n(r.get("reconnections")),
+            "-" if not r.get("renominations") else
+            f"{_n(r['renominations'])} ({_n(r.get('detection_p50_ms'), 0)} / "
+            f"{_n(r.get('renomination_p50_ms'), 0)})",
             _n(r.get("first_new_session_s"), 2), r.get("note") or ""])
     return table
 

@@ -59,6 +59,7 @@ SESSION_FIELDS = (
     "packets_lost", "loss_bursts", "echo_verified", "datachannel_verified",
     "floor_signaling_rtt_ms", "floor_media_rtt_ms", "floor_setup_ms", "saturated",
     "saturated_by", "started_unix", "ended_unix", "connected_unix", "reconnections",
+    "renominations", "renominated",
     "transceiver", "first_rx_unix", "last_rx_unix", "client_type", "offer_style", "gathered_ms",
     "ice_checking_ms", "turn_transactions", "ice_pair", "verifies", "verified",
     "datachannel_echo")
@@ -966,7 +967,9 @@ def client_rows(arch: str, region: str, logs: Path, lag: LagWindows, upstream: d
                    verifies=_checks(r.get("verifies")), verified=_checks(r.get("verified")),
                    turn_transactions=json.dumps(r.get("turn_transactions") or []),
                    connected_unix=first.get("connected_unix"),
-                   reconnections=r.get("reconnections", 0))
+                   reconnections=r.get("reconnections", 0),
+                   renominations=r.get("renominations", 0),
+                   renominated=json.dumps(r.get("renominated") or []))
         if cluster and floors is not None:
             row.update(floors(cluster))
         setup = r.get("setup_ms")

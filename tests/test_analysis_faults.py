@@ -388,7 +388,7 @@ def test_the_report_has_a_faults_section_with_steering_around_the_outage(tmp_pat
     # down gaps [1610, 1810]: p95 = 1610 + 0.95 x 200; up [0 (a has none), 1900]; recovery:
     # b's gap from the outage to +1.81 s
     assert "| outage | global-relay | 1710 / 1800 / 1810 | 950 / 1805 / 1900 | 1.81 |" in md
-    assert "| 10.0 | 5.00 | - | 2 | 2 | 0 | 2 (0) | 2 | 1.60 |" in md  # a back on eu-west
+    assert "| 10.0 | 5.00 | - | 2 | 2 | 0 | 2 (0) | 2 | - | 1.60 |" in md  # a back on eu-west
 
 
 def test_the_report_of_a_run_without_steering_times_says_so(tmp_path):

@@ -1,6 +1,8 @@
 """A NAT in front of a region's clients (docs/mobility.md): the region's public router
 translates its client LAN to a public address of its own, as a home router or a carrier-grade
-NAT does, with iptables in the router's namespace and the kernel's connection tracking.
+NAT does, with iptables in the router's namespace and the kernel's connection tracking; from
+outside, only the answers to what a client sent reach the LAN (the world routes every region's
+client LAN: without this a client's host candidate would be reachable past its NAT).
 
 Region *i*'s NAT address is ``10.i.7.1`` (on the router's loopback; every public router routes
 ``10.i.7.0/24`` to region *i*). Mappings, as RFC 4787 names them:
@@ -21,7 +23,8 @@ from dataclasses import dataclass
 
 MAPPINGS = ("endpoint-independent", "symmetric")
 NAT_SUBNET = 7              # 10.i.7.0/24: region i's NAT addresses
-REBIND_PORTS = (40000, 60000)  # new public ports of rebound mappings come from here
+REBIND_PORTS = (40000, 60000)  # new public ports of rebound mappings come from here...
+REBIND_BLOCK = 1000            # ...a block of this many a rebinding
 
 
 @dataclass(frozen=True)
@@ -57,17 +60,30 @@ def setup_commands(i: int, spec: NatSpec) -> list[str]:
             f"-j SNAT --to-source {public_address(i)}{random}",
             f"iptables -w -t nat -A POSTROUTING -s {lan} ! -d {lan} "
             f"-j SNAT --to-source {public_address(i)}",
+            # nothing from outside reaches the LAN but the answers to what it sent (the
+            # world routes every client LAN, and a NAT's is private)
+            f"iptables -w -A FORWARD -d {lan} ! -s {lan} -m conntrack "
+            f"! --ctstate ESTABLISHED,RELATED -j DROP",
             f"sysctl -qw net.netfilter.nf_conntrack_udp_timeout={t} "
             f"net.netfilter.nf_conntrack_udp_timeout_stream={t}"]
 
 
-def rebind_commands(i: int, client: tuple[str, int], port: int, spec: NatSpec) -> list[str]:
-    """Shell lines for region ``i``'s public router: ``client``'s socket leaves from public
-    ``port`` from its next packet on (symmetric: from a block of 100 ports at ``port``)."""
+def rebind_commands(i: int, client: tuple[str, int | None], port: int, spec: NatSpec
+                    ) -> list[str]:
+    """Shell lines for region ``i``'s public router: ``client``'s socket (its LAN address and
+    port) leaves from public ``port`` from its next packet on (symmetric: from the block at
+    ``port``); with port None, every UDP socket of that address leaves from the block, as when
+    a carrier NAT loses its table."""
     ip, sport = client
     lan = _lan(i)
-    to = (f"{public_address(i)}:{port}-{port + 99} --random-fully" if spec.mapping == "symmetric"
-          else f"{public_address(i)}:{port}")
-    return [f"iptables -w -t nat -I POSTROUTING 1 -s {ip} ! -d {lan} -p udp --sport {sport} "
+    last = port + REBIND_BLOCK - 1
+    if sport is None:
+        to = f"{public_address(i)}:{port}-{last}" + (
+            " --random-fully" if spec.mapping == "symmetric" else "")
+    else:
+        to = (f"{public_address(i)}:{port}-{last} --random-fully"
+              if spec.mapping == "symmetric" else f"{public_address(i)}:{port}")
+    which = "" if sport is None else f" --sport {sport}"
+    return [f"iptables -w -t nat -I POSTROUTING 1 -s {ip} ! -d {lan} -p udp{which} "
             f"-j SNAT --to-source {to}",
-            f"conntrack -D -p udp --orig-src {ip} --sport {sport} >/dev/null 2>&1; true"]
+            f"conntrack -D -p udp --orig-src {ip}{which} >/dev/null 2>&1; true"]

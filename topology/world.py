@@ -384,19 +384,24 @@ class World:
                 if "Error" in out or "RTNETLINK" in out or "iptables" in out or "sysctl" in out:
                     raise RuntimeError(f"routing on {host.name}: {out.strip()}")
 
-    def nat_rebind(self, region: str, client: tuple[str, int]) -> int:
+    def nat_rebind(self, region: str, client: tuple[str, int | None] | None = None) -> int:
         """The NAT in front of ``region``'s clients gives ``client``'s socket (its LAN address
-        and port) a new public port from its next packet on, as a carrier NAT that lost the
-        mapping: returns the port (the first of the block, for a symmetric NAT)."""
+        and port; None: every UDP socket of the region's client host) a new public port from
+        its next packet on, as a carrier NAT that lost the mapping: returns the port (the
+        first of the block the new ports come from, for more than one socket or a symmetric
+        NAT)."""
         spec = self.spec.nats.get(region)
         if spec is None:
-            raise ValueError(f"region {region} has no NAT")
+            raise ValueError(f"region {region} has no NAT (a scenario's nat:)")
+        if client is None:
+            client = (self.addresses[f"client{self.index[region]}"]["public"], None)
         low, high = nat.REBIND_PORTS
-        port = low + (self._rebinds * 100) % (high - low)
+        port = low + (self._rebinds * nat.REBIND_BLOCK) % (high - low)
         self._rebinds += 1
         pub = self.host("pub", region)
         out = pub.cmd("; ".join(nat.rebind_commands(self.index[region], client, port, spec)))
         if "iptables" in out or "Bad" in out:
             raise RuntimeError(f"NAT rebind on {pub.name}: {out.strip()}")
-        log.info("NAT %s: %s:%d now leaves from port %d", region, client[0], client[1], port)
+        log.info("NAT %s: %s:%s now leaves from port %d", region, client[0], client[1] or "*",
+                 port)
         return port

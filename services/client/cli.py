@@ -204,7 +204,8 @@ def log_result(r: SessionResult) -> None:
               first_ice_rtt_ms=r.first_ice_rtt_ms, loss_pct=r.loss_pct,
               echo_verified=r.echo_verified, datachannel_verified=r.datachannel_verified,
               verified=r.verified,
-              reconnections=r.reconnections, rx_gaps=len(r.rx_gaps) + r.rx_gaps_unlisted)
+              reconnections=r.reconnections, renominations=r.renominations,
+              rx_gaps=len(r.rx_gaps) + r.rx_gaps_unlisted)
 
 
 SUMMARY_METRICS = ("gathered_ms", "signaling_ms", "first_ice_rtt_ms", "ice_connected_ms", "setup_ms",
@@ -232,6 +233,7 @@ def summary_of(results: list[SessionResult]) -> dict:
             "unverified": sum(1 for r in ok if not r.fully_verified),
             "reconnected": sum(1 for r in results if r.reconnections),
             "reconnections": sum(r.reconnections for r in results),
+            "renominations": sum(r.renominations for r in results),
             "metrics": metrics}
 
 
@@ -244,6 +246,8 @@ def summary(results: list[SessionResult]) -> str:
                      f"max {m['max']:9.2f}  (n={m['n']})")
     if s["reconnections"]:
         lines.append(f"  {s['reconnections']} reconnection attempts in {s['reconnected']} sessions")
+    if s["renominations"]:
+        lines.append(f"  {s['renominations']} renominations brought the media back")
     if s["unverified"]:
         lines.append(f"  {s['unverified']} ok sessions not verified: "
                      f"{', '.join(results[0].verifies) or 'nothing'} asked for")

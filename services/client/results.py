@@ -97,6 +97,12 @@ class SessionResult:
 
     # reconnection and media gaps (first attempt: 0)
     reconnections: int = 0                # times the client called again, failed calls included
+    # times its media stopped and came back when it renominated its pair (no new call: a NAT
+    # that moved its port, docs/mobility.md)
+    renominations: int = 0
+    # each: [its last packet before the silence, when the watchdog noticed it, its first packet
+    # after the renomination] (wall clock)
+    renominated: list[list] = field(default_factory=list)
     # per attempt: attempt, reason ("first" or why it called again), started_unix,
     # connected_unix (None: never), location, cluster, transceiver, error (None: ended with the call)
     attempts: list[dict] = field(default_factory=list)

@@ -45,6 +45,7 @@ from services.client.iceservers import RELAY, IceServersError, IceSettings
 from services.client.iceservers import fetch as fetch_ice_servers
 from services.client.light import receive_without_decoding
 from services.client.probes import RtpProbe, StunProbe
+from services.client.renominate import renominate
 from services.client.results import MediaSample, SessionResult
 from services.client.signaling import SignalingError, delete_session, post_offer
 from services.client.tone import PreEncodedOpusTrack, opus_tone
@@ -68,6 +69,11 @@ MEDIA_TIMEOUT = "media timeout"
 # the probe get their turn first.
 WATCHDOG_GRACE_S = 0.05
 RETIRED_DELETE_TIMEOUT_S = 1.0  # DELETE of a failed connection's session: best effort
+# After this much silence on a connected call the client renominates its pair (a NAT may have
+# moved its port: renominate.py), beside the watchdog; the renomination has this long to bring
+# the media back
+RENOMINATE_AFTER_S = 0.5
+RENOMINATE_WAIT_S = 1.0
 
 
 class SessionError(Exception):
@@ -159,6 +165,7 @@ class CallSession:
         self._conn: _Connection | None = None      # the current attempt
         self._ice = IceSettings(config.ice_servers, config.ice_transport_policy)
         self._retiring: set[asyncio.Task] = set()  # teardowns of failed attempts
+        self._renominating: asyncio.Task | None = None  # renominate.py, beside the watchdog
         self._sampler: asyncio.Task | None = None
         self._audio_seen = 0       # samples per channel received
         self._audio_sumsq = 0.0    # over samples after echo_skip_ms
@@ -460,6 +467,7 @@ class CallSession:
         ``media_timeout_s``, not per packet."""
         timeout = self.config.media_timeout_s
         second_look, late = False, 0.0
+        renominated_for = None   # the silence (its last packet) a renomination was sent for
         while True:
             now = time.monotonic()
             if now >= end:
@@ -468,14 +476,21 @@ class CallSession:
                 if not self._talking.cancelled() and self._talking.exception() is not None:
                     raise self._talking.exception()  # a bug: the session's internal error
                 return None
-            due = max(conn.connected_at, self._gaps.last or 0.0) + timeout
+            last = self._gaps.last
+            base = max(conn.connected_at, last or 0.0)
+            suspect = None if last is None or renominated_for == last \
+                else base + RENOMINATE_AFTER_S
+            if suspect is not None and now >= suspect:
+                renominated_for, suspect = last, None
+                self._spawn_renomination(conn, last)
+            due = base + timeout
             if now < due:
                 second_look = False
             elif second_look:
                 return MEDIA_TIMEOUT
             else:  # as long again as the loop was late to wake us: its backlog goes first
                 second_look, due = True, now + max(WATCHDOG_GRACE_S, late)
-            wake = min(due, end)
+            wake = min(due, end) if suspect is None else min(due, end, suspect)
             try:
                 async with asyncio.timeout(wake - now):
                     await self._failed_or_talked(conn)
@@ -485,6 +500,32 @@ class CallSession:
             if conn.failure is None:
                 continue  # the conversation is over (the top of the loop says so)
             return conn.failure
+
+    def _spawn_renomination(self, conn: _Connection, before: float) -> None:
+        if conn.pc is None or (self._renominating is not None and not self._renominating.done()):
+            return
+        self._renominating = asyncio.create_task(self._renominate(conn, before),
+                                                 name=f"client-{self.index}-renominate")
+
+    async def _renominate(self, conn: _Connection, before: float | None) -> None:
+        """The media stopped ``RENOMINATE_AFTER_S`` ago on a connection ICE still holds:
+        renominate its pair (a NAT may have moved the client's port: renominate.py) and
+        note it if the media comes back within ``RENOMINATE_WAIT_S``. Beside the watchdog,
+        never in its way: a dead path still calls again at ``media_timeout_s``."""
+        gaps, detected = self._gaps, time.time()
+        try:
+            async with asyncio.timeout(RENOMINATE_WAIT_S):
+                if not await renominate(conn.pc):
+                    return
+                while gaps.last == before:
+                    await asyncio.sleep(0.01)
+        except TimeoutError:
+            return
+        r = self.result
+        r.renominations += 1
+        r.renominated.append([None if before is None else round(before + gaps.unix_offset, 6),
+                              round(detected, 6), round(gaps.last + gaps.unix_offset, 6)])
+        log.debug("session %d: renominated, media back", self.index)
 
     async def _failed_or_talked(self, conn: _Connection) -> None:
         """Until ``conn`` fails or the conversation (if any) is over."""
@@ -576,7 +617,7 @@ class CallSession:
 
     async def _teardown(self, http: aiohttp.ClientSession) -> None:
         cfg, r = self.config, self.result
-        for task in (self._sampler, self._talking):
+        for task in (self._sampler, self._talking, self._renominating):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)

@@ -1,0 +1,24 @@
+"""``nat_rebind``: the NAT in front of a client region (target ``last_mile/R``, a scenario
+with ``nat:``) loses every UDP mapping of the region's clients at once, as a carrier NAT that
+reboots or rebinds: from its next packet on, each call's client leaves from a new public port.
+Nothing is mended (the new mappings are the ones from then on); the calls recover only if the
+edge follows the new address (docs/mobility.md): the client notices with its media watchdog
+and renominates its pair, or calls again."""
+from __future__ import annotations
+
+import time
+
+from scenarios.faultkinds.base import FaultKind
+
+
+class NatRebind(FaultKind):
+    name = "nat_rebind"
+    targets = ("last_mile",)
+
+    def apply(self, run):
+        t, r = run.spec.target, run.record
+        run.world.nat_rebind(t.region)
+        r.at_unix = r.end_unix = r.ready_unix = time.time()
+
+
+KIND = NatRebind()
