@@ -530,8 +530,8 @@ def fault_effects(results: Results) -> list[FaultEffect]:
 def _renominated(run, keys: set, w) -> dict:
     """The affected sessions' renominations in the fault's window (a client whose media
     stopped renominated its pair and the media came back: docs/mobility.md): how many, the
-    client's detection time (its last packet to its watchdog's alarm: its setting, not the
-    edge's) and the renomination's own time (the alarm to the first packet after it)."""
+    client's detection time (its last packet to its renomination: its setting, not the
+    edge's) and the renomination's own time (the check to the first packet after it)."""
     sessions = run.sessions
     if sessions is None or "renominated" not in sessions:
         return {}

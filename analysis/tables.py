@@ -217,7 +217,7 @@ def faults_hit(rows: list[dict]) -> Table:
                        "(outage) or transceiver (crash). Renominations: affected calls whose "
                        "media came back when the client renominated its pair (no new call: "
                        "docs/mobility.md); detection: the client's last packet to its "
-                       "watchdog's alarm (its setting), renomination: the alarm to the first "
+                       "renomination (its setting), renomination: the check to the first "
                        "packet after it (the edge's part).")
     for r in rows:
         head = [str(r.get("fault")), str(r.get("kind")), str(r.get("target")),

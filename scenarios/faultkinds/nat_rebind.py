@@ -2,8 +2,8 @@
 with ``nat:``) loses every UDP mapping of the region's clients at once, as a carrier NAT that
 reboots or rebinds: from its next packet on, each call's client leaves from a new public port.
 Nothing is mended (the new mappings are the ones from then on); the calls recover only if the
-edge follows the new address (docs/mobility.md): the client notices with its media watchdog
-and renominates its pair, or calls again."""
+edge follows the new address (docs/mobility.md): after 0.5 s of silence the client
+renominates its pair, or its media watchdog calls again."""
 from __future__ import annotations
 
 import time

@@ -460,14 +460,7 @@ class RelayWorker:
             self.drops.add("rate_limited")
             return True
         flow.moving = (nxt, cluster_id, transceiver_id, now + self._move_ns)
-        data = rx.data_addr + i * rx.slot
-        if flow.prev is None:
-            w = flow.words
-            self.tx_hop.add(nxt.name_ptr, nxt.namelen, w[HEADER], w[HEADER_LEN], data,
-                            len(datagram))
-        else:
-            self.tx_hop.add(nxt.name_ptr, nxt.namelen, data, len(datagram))
-        flow.count_up(len(payload), now)
+        self._send_up(flow, rx, i, len(datagram), len(payload), now, nxt)
         return True
 
     def _moved(self, flow: Flow, source, payload: memoryview, now: int) -> bool:
@@ -487,11 +480,12 @@ class RelayWorker:
         self.publisher.moved(flow, before)
         return True
 
-    def _send_up(self, flow: Flow, rx, i: int, length: int, payload: int, now: int) -> None:
+    def _send_up(self, flow: Flow, rx, i: int, length: int, payload: int, now: int,
+                 nxt: Hop | None = None) -> None:
         """Queue slot i of ``rx`` (``length`` bytes, ``payload`` of them the client's datagram)
-        towards the flow's next hop; a client's own datagram (no upstream relay) goes behind
-        the flow's hop header."""
-        nxt = flow.next
+        towards the flow's next hop (or ``nxt``); a client's own datagram (no upstream relay)
+        goes behind the flow's hop header."""
+        nxt = flow.next if nxt is None else nxt
         data = rx.data_addr + i * rx.slot
         if flow.prev is None:
             w = flow.words
