@@ -478,11 +478,15 @@ class CallSession:
                 return None
             last = self._gaps.last
             base = max(conn.connected_at, last or 0.0)
-            suspect = None if last is None or renominated_for == last \
-                else base + RENOMINATE_AFTER_S
-            if suspect is not None and now >= suspect:
-                renominated_for, suspect = last, None
-                self._spawn_renomination(conn, last)
+            if last is None:   # no packet yet: look again soon, the first may come any time
+                suspect = now + RENOMINATE_AFTER_S
+            elif renominated_for == last:
+                suspect = None
+            else:
+                suspect = base + RENOMINATE_AFTER_S
+                if now >= suspect:
+                    renominated_for, suspect = last, None
+                    self._spawn_renomination(conn, last)
             due = base + timeout
             if now < due:
                 second_look = False
