@@ -53,15 +53,6 @@ static inline uint64_t *lookup(PyObject *table, uint64_t key) {
     return (uint64_t *)PyLong_AsVoidPtr(v);
 }
 
-/* Whether a datagram is a STUN Binding request (RFC 8489: type 0x0001, the magic cookie).
- * On a known flow it goes to Python, which re-reads its USERNAME: a NAT may have given the
- * flow's address to another caller, whose session is behind another next hop. Consent checks
- * are one every few seconds a call, so this costs nothing that counts. */
-static inline int binding_request(const uint8_t *d, size_t len) {
-    return len >= 20 && d[0] == 0x00 && d[1] == 0x01 && d[4] == 0x21 && d[5] == 0x12 &&
-           d[6] == 0xA4 && d[7] == 0x42;
-}
-
 /* Whether an IPv4 source sockaddr is the flow's previous hop (an ingress relay). */
 static inline int from_prev(const uint64_t *rec, const uint8_t *source) {
     return rec[REC_PREV_NAME] && rec[REC_PREV_NAMELEN] == sizeof(struct sockaddr_in) &&
@@ -121,8 +112,7 @@ static int get_ptr(PyObject *o, void **out) {
  * Cluster tier: hop-encapsulated datagrams from ingress relays -> the flow's next hop,
  * unchanged (header and all). Only an established flow's, and only from the ingress relay
  * the flow names as its previous hop; anything else (a first packet, a flow that moved to
- * another ingress, a bad header, IPv6) is a miss for Python, and in both a STUN Binding
- * request is one (binding_request). */
+ * another ingress, a bad header, IPv6) is a miss for Python. */
 static PyObject *forward_up(PyObject *const *a, Py_ssize_t na, int internal) {
     if (na != 9) {
         PyErr_SetString(PyExc_TypeError, "forward_public/forward_internal take 9 arguments");
@@ -163,9 +153,7 @@ static PyObject *forward_up(PyObject *const *a, Py_ssize_t na, int internal) {
             }
             /* a client's own datagram only for a flow without an upstream relay; an ingress
              * relay's only from the one the flow names */
-            if (!rec || (internal ? !from_prev(rec, name) : rec[REC_PREV_NAME] != 0) ||
-                (internal ? binding_request(data + HOP_V4_LEN, len - HOP_V4_LEN)
-                          : binding_request(data, len))) {
+            if (!rec || (internal ? !from_prev(rec, name) : rec[REC_PREV_NAME] != 0)) {
                 misses[missed++] = (uint32_t)i;
                 continue;
             }

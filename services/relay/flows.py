@@ -62,7 +62,7 @@ class Flow:
 
     __slots__ = ("key", "client", "client_name", "header", "next", "prev", "cluster_id",
                  "transceiver_id", "created", "refreshed", "source", "record", "words",
-                 "record_ptr", "pending", "ip_key", "prefix_key", "moving")
+                 "record_ptr", "pending", "ip_key", "prefix_key")
 
     def __init__(self, key, client: tuple[str, int], next_hop: Hop, prev: Hop | None,
                  cluster_id: int, transceiver_id: int, now_ns: int, source: str,
@@ -72,9 +72,6 @@ class Flow:
         self.client_name = bytearray(client_name or mmsg.sockaddr(*client))
         self.ip_key, self.prefix_key = source_keys(self.client_name)
         self.pending = False  # see services/relay/admission.py
-        # a check from the flow's address routed elsewhere, not answered yet (worker.py):
-        # (next hop, cluster id, transceiver id, until when in ns)
-        self.moving: tuple[Hop, int, int, int] | None = None
         self.header = bytearray(hopwire.encode_sockaddr(self.client_name, hopwire.TO_SERVER))
         self.cluster_id, self.transceiver_id = cluster_id, transceiver_id
         self.created = self.refreshed = now_ns
