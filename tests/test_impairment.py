@@ -470,7 +470,10 @@ def test_stop_removes_everything_and_is_idempotent(lab, backends):
     assert not _leftovers(lab.a, lab.b)
     assert not Path(f"/proc/{engine}").exists() and engine not in _our_engines()
     be.stop()
-    assert probe(lab, count=20, rate=200, drain_s=0.1).mean_ms < 1
+    # A delay left behind would hold back every datagram; one a loaded host schedules late
+    # (CI saw one at ~20 ms: a mean of 1.13 ms) says nothing about the rule, so the median.
+    r = probe(lab, count=20, rate=200, drain_s=0.1)
+    assert r.received == 20 and r.percentile_ms(0.5) < 1, r.summary()
 
 
 def _lab_sockets(lab) -> tuple[socket.socket, socket.socket]:
@@ -600,7 +603,8 @@ def test_netem_backend_impairs_and_leaves_nothing(lab, netem):
     assert r.sd_ms == pytest.approx(5, abs=0.75), r.summary()
     assert s["backend"] == "netem" and s["interfaces"][f"{lab.b.name}:vb"]["seen"] >= 300
     assert not _netem_leftovers(lab.b)
-    assert probe(lab, count=20, rate=200, drain_s=0.1).mean_ms < 1
+    r = probe(lab, count=20, rate=200, drain_s=0.1)
+    assert r.received == 20 and r.percentile_ms(0.5) < 1, r.summary()  # as above: the median
     be.stop()  # idempotent
 
 

@@ -6,6 +6,7 @@ failures (bad input, a busy port, a missing file) into one clear line and a non-
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 
@@ -13,10 +14,21 @@ from voiceedge import __version__
 from voiceedge.errors import UserError
 
 
-# The services, each parsed without importing the rest of the testbed: a restarted relay or
-# transceiver is back ~0.8 s sooner (the fault scenarios measure that restart).
-_SERVICES = {"relay": "services.relay.cli", "transceiver": "services.transceiver.cli",
-             "signaling": "services.signaling.cli", "agent": "services.agent.cli"}
+# Each command is parsed with its own module alone: the testbed's other modules (the benches,
+# the analysis, pandas, aiortc) cost ~0.9 s to import. A restarted relay or transceiver is
+# back that much sooner (the fault scenarios measure that restart), and a client, a report or
+# a bad argument answers at once. The order is --help's.
+_COMMANDS = {"relay": "services.relay.cli", "transceiver": "services.transceiver.cli",
+             "signaling": "services.signaling.cli", "agent": "services.agent.cli",
+             "client": "services.client.cli", "browser": "services.browser.cli",
+             "demo": "scenarios.demo_edge", "calibrate": "topology.cli",
+             "world": "topology.worldcli", "budgets": "analysis.budgets_cli",
+             "report": "analysis.cli", "pcap": "analysis.pcap.cli", "bench": None,
+             "scenario": "scenarios.cli", "sweep": "scenarios.sweepcli"}
+_BENCHES = ("bench.relay", "bench.capacity", "topology.impairment.bench", "bench.hostile.cli",
+            "bench.srtp_floor")
+# The long-running services: they stop on SIGTERM by themselves (services/lifecycle.py).
+_SERVICES = ("relay", "transceiver", "signaling", "agent")
 
 
 def _base_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
@@ -29,66 +41,34 @@ def _base_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]
     return parser, sub
 
 
-def service_parser(command: str) -> argparse.ArgumentParser:
-    """The parser of one service command alone (``voiceedge relay ...``)."""
-    import importlib
+def _add_command(sub: argparse._SubParsersAction, command: str) -> None:
+    if command != "bench":
+        importlib.import_module(_COMMANDS[command]).add_parser(sub)
+        return
+    bench = sub.add_parser("bench", help="benchmarks of the testbed's own parts")
+    bench_sub = bench.add_subparsers(dest="target", metavar="TARGET", required=True)
+    for module in _BENCHES:
+        importlib.import_module(module).add_parser(bench_sub)
 
+
+def command_parser(command: str) -> argparse.ArgumentParser:
+    """The parser of one command alone (``voiceedge relay ...``)."""
     parser, sub = _base_parser()
-    importlib.import_module(_SERVICES[command]).add_parser(sub)
+    _add_command(sub, command)
     return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from analysis import budgets_cli
-    from analysis import cli as report_cli
-    from analysis.pcap import cli as pcap_cli
-    from bench import capacity as capacity_bench
-    from bench.hostile import cli as hostile_bench
-    from bench import relay as relay_bench
-    from bench import srtp_floor as srtp_bench
-    from topology.impairment import bench as impairment_bench
-    from scenarios import cli as scenario_cli
-    from scenarios import sweepcli
-    from scenarios import demo_edge
-    from services.agent import cli as agent_cli
-    from services.browser import cli as browser_cli
-    from services.client import cli as client_cli
-    from services.relay import cli as relay_cli
-    from services.signaling import cli as signaling_cli
-    from services.transceiver import cli as transceiver_cli
-    from topology import cli as topology_cli
-    from topology import worldcli
-
+    """The parser of every command (``voiceedge --help``)."""
     parser, sub = _base_parser()
-    relay_cli.add_parser(sub)
-    transceiver_cli.add_parser(sub)
-    signaling_cli.add_parser(sub)
-    agent_cli.add_parser(sub)
-    client_cli.add_parser(sub)
-    browser_cli.add_parser(sub)
-    demo_edge.add_parser(sub)
-    topology_cli.add_parser(sub)
-    worldcli.add_parser(sub)
-    budgets_cli.add_parser(sub)
-    report_cli.add_parser(sub)
-    pcap_cli.add_parser(sub)
-
-    bench = sub.add_parser("bench", help="benchmarks of the testbed's own parts")
-    bench_sub = bench.add_subparsers(dest="target", metavar="TARGET", required=True)
-    relay_bench.add_parser(bench_sub)
-    capacity_bench.add_parser(bench_sub)
-    impairment_bench.add_parser(bench_sub)
-    hostile_bench.add_parser(bench_sub)
-    srtp_bench.add_parser(bench_sub)
-
-    scenario_cli.add_parser(sub)
-    sweepcli.add_parser(sub)
+    for command in _COMMANDS:
+        _add_command(sub, command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
-    parser = service_parser(words[0]) if words and words[0] in _SERVICES else build_parser()
+    parser = command_parser(words[0]) if words and words[0] in _COMMANDS else build_parser()
     args = parser.parse_args(argv)
     level = logging.DEBUG if args.verbose else logging.INFO
     if getattr(args, "service", None):  # a service: one JSON object per line on stderr
@@ -99,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.verbose:  # the WebRTC stack logs every ICE check at INFO
             for name in ("aioice", "aiortc"):
                 logging.getLogger(name).setLevel(logging.WARNING)
-    if args.command in _SERVICES:  # they stop on SIGTERM by themselves (services/lifecycle.py)
+    if args.command in _SERVICES:
         return _run(args)
     from topology.impairment.seed import seed_from_env
     try:  # read where a world is built, deep inside a run: a bad value is refused up front
