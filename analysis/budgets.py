@@ -193,6 +193,7 @@ class BudgetFile:
     budgets: tuple[Budget, ...]
     faults: FaultBudgets | None = None
     conversation: ConversationBudgets | None = None
+    mobility: FaultBudgets | None = None   # fault budgets on the mobility scenario's run
 
     @classmethod
     def load(cls, path: str | Path = BUDGETS_FILE) -> "BudgetFile":
@@ -205,7 +206,8 @@ class BudgetFile:
             raise BudgetError(f"{path}: no budgets")
         return cls(str(doc.get("scenario", "scenarios/ci.yaml")), str(doc.get("region", "")),
                    tuple(budgets), _fault_budgets(path, doc.get("faults")),
-                   _conversation_budgets(path, doc.get("conversation")))
+                   _conversation_budgets(path, doc.get("conversation")),
+                   _fault_budgets(path, doc.get("mobility"), "mobility"))
 
     def scenario_path(self) -> Path:
         """The scenario file: absolute, or relative to the installed packages' folder."""
@@ -232,11 +234,11 @@ def _budget(path: Path, n: int, raw) -> Budget:
     return b
 
 
-def _fault_budgets(path: Path, doc) -> FaultBudgets | None:
+def _fault_budgets(path: Path, doc, section: str = "faults") -> FaultBudgets | None:
     if doc is None:
         return None
     if not isinstance(doc, dict) or not doc.get("scenario") or not doc.get("budgets"):
-        raise BudgetError(f"{path}: faults: needs a scenario and budgets")
+        raise BudgetError(f"{path}: {section}: needs a scenario and budgets")
     budgets = []
     for n, raw in enumerate(doc["budgets"]):
         try:

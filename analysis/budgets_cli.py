@@ -3,6 +3,7 @@ folders) and gate them: the latency budgets on the first, the fault budgets on t
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from voiceedge.stopsignals import run_child
 
 # analysis.budgets's BUDGETS_FILE, without importing numpy and pandas for every command.
 BUDGETS_FILE = Path(__file__).with_name("budgets.yaml")
-SETS = ("latency", "faults", "conversation")
+SETS = ("latency", "faults", "conversation", "mobility")
 
 
 def add_parser(sub) -> None:
@@ -21,10 +22,13 @@ def add_parser(sub) -> None:
                        description="Check results folders against the latency budgets and the "
                                    "fault budgets; without a folder, run the budgets file's "
                                    "scenarios first (the compact CI scenario, the fault "
-                                   "scenario, the conversation scenario). A folder with "
-                                   "faults.json or faults.csv is checked against the fault "
-                                   "budgets, one with turns.csv against the conversation "
-                                   "budgets, any other against the latency budgets. Exit status 1 when a budget is exceeded. "
+                                   "scenario, the conversation scenario, the mobility "
+                                   "scenario). A folder with faults.json or faults.csv is "
+                                   "checked against the fault budgets (the mobility budgets "
+                                   "when it is a run of the mobility scenario), one with "
+                                   "turns.csv against the conversation budgets, any other "
+                                   "against the latency budgets. Exit status 1 when a budget "
+                                   "is exceeded. "
                                    "--sweep DIR checks a sweep folder against the file's "
                                    "sweep_budgets instead.")
     p.add_argument("results", nargs="*", type=Path,
@@ -45,12 +49,32 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def folder_set(folder: Path) -> str:
-    """Which budgets a results folder is checked against: 'faults' for a run with faults,
-    'conversation' for one with turns."""
+def folder_set(folder: Path, mobility: str | None = None) -> str:
+    """Which budgets a results folder is checked against: 'faults' for a run with faults
+    ('mobility' when it ran the scenario named ``mobility``), 'conversation' for one with
+    turns."""
     if any((folder / f).is_file() for f in ("faults.json", "faults.csv")):
-        return "faults"
+        return "mobility" if mobility and _scenario_name(folder) == mobility else "faults"
     return "conversation" if (folder / "turns.csv").is_file() else "latency"
+
+
+def _scenario_name(folder: Path) -> str | None:
+    """The name of the scenario a results folder ran (its config.json), if it says."""
+    try:
+        scenario = json.loads((folder / "config.json").read_text()).get("scenario")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return scenario.get("name") if isinstance(scenario, dict) else None
+
+
+def _name_of(scenario: Path) -> str | None:
+    """A scenario file's ``name``."""
+    import yaml
+    try:
+        doc = yaml.safe_load(scenario.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return doc.get("name") if isinstance(doc, dict) else None
 
 
 def run_scenario(scenario: Path, region: str, quiet: bool) -> tuple[Path, int]:
@@ -117,9 +141,13 @@ def run(args: argparse.Namespace) -> int:
     if args.only == "conversation" and budgets.conversation is None:
         raise UserError(f"{args.budgets} has no conversation budgets (a 'conversation' "
                         "section)")
+    if args.only == "mobility" and budgets.mobility is None:
+        raise UserError(f"{args.budgets} has no mobility budgets (a 'mobility' section)")
     failed_runs = 0
     if args.results:
-        jobs = [(args.only or folder_set(folder), folder) for folder in args.results]
+        mobility = (_name_of(budgets.mobility.scenario_path())
+                    if budgets.mobility is not None else None)
+        jobs = [(args.only or folder_set(folder, mobility), folder) for folder in args.results]
         if any(s == "faults" for s, _ in jobs) and budgets.faults is None:
             raise UserError(f"{args.budgets} has no fault budgets (a 'faults' section)")
         if any(s == "conversation" for s, _ in jobs) and budgets.conversation is None:
@@ -131,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
         if budgets.conversation is not None:
             plan.append(("conversation", budgets.conversation.scenario_path(),
                          budgets.conversation.region))
+        if budgets.mobility is not None:
+            plan.append(("mobility", budgets.mobility.scenario_path(),
+                         budgets.mobility.region))
         plan = [p for p in plan if args.only in (None, p[0])]
         for which, path, _ in plan:
             _scenario(which, path, args.budgets)
@@ -142,10 +173,12 @@ def run(args: argparse.Namespace) -> int:
     verdicts = []
     try:
         for which, folder in jobs:
-            if which == "faults":
-                found = check_faults(folder, budgets.faults)
+            if which in ("faults", "mobility"):
+                found = check_faults(folder, budgets.faults if which == "faults"
+                                     else budgets.mobility)
                 if not args.json:
-                    print_fault_table(found, f"fault budgets ({args.budgets.name}) on {folder}")
+                    print_fault_table(found, f"{'fault' if which == 'faults' else which} "
+                                             f"budgets ({args.budgets.name}) on {folder}")
             elif which == "conversation":
                 found = check_conversation(folder, budgets.conversation)
                 if not args.json:

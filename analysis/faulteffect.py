@@ -18,7 +18,10 @@ from dataclasses import dataclass
 GAP_OVER_RESTART = "gap_over_restart_ms"   # the longest down gap minus the service's restart
 FIRST_CALL_ELSEWHERE = "first_new_session_s"  # the first call that connected off the target
 EXTRA_RTT = "extra_rtt_ms"                 # media RTT after the audio was back minus before
-MEASURES = (GAP_OVER_RESTART, FIRST_CALL_ELSEWHERE, EXTRA_RTT)
+# a call's address changed (mobility): its longest down gap minus its client's detection time
+# and its media RTT, the most over the renominated calls (the report's mobility table)
+GAP_OVER_DETECTION_RTT = "gap_over_detection_rtt_max_ms"
+MEASURES = (GAP_OVER_RESTART, FIRST_CALL_ELSEWHERE, EXTRA_RTT, GAP_OVER_DETECTION_RTT)
 
 
 @dataclass(frozen=True)

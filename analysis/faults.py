@@ -31,7 +31,8 @@ from urllib.parse import urlsplit
 import pandas as pd
 
 from analysis import archinfo
-from analysis.faulteffect import EXTRA_RTT, FIRST_CALL_ELSEWHERE, GAP_OVER_RESTART, Effect
+from analysis.faulteffect import (EXTRA_RTT, FIRST_CALL_ELSEWHERE, GAP_OVER_DETECTION_RTT,
+                                  GAP_OVER_RESTART, Effect)
 from analysis.jsonout import plain
 from analysis.load import Results
 from analysis.stats import percentile
@@ -45,7 +46,8 @@ FAULT_FIELDS = (
     "reconnections", "renominations", "detection_p50_ms", "renomination_p50_ms",
     "renomination_max_ms",
     "restart_s", "gap_over_restart_ms", "audio_after_ready_ms", "first_new_session_s",
-    "extra_rtt_ms", "setting_up", "first_audio_after_s", "note")
+    "extra_rtt_ms", "gap_over_detection_rtt_max_ms", "setting_up", "first_audio_after_s",
+    "note")
 # The columns a fault budget may bound (analysis/budgets.py).
 FAULT_METRICS = tuple(f for f in FAULT_FIELDS if f not in (
     "fault", "kind", "target", "architecture", "applicable", "redis", "note"))
@@ -491,6 +493,8 @@ def _effect(f: Fault, run: _Run, next_at: float | None) -> FaultEffect:
             notes.append("no call connected elsewhere in the window")
     if f.measures(EXTRA_RTT):
         row["extra_rtt_ms"] = _round(_extra_rtt(run, affected, w), 1)
+    if f.measures(GAP_OVER_DETECTION_RTT):
+        row[GAP_OVER_DETECTION_RTT] = _round(_gap_over_detection_rtt(run, affected, w), 1)
     if setting_up:
         firsts = [s.first_rx - w.at for s in setting_up if s.first_rx is not None]
         row["setting_up"] = len(setting_up)
@@ -537,13 +541,7 @@ def _renominated(run, keys: set, w) -> dict:
         return {}
     detection, renomination = [], []
     for cell in sessions[sessions.key.isin(keys)].renominated:
-        try:
-            entries = json.loads(cell) if isinstance(cell, str) and cell else []
-        except ValueError:
-            entries = []
-        for stopped, detected, back in entries:
-            if not w.at <= detected <= w.horizon:
-                continue
+        for stopped, detected, back in _renominations(cell, w):
             if stopped is not None:
                 detection.append(1000.0 * (detected - stopped))
             renomination.append(1000.0 * (back - detected))
@@ -552,6 +550,35 @@ def _renominated(run, keys: set, w) -> dict:
             "renomination_p50_ms": (_round(percentile(renomination, 50), 1)
                                     if renomination else None),
             "renomination_max_ms": _round(max(renomination), 1) if renomination else None}
+
+
+def _renominations(cell, w) -> list[tuple[float | None, float, float]]:
+    """A sessions.csv ``renominated`` cell's entries (stopped, detected, back) in the window."""
+    try:
+        entries = json.loads(cell) if isinstance(cell, str) and cell else []
+    except ValueError:
+        return []
+    return [(stopped, detected, back) for stopped, detected, back in entries
+            if w.at <= detected <= w.horizon]
+
+
+def _gap_over_detection_rtt(run, affected: list[SessionAtFault], w) -> float | None:
+    """The most any renominated call's longest down gap exceeded its own detection time plus
+    its media RTT (issue 30's target: at most 100 ms): what the edge and the path added to a
+    recovery the client started on its own setting."""
+    sessions = run.sessions
+    if sessions is None or "renominated" not in sessions or "rtt_ms" not in sessions:
+        return None
+    rtts = dict(zip(sessions.key, pd.to_numeric(sessions.rtt_ms, errors="coerce")))
+    cells = dict(zip(sessions.key, sessions.renominated))
+    excess = []
+    for s in affected:
+        rtt = rtts.get(s.key)
+        found = [e for e in _renominations(cells.get(s.key), w) if e[0] is not None]
+        if found and rtt is not None and not pd.isna(rtt):
+            stopped, detected, _ = found[0]
+            excess.append(s.gap_down_ms - 1000.0 * (detected - stopped) - float(rtt))
+    return max(excess) if excess else None
 
 
 def fault_rows(results: Results) -> list[dict]:

@@ -147,6 +147,9 @@ def _faults_html(results: Results, effects: list[FaultEffect], plots: dict[str, 
     parts = ["<h2 id='faults'>Faults</h2>", f"<p>{e(FAULTS_INTRO)}</p>",
              "<h3>What each fault hit</h3>", tables.to_html(tables.faults_hit(rows)),
              "<h3>Audio around each fault</h3>", tables.to_html(tables.faults_media(rows))]
+    moved = tables.calls_moved(effects)
+    if moved.rows:
+        parts += ["<h3 id='calls-moved'>Calls that moved</h3>", tables.to_html(moved)]
     for name, path in _fault_plots(effects, plots):
         parts.append(f"<figure id='{e(name)}'>{_img(path)}<figcaption>{e(FAULT_CAPTION)}"
                      f"</figcaption></figure>")
@@ -164,6 +167,9 @@ def _faults_markdown(results: Results, effects: list[FaultEffect], plots: dict[s
     lines = ["## Faults", "", FAULTS_INTRO, "", "### What each fault hit", "",
              tables.to_markdown(tables.faults_hit(rows)), "### Audio around each fault", "",
              tables.to_markdown(tables.faults_media(rows))]
+    moved = tables.calls_moved(effects)
+    if moved.rows:
+        lines += ["### Calls that moved", "", tables.to_markdown(moved)]
     for name, path in _fault_plots(effects, plots):
         rel = path.relative_to(base) if path.is_relative_to(base) else path
         lines += [f"![{name}]({rel.as_posix()})", "", f"_{FAULT_CAPTION}_", ""]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from analysis.faulteffect import GAP_OVER_DETECTION_RTT
 from analysis.faults import FaultEffect
 from analysis.load import Results, as_bool
 from analysis.stats import ALL, METRIC_BY_NAME, METRICS, Stats, thin_tail
@@ -262,6 +263,37 @@ def faults_media(rows: list[dict]) -> Table:
                            _n(r.get("recovery_s"), 2), _n(r.get("gap_over_restart_ms"), 0, True),
                            _n(r.get("audio_after_ready_ms"), 0, True),
                            _n(r.get("extra_rtt_ms"), 1, True), _n(r.get("window_s"), 1)])
+    return table
+
+
+MOVED_TARGET_MS = 100  # issue 30: a moved call's gap at most detection + one RTT + 100 ms
+
+
+def calls_moved(effects: list[FaultEffect]) -> Table:
+    """Per fault that changes calls' addresses (its kind measures the gap over detection and
+    RTT: a NAT rebinding) and architecture: whether the calls were kept, how they recovered
+    and what the recovery cost beyond the client's own detection time and one RTT."""
+    table = Table(["fault", "kind", "architecture", "affected", "lost", "new calls",
+                   "renominations", "detection p50 (ms)", "renomination p50 / max (ms)",
+                   "down gap p50 / max (ms)", "gap - detection - RTT, max (ms)"],
+                  note="From faults.csv. Renominations: affected calls whose media came back "
+                       "when the client renominated its pair from its new address (the same "
+                       "session, no new call or DTLS handshake: docs/mobility.md). Detection: "
+                       "the client's last packet to its renomination (its setting, not the "
+                       "edge's). Gap - detection - RTT: per renominated call, its longest down "
+                       "gap minus its own detection time and media RTT; the most of them "
+                       f"(target: at most {MOVED_TARGET_MS} ms).")
+    for x in effects:
+        r = x.row
+        if not (r.get("applicable") and x.fault.measures(GAP_OVER_DETECTION_RTT)):
+            continue
+        table.rows.append([
+            str(r.get("fault")), str(r.get("kind")), str(r.get("architecture")),
+            _n(r.get("sessions_affected")), _n(r.get("sessions_lost")), _n(r.get("new_calls")),
+            _n(r.get("renominations")), _n(r.get("detection_p50_ms"), 0),
+            f"{_n(r.get('renomination_p50_ms'), 0)} / {_n(r.get('renomination_max_ms'), 0)}",
+            f"{_n(r.get('gap_down_p50_ms'), 0)} / {_n(r.get('gap_down_max_ms'), 0)}",
+            _n(r.get(GAP_OVER_DETECTION_RTT), 0, True)])
     return table
 
 

@@ -13,7 +13,8 @@ its hop socket (``forward_return``). An input is a program: a first byte gives e
 clients a flow or none (direct, or through one of two ingress relays), then operations: a
 datagram from a client, an ingress, the next hop or a stranger to one of the three sockets (a
 hop header for a client, towards the server or the client, with good or unknown flags, then
-the input's bytes; the input's raw bytes; or one longer than a receive slot), a flow moved to
+the input's bytes; a STUN Binding request, behind such a header to the internal port; the
+input's raw bytes; or one longer than a receive slot), a flow moved to
 another ingress, or a flush: each socket's entry point called, one receive batch a call, until
 everything sent was received. The model is the Python path's rule (services/relay/worker.py:
 ``_public_slow``, ``_upstream_datagram``, ``_return_slow`` for established flows): every
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import select
 import socket
+import struct
 from pathlib import Path
 
 from bench.fuzzing import Harness, InputReader, Tally, Target, command
@@ -35,6 +37,9 @@ TARGET = Target(suffix="._fastpath", work=REPO / "build" / "fuzz-fastpath",
 BATCH = 16           # receive slots: a flush sends at most this many to a socket
 SLOT = 2048
 MAX_OPS = 64
+BINDING = b"\x00\x01\x00\x00\x21\x12\xa4\x42"  # type, length 0, the magic cookie (RFC 8489)
+# the flows' server ufrags: none yet (recovered), a routing one's 20 characters, the longest
+UFRAGS = (b"", b"AQAgARBVjRvxDqvDHWNE", b"u" * 24)
 PUBLIC, INTERNAL, RETURN = 0, 1, 2
 
 
@@ -103,6 +108,7 @@ class Case:
             prev = None if how == 1 else world.prevs[how - 2]
             addr = client.getsockname()
             flow = Flow(self.key(addr), addr, world.next_hop, prev, 4, 7, 1, "stun")
+            flow.ufrag = UFRAGS[k % len(UFRAGS)]
             self.flows[k] = flow
             self.table[flow.key] = flow.record_ptr
         self.model = {k: [0, 0, 0, 0] for k in self.flows}   # up/down packets and bytes
@@ -144,6 +150,11 @@ class Case:
             datagram = b"\x0e\x00" + bytes(SLOT)                  # past the slot: truncated
         elif kind >> 5 >= 5:
             datagram = body                                       # raw
+        elif kind >> 5 == 4:                                      # a STUN Binding request
+            from services.relay import mmsg
+            stun = binding(body, self.flows.get(kind & 3))
+            datagram = (stun if target == PUBLIC
+                        else bytes([0x0E, flags]) + mmsg.sockaddr(*client)[2:8] + stun)
         else:
             from services.relay import mmsg
             datagram = bytes([0x0E, flags]) + mmsg.sockaddr(*client)[2:8] + body
@@ -225,7 +236,7 @@ class Case:
         if target == PUBLIC:
             k = w.clients.index(sender) if sender in w.clients else None
             flow = self.flows.get(k)
-            if flow is None or flow.prev is not None:
+            if flow is None or flow.prev is not None or binding_request(d, flow):
                 return None
             self.model[k][0] += 1
             self.model[k][1] += len(d)
@@ -238,6 +249,8 @@ class Case:
         flow = self.flows[k]
         if target == INTERNAL:
             if sender not in w.ingress or flow.prev is not w.prevs[w.ingress.index(sender)]:
+                return None
+            if binding_request(d[8:], flow):
                 return None
             self.model[k][0] += 1
             self.model[k][1] += len(d) - 8
@@ -261,6 +274,34 @@ class Case:
             check(got == self.model[k], "a flow's counters", k, got, self.model[k])
 
 
+def binding(body: bytes, flow) -> bytes:
+    """A STUN Binding request from the input: its first byte chooses a USERNAME naming the
+    flow's server ufrag, another, one the input spells, or the input's bytes as attributes
+    under a length that may or may not fit."""
+    how, rest = (body[0] % 4, body[1:]) if body else (0, b"")
+    own = flow.ufrag if flow is not None else b""
+    if how < 3:
+        ufrag = (own, own[::-1] + b"x", rest[:30])[how]
+        value = ufrag + b":" + rest[:8]
+        attrs = struct.pack("!HH", 6, len(value)) + value + bytes(-len(value) % 4)
+        return struct.pack("!HHI", 1, len(attrs), 0x2112A442) + bytes(12) + attrs
+    length = (rest[0] if rest else 0) & 0xFC
+    return struct.pack("!HHI", 1, length, 0x2112A442) + bytes(12) + rest[1:]
+
+
+def binding_request(d: bytes, flow) -> bool:
+    """A STUN Binding request Python must route again (services/relay/worker.py's
+    ``_routed_elsewhere``): one whose USERNAME names another server ufrag than the flow's."""
+    from services.wire.stun import StunError, read_username, server_ufrag
+    if not (len(d) >= 20 and d[:2] == b"\x00\x01" and d[4:8] == BINDING[4:8]):
+        return False
+    try:
+        username = read_username(d)
+    except StunError:
+        return False
+    return username is not None and server_ufrag(username) != flow.ufrag
+
+
 def run_input(world: World, data: bytes) -> None:
     if data:
         world.drain()
@@ -274,7 +315,7 @@ def seeds() -> list[bytes]:
         ops = []
         for target in (0, 1, 2):
             for sender in (0, 1, 2):
-                for kind in (0x00, 0x04, 0x01, 0x10, 0xA0, 0xE0):
+                for kind in (0x00, 0x04, 0x01, 0x10, 0x80, 0xA0, 0xE0):
                     ops += [target | sender << 3, kind, 5, 0x80, 1, 2, 3, 4]
         out.append(bytes([setup, *ops[:120], 0x81, 0xC0, *ops[120:240], 0xC0]))
     return out

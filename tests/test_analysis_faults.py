@@ -25,7 +25,7 @@ from tests.conftest import REPO, write_architectures
 T0 = 1_800_000_000.0  # the first session's start (wall clock)
 GR, PPS = "global-relay", "port-per-session"
 SESSION_TIMES = ("started_unix", "ended_unix", "connected_unix", "reconnections", "transceiver",
-                 "first_rx_unix", "last_rx_unix")
+                 "first_rx_unix", "last_rx_unix", "renominated")
 STEERING = ("architecture", "client_region", "front", "event", "call", "cluster", "nearest",
             "reason", "unix")
 
@@ -496,6 +496,35 @@ def test_the_cli_checks_a_fault_run_against_the_fault_budgets(tmp_path):
     assert "no such fault" in proc.stdout
 
 
+def test_a_run_of_the_mobility_scenario_is_checked_against_the_mobility_budgets(tmp_path):
+    """The budgets file's ``mobility`` section gates a run of the scenario it names (its
+    ``name``), the ``faults`` section every other fault run: the rebinding's worst call, 140
+    ms past its detection and RTT, is over a 100 ms budget."""
+    folder = rebind_world(tmp_path / "run")
+    config = json.loads((folder / "config.json").read_text())
+    config["scenario"]["name"] = "mobility"
+    (folder / "config.json").write_text(json.dumps(config))
+    finalize(folder)
+    budgets = _budgets_file(tmp_path / "b.yaml",
+                            "    - {fault: relay_kill, metric: sessions_lost, max: 0}\n")
+    budgets.write_text(budgets.read_text() + (
+        "mobility:\n  scenario: scenarios/mobility.yaml\n  region: apac\n  budgets:\n"
+        "    - {fault: nat_rebind, metric: sessions_lost, max: 0}\n"
+        "    - {fault: nat_rebind, metric: gap_over_detection_rtt_max_ms, max: 100}\n"))
+    cmd = [sys.executable, "-m", "voiceedge", "budgets", str(folder), "--budgets", str(budgets),
+           "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    verdicts = {v["budget"]: (v["measured"], v["ok"]) for v in json.loads(proc.stdout)}
+    assert len(verdicts) == 2, verdicts          # the mobility set alone, not relay_kill's
+    assert (140.0, False) in verdicts.values() and (0.0, True) in verdicts.values()
+    # a fault run of another scenario stays the fault budgets'
+    config["scenario"]["name"] = "ci-faults"
+    (folder / "config.json").write_text(json.dumps(config))
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert "no such fault" in proc.stdout
+
+
 def test_voiceedge_budgets_runs_both_scenarios_and_gates_each_with_its_set(tmp_path,
                                                                           monkeypatch, capsys):
     import argparse
@@ -551,6 +580,9 @@ def test_voiceedge_budgets_runs_both_scenarios_and_gates_each_with_its_set(tmp_p
 def test_the_shipped_fault_scenario_is_where_the_budgets_say():
     scenario = BudgetFile.load().faults.scenario_path()
     assert scenario == REPO / "scenarios" / "ci-faults.yaml"
+    mobility = BudgetFile.load().mobility
+    assert mobility.scenario_path() == REPO / "scenarios" / "mobility.yaml"
+    assert budgets_cli._name_of(mobility.scenario_path()) == "mobility"
 
 
 def test_a_call_that_ends_before_its_audio_is_back_counts_its_silence_to_its_end(tmp_path):
@@ -597,6 +629,44 @@ def test_a_call_still_setting_up_at_the_fault_is_counted_apart(tmp_path):
     assert row["setting_up"] == 1 and row["first_audio_after_s"] == pytest.approx(11.0)
     assert row["recovery_s"] == pytest.approx(2.6) and row["recovery_p50_s"] == pytest.approx(2.6)
     assert "still setting up" in row["note"]
+
+
+# ------------------------------------------------------------------ calls that moved
+
+def rebind_world(directory: Path) -> Path:
+    """A NAT rebinding in front of apac-se at AT, two global-relay calls from there: each went
+    silent, its client renominated 500 ms after its last packet and the media came back; a
+    third call from another region was not behind that NAT. Media RTT 240 ms each."""
+    s0 = session(0, T0, T0 + 30)
+    s0["renominated"] = json.dumps([[AT + 0.05, AT + 0.55, AT + 0.81]])
+    s1 = session(1, T0 + 1, T0 + 30)
+    s1["renominated"] = json.dumps([[AT + 0.02, AT + 0.52, AT + 0.9]])
+    s2 = session(2, T0 + 2, T0 + 30, region="eu-west")
+    gaps = [gap(s0, "down", AT + 0.05, 760.0), gap(s1, "down", AT + 0.02, 880.0)]
+    rebind = fault("rebind", "nat_rebind", "last_mile/apac-se", at=AT, end=AT, ready=AT)
+    rebind["effect"] = {"hits": ["last_mile/apac-se"],
+                        "measures": ["gap_over_detection_rtt_max_ms"]}
+    return write_folder(directory, [s0, s1, s2], gaps=gaps, faults=[rebind])
+
+
+def test_a_rebinding_measures_each_calls_gap_beyond_its_detection_and_rtt(tmp_path):
+    """The target (a moved call's gap at most detection + one RTT + 100 ms) per call: s0 760
+    - 500 - 240 = 20, s1 880 - 500 - 240 = 140; the row carries the worst, and the report's
+    "Calls that moved" table shows it. A kind that does not measure it has none."""
+    folder = rebind_world(tmp_path / "r")
+    row = rows_by(folder)[("rebind", GR)]
+    assert row["sessions_affected"] == 2 and row["sessions_lost"] == 0
+    assert row["renominations"] == 2 and row["detection_p50_ms"] == pytest.approx(500.0)
+    assert row["gap_over_detection_rtt_max_ms"] == pytest.approx(140.0)
+    md = write_report(folder, tmp_path / "report")[1].read_text()
+    assert "### Calls that moved" in md
+    [line] = [x for x in md.splitlines() if x.startswith("| rebind ")
+              and "nat_rebind" in x and "+140" in x]
+    assert "| 2 | 0 |" in line
+    killed = rows_by(relay_kill_world(tmp_path / "k"))
+    assert all(r["gap_over_detection_rtt_max_ms"] is None for r in killed.values())
+    md = write_report(tmp_path / "k", tmp_path / "report-k")[1].read_text()
+    assert "Calls that moved" not in md
 
 
 # ------------------------------------------------------------------ kinds are data

@@ -250,6 +250,59 @@ def test_idle_flows_expire_and_then_get_no_return_traffic(world):
     relay.wait_for(lambda m: m["drops_unknown_not_stun"] == 1 and m["drops_return_no_flow"] == 1)
 
 
+def _moved_by_an_answered_check(world, client) -> tuple:
+    """``client``'s flow to cluster 1, then checks from its address for cluster 2 (a NAT gave
+    the address to a caller whose session is there): the flow stays until cluster 2 answers
+    one, then follows. Returns the relay's hop address."""
+    hop1, hop2 = world["hops"][1], world["hops"][2]
+    open_flow(client, world["vip"], hop1, 1)
+    client.sendto(stun_for(1), world["vip"])        # the flow's own consent check: stays
+    assert recv_hop(hop1)[1][:2] == b"\x00\x01"
+    client.sendto(stun_for(2), world["vip"])        # goes to cluster 2, which does not answer
+    header, payload, _ = recv_hop(hop2)
+    assert header.client == client.getsockname() and payload[:2] == b"\x00\x01"
+    client.sendto(RTP, world["vip"])                # unanswered (forged?): nothing moved
+    assert recv_hop(hop1)[1] == RTP and nothing_arrives(hop2, 0.1)
+    client.sendto(stun_for(2), world["vip"])
+    _, _, relay_hop_addr = recv_hop(hop2)
+    answer(hop2, client, relay_hop_addr)            # cluster 2 answers: the flow follows
+    client.sendto(RTP, world["vip"])
+    assert recv_hop(hop2)[1] == RTP and nothing_arrives(hop1, 0.1)
+    return relay_hop_addr
+
+
+def test_a_check_routed_elsewhere_moves_its_addresss_flow_once_answered(world):
+    """Without it the address stayed pinned to the first cluster (the fast path forwarded
+    the new caller's checks there) until it was idle for 30 s: the new caller never
+    connected through this relay."""
+    relay = world["start"]()
+    client = udp()
+    relay_hop_addr = _moved_by_an_answered_check(world, client)
+    world["hops"][1].sendto(hop.encode(client.getsockname(), hop.TO_CLIENT) + b"old",
+                            relay_hop_addr)         # the old cluster no longer reaches it
+    assert nothing_arrives(client, 0.2)
+    m = relay.wait_for(lambda m: m["flows_moved"] == 1 and m["drops_return_wrong_source"] == 1)
+    assert m["flows_created"] == 1 and m["flows_active"] == 1
+    [moved] = events(service_records(relay.log(), "relay"), "flow_moved")
+    assert moved["client"] == "%s:%d" % client.getsockname()
+    assert (moved["cluster"], moved["transceiver"]) == (2, 1)
+    assert moved["next_hop"].endswith(str(world["hops"][2].getsockname()[1]))
+    assert moved["previous_next_hop"].endswith(str(world["hops"][1].getsockname()[1]))
+
+
+def test_a_moved_flow_is_recovered_from_redis_on_its_new_route(world, redis_server):
+    args = ("--redis", redis_server.url, "--relay-id", "ingress-move")
+    relay = world["start"](*args)
+    client = udp()
+    _moved_by_an_answered_check(world, client)
+    relay.wait_for(lambda m: m["flows_moved"] == 1 and m["redis_writes"] == 2)
+    relay.kill()   # a restarted relay must not send the address back to the old cluster
+    relay = world["start"](*args)
+    client.sendto(RTP, world["vip"])
+    assert recv_hop(world["hops"][2])[1] == RTP and nothing_arrives(world["hops"][1], 0.1)
+    relay.wait_for(lambda m: m["flows_recovered"] == 1)
+
+
 def test_restarted_relay_recovers_flows_from_redis_before_any_new_stun(world, redis_server):
     args = ("--redis", redis_server.url, "--relay-id", "ingress-test")
     relay = world["start"](*args)

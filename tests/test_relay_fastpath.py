@@ -131,6 +131,36 @@ def test_everything_else_is_a_miss_for_python_and_nothing_is_sent(tier):
     assert flow.words[UP_PACKETS] == 0
 
 
+def test_a_check_for_the_flows_own_ufrag_stays_here_and_another_goes_to_python(tier):
+    """A NAT may give a flow's address to another caller: a STUN Binding request naming
+    another server ufrag than the one the flow was routed by is Python's to route again;
+    the flow's own consent checks stay here (through Python, under a flood, they were the
+    calls' slowest datagrams)."""
+    from services.wire.stun import binding_request
+    flow = tier.open(CLIENT, via=0)
+    own, other = b"AQAgARBVjRvxDqvDHWNE", b"AQAwARBVjRvxDqvDHWNE"
+    flow.ufrag = own
+    cases = [(binding_request(own + b":cli1"), False),
+             (binding_request(other + b":cli1"), True),
+             (binding_request(own[:-1] + b":cli1"), True),     # a prefix is another
+             (binding_request(own + b"x:cli1"), True),
+             (binding_request(own), False),                    # no colon: all of it
+             (binding_request(own + b":")[:-4], False),        # USERNAME past the message
+             (b"\x01\x01" + binding_request(other + b":c")[2:], False),  # an answer
+             (RTP, False)]
+    for datagram, _ in cases:
+        tier.send(0, hop.encode(CLIENT) + datagram)
+    received, missed = tier.forward()
+    assert received == len(cases)
+    assert missed == [k for k, (_, miss) in enumerate(cases) if miss]
+    assert flow.words[UP_PACKETS] == len(cases) - len(missed)
+    flow.ufrag = b""          # recovered from Redis or opened by the C admission: none yet
+    tier.send(0, hop.encode(CLIENT) + cases[0][0])
+    assert tier.forward() == (1, [0])
+    flow.ufrag = b"u" * 25    # longer than a record holds: never the flow's own
+    assert flow.ufrag == b""
+
+
 def test_a_flow_that_moved_to_another_ingress_is_forwarded_only_from_there(tier):
     flow = tier.open(CLIENT, via=0)
     flow.route(tier.next, tier.prevs[1])  # what the worker does when a check came via ingress 1

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import time
 
+from analysis.faulteffect import GAP_OVER_DETECTION_RTT
 from scenarios.faultkinds.base import FaultKind
 
 
 class NatRebind(FaultKind):
     name = "nat_rebind"
     targets = ("last_mile",)
+    measures = (GAP_OVER_DETECTION_RTT,)  # the gap beyond the client's detection and one RTT
 
     def apply(self, run):
         t, r = run.spec.target, run.record

@@ -4,7 +4,7 @@
  * for flows Python has already created, and hands every other datagram back to Python as a
  * "miss" (first packets, IPv6, bad headers, truncation, unknown or spoofed return traffic).
  *
- * A flow record is 14 little-endian uint64 words that Python allocates and C updates in place
+ * A flow record is 18 little-endian uint64 words that Python allocates and C updates in place
  * (layout: REC_* below, mirrored in flows.py). The fast table is a dict {key: record address}
  * where key = the 48 bits of (port, IPv4 address) as laid out in bytes 2..7 of a sockaddr_in or
  * of a hop header, read little-endian (see hop.py and flows.sockaddr_key).
@@ -24,8 +24,10 @@
 enum {
     REC_NEXT_NAME, REC_NEXT_NAMELEN, REC_HEADER, REC_HEADER_LEN, REC_CLIENT_NAME,
     REC_CLIENT_NAMELEN, REC_PREV_NAME, REC_PREV_NAMELEN, REC_NEXT_KEY, REC_UP_PACKETS,
-    REC_UP_BYTES, REC_DOWN_PACKETS, REC_DOWN_BYTES, REC_LAST_SEEN_NS, REC_WORDS
+    REC_UP_BYTES, REC_DOWN_PACKETS, REC_DOWN_BYTES, REC_LAST_SEEN_NS, REC_UFRAG_LEN,
+    REC_UFRAG, REC_WORDS = REC_UFRAG + 3  /* the server ufrag the flow was routed by: 24 bytes */
 };
+#define UFRAG_MAX 24
 
 #define HOP_MAGIC 0x0E
 #define HOP_V4_TO_SERVER 0x00
@@ -51,6 +53,35 @@ static inline uint64_t *lookup(PyObject *table, uint64_t key) {
     Py_DECREF(k);
     if (!v) { PyErr_Clear(); return NULL; }
     return (uint64_t *)PyLong_AsVoidPtr(v);
+}
+
+/* Whether a client's datagram may take the fast path on its flow: anything but a STUN
+ * Binding request (RFC 8489: type 0x0001, the magic cookie) that asks for another server ufrag
+ * than the one the flow was routed by. A NAT may give a flow's address to another caller,
+ * whose session may be behind another next hop: Python routes such a check again. The flow's
+ * own consent checks name its ufrag and stay here; so does any datagram Python would not
+ * route either (a Binding request without a well-framed USERNAME: services/wire/stun.py's
+ * read_username, whose rules this follows). */
+static int own_datagram(const uint64_t *rec, const uint8_t *d, size_t len) {
+    if (len < 20 || d[0] != 0x00 || d[1] != 0x01 || d[4] != 0x21 || d[5] != 0x12 ||
+        d[6] != 0xA4 || d[7] != 0x42)
+        return 1;
+    size_t end = 20 + ((size_t)d[2] << 8 | d[3]);
+    if (end % 4 || end > len) return 1;  /* not well framed: Python would not route it */
+    size_t pos = 20;
+    while (pos + 4 <= end) {
+        size_t type = (size_t)d[pos] << 8 | d[pos + 1], alen = (size_t)d[pos + 2] << 8 | d[pos + 3];
+        size_t value = pos + 4;
+        if (value + alen > end) return 1;
+        if (type == 0x0006) {
+            const uint8_t *colon = memchr(d + value, ':', alen);
+            size_t ulen = colon ? (size_t)(colon - (d + value)) : alen;
+            return ulen == rec[REC_UFRAG_LEN] && ulen <= UFRAG_MAX &&
+                   memcmp(d + value, &rec[REC_UFRAG], ulen) == 0;
+        }
+        pos = value + alen + (-alen & 3);
+    }
+    return 1;  /* no USERNAME */
 }
 
 /* Whether an IPv4 source sockaddr is the flow's previous hop (an ingress relay). */
@@ -112,7 +143,8 @@ static int get_ptr(PyObject *o, void **out) {
  * Cluster tier: hop-encapsulated datagrams from ingress relays -> the flow's next hop,
  * unchanged (header and all). Only an established flow's, and only from the ingress relay
  * the flow names as its previous hop; anything else (a first packet, a flow that moved to
- * another ingress, a bad header, IPv6) is a miss for Python. */
+ * another ingress, a bad header, IPv6) is a miss for Python, and in both a STUN Binding
+ * request for another server ufrag than the flow's is one (own_datagram). */
 static PyObject *forward_up(PyObject *const *a, Py_ssize_t na, int internal) {
     if (na != 9) {
         PyErr_SetString(PyExc_TypeError, "forward_public/forward_internal take 9 arguments");
@@ -153,7 +185,9 @@ static PyObject *forward_up(PyObject *const *a, Py_ssize_t na, int internal) {
             }
             /* a client's own datagram only for a flow without an upstream relay; an ingress
              * relay's only from the one the flow names */
-            if (!rec || (internal ? !from_prev(rec, name) : rec[REC_PREV_NAME] != 0)) {
+            if (!rec || (internal ? !from_prev(rec, name) : rec[REC_PREV_NAME] != 0) ||
+                !(internal ? own_datagram(rec, data + HOP_V4_LEN, len - HOP_V4_LEN)
+                           : own_datagram(rec, data, len))) {
                 misses[missed++] = (uint32_t)i;
                 continue;
             }

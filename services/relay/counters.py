@@ -42,6 +42,8 @@ COUNTERS = {
     "rate_limit_untracked": "first packets let through unlimited: the rate limiter's table of "
                             "sources was full",
     "flows_recovered": "flows re-created from the Redis flow cache",
+    "flows_moved": "flows that followed a STUN check from their address to another next hop, "
+                   "once that hop answered (a NAT gave the address to another caller)",
     "flows_expired": "flows removed after the idle timeout",
     "flows_active": "flows in the table now (gauge)",
     "redis_writes": "flow mappings written to Redis",

@@ -17,8 +17,9 @@ from services.wire import hop as hopwire
 # Flow record words shared with _fastpath.c (its REC_* enum).
 (NEXT_NAME, NEXT_NAMELEN, HEADER, HEADER_LEN, CLIENT_NAME, CLIENT_NAMELEN, PREV_NAME,
  PREV_NAMELEN, NEXT_KEY, UP_PACKETS, UP_BYTES, DOWN_PACKETS, DOWN_BYTES,
- LAST_SEEN_NS) = range(14)
-assert _fastpath.REC_WORDS == 14 and _fastpath.MMSGHDR_SIZE == mmsg.MMSGHDR_SIZE
+ LAST_SEEN_NS, UFRAG_LEN, UFRAG) = range(16)
+UFRAG_MAX = 24  # bytes: words UFRAG..UFRAG+2
+assert _fastpath.REC_WORDS == 18 and _fastpath.MMSGHDR_SIZE == mmsg.MMSGHDR_SIZE
 
 
 def sockaddr_key(raw: bytes):
@@ -62,7 +63,7 @@ class Flow:
 
     __slots__ = ("key", "client", "client_name", "header", "next", "prev", "cluster_id",
                  "transceiver_id", "created", "refreshed", "source", "record", "words",
-                 "record_ptr", "pending", "ip_key", "prefix_key")
+                 "record_ptr", "pending", "ip_key", "prefix_key", "moving")
 
     def __init__(self, key, client: tuple[str, int], next_hop: Hop, prev: Hop | None,
                  cluster_id: int, transceiver_id: int, now_ns: int, source: str,
@@ -72,6 +73,9 @@ class Flow:
         self.client_name = bytearray(client_name or mmsg.sockaddr(*client))
         self.ip_key, self.prefix_key = source_keys(self.client_name)
         self.pending = False  # see services/relay/admission.py
+        # a check from the flow's address routed elsewhere, not answered yet (worker.py):
+        # (next hop, cluster id, transceiver id, until when in ns, the check's server ufrag)
+        self.moving: tuple[Hop, int, int, int, bytes] | None = None
         self.header = bytearray(hopwire.encode_sockaddr(self.client_name, hopwire.TO_SERVER))
         self.cluster_id, self.transceiver_id = cluster_id, transceiver_id
         self.created = self.refreshed = now_ns
@@ -93,6 +97,21 @@ class Flow:
         w[NEXT_NAME], w[NEXT_NAMELEN] = next_hop.name_ptr, next_hop.namelen
         w[NEXT_KEY] = next_hop.key if isinstance(next_hop.key, int) else 0
         w[PREV_NAME], w[PREV_NAMELEN] = (prev.name_ptr, prev.namelen) if prev else (0, 0)
+
+    @property
+    def ufrag(self) -> bytes:
+        """The server ufrag the flow was last routed by (empty: none yet, e.g. recovered
+        from Redis). The fast path hands Python a STUN Binding request naming another."""
+        start = 8 * UFRAG
+        return bytes(self.record[start:start + self.words[UFRAG_LEN]])
+
+    @ufrag.setter
+    def ufrag(self, value: bytes) -> None:
+        if len(value) > UFRAG_MAX:
+            value = b""  # not a routing ufrag: its checks stay on Python's path
+        start = 8 * UFRAG
+        self.record[start:start + UFRAG_MAX] = value.ljust(UFRAG_MAX, b"\0")
+        self.words[UFRAG_LEN] = len(value)
 
     def count_up(self, size: int, now_ns: int) -> None:
         w = self.words

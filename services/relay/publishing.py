@@ -37,14 +37,27 @@ class Publisher:
     def established(self, flow: Flow) -> None:
         """A flow was established: log it after the batch, write it to Redis (if a first
         packet opened it: a recovered flow is there already) at the sweep."""
-        if flow.source == "stun" and self._cache is not None:
-            prev = flow.prev
-            self._unwritten.append((flow.client, CachedFlow(
-                flow.next.addr, prev.addr if prev else None, flow.cluster_id,
-                flow.transceiver_id)))
-            if len(self._unwritten) >= _WRITE_BATCH:
-                self.write_created()
+        if flow.source == "stun":
+            self._write(flow)
         self._unlogged.append(flow)
+
+    def moved(self, flow: Flow, before: str) -> None:
+        """A flow now goes to another next hop (it was going to ``before``): logged, and its
+        Redis entry rewritten at the sweep, so a restarted relay recovers the new route."""
+        self._write(flow)
+        log_event(log, "flow_moved", relay=self.relay, worker=self.worker,
+                  client=f"{flow.client[0]}:{flow.client[1]}", next_hop=flow.next.label,
+                  previous_next_hop=before, cluster=flow.cluster_id,
+                  transceiver=flow.transceiver_id)
+
+    def _write(self, flow: Flow) -> None:
+        if self._cache is None:
+            return
+        prev = flow.prev
+        self._unwritten.append((flow.client, CachedFlow(
+            flow.next.addr, prev.addr if prev else None, flow.cluster_id, flow.transceiver_id)))
+        if len(self._unwritten) >= _WRITE_BATCH:
+            self.write_created()
 
     def log_created(self) -> None:
         """``flow_created`` for the flows of the batch just sent (after it: not before)."""

@@ -51,7 +51,7 @@ from services.relay.routing import Router
 from services.relay.scheduling import place_worker
 from services.relay.sockets import WorkerSockets
 from services.wire import hop as hopwire
-from services.wire.stun import STUN_FIRST_BYTE_MAX, in_stun_range
+from services.wire.stun import STUN_FIRST_BYTE_MAX, in_stun_range, read_username, server_ufrag
 from services.wire.ufrag import UfragCodec
 
 log = logging.getLogger("voiceedge.relay")
@@ -90,6 +90,11 @@ def established_first(events: list[tuple[int, int]], public_fd: int) -> list[int
     return fds
 
 
+def _server_ufrag(payload: memoryview) -> bytes:
+    """The server ufrag of a STUN check the router has routed (so its USERNAME reads)."""
+    return server_ufrag(read_username(payload) or b"")
+
+
 class RelayWorker:
     """Forwards datagrams for one worker process; ``run`` returns when ``stop`` is called.
 
@@ -123,6 +128,8 @@ class RelayWorker:
         self.receive_batches = 0
         self._send_failed = 0
         self._idle_ns = int(config.idle_timeout * 1e9)
+        self._move_ns = int(config.pending_ttl * 1e9)  # a moving flow waits this long
+        self.moved = 0
         self._running = False
         self._stop_w: int | None = None  # the stop pipe's write end, while ``run`` runs
         size = config.batch
@@ -357,7 +364,9 @@ class RelayWorker:
         datagram = self._datagram(i, rx)
         flow = self._flows.get(key)
         if flow is not None and flow.prev is None:
-            # A pending flow, or an established one the fast path skips (IPv6).
+            # A pending flow, an established one's STUN check, or one the fast path skips (IPv6)
+            if not flow.pending and self._routed_elsewhere(flow, rx, i, datagram, datagram, now):
+                return
             if not flow.pending or self.admission.pending_may_pass(flow, datagram, now):
                 self._send_up(flow, rx, i, len(datagram), len(datagram), now)
             return
@@ -385,6 +394,8 @@ class RelayWorker:
         prev = self._hop(mmsg.sockaddr_to_tuple(rx.source(i)))
         flow = self._flows.get(key)
         if flow is not None and flow.prev is prev:
+            if not flow.pending and self._routed_elsewhere(flow, rx, i, datagram, payload, now):
+                return
             if not flow.pending or self.admission.pending_may_pass(flow, payload, now):
                 self._send_up(flow, rx, i, len(datagram), len(payload), now)
             return
@@ -432,13 +443,63 @@ class RelayWorker:
             flow = self._open(key, client or mmsg.sockaddr_to_tuple(name), name, nxt, prev,
                               cluster_id, transceiver_id, now, "stun")
         if flow is not None:
+            flow.ufrag = _server_ufrag(payload)
             self._send_up(flow, rx, i, len(datagram), len(payload), now)
 
-    def _send_up(self, flow: Flow, rx, i: int, length: int, payload: int, now: int) -> None:
+    def _routed_elsewhere(self, flow: Flow, rx, i: int, datagram: memoryview,
+                          payload: memoryview, now: int) -> bool:
+        """An established flow's STUN Binding request whose USERNAME routes to another next
+        hop: a NAT gave the flow's address to another caller (or moved a caller onto it). The
+        check goes to that hop, and the flow follows once that hop answers it
+        (``_moved``); until then the flow keeps its route, so a forged check from the
+        address (the ufrag is public, the password is not) moves nothing. True if the check
+        went elsewhere or was dropped; False: it is the flow's own.
+
+        The fast path hands Python only the checks that name another server ufrag than the
+        flow's (``Flow.ufrag``): a flow's own consent checks never come here."""
+        if payload[:2] != b"\x00\x01":
+            return False
+        routed = self.router.route(payload)
+        if isinstance(routed, str):
+            return False   # not routable: the flow's own next hop judges it, as before
+        cluster_id, transceiver_id, nxt = routed
+        if nxt.key == flow.next.key:
+            # another session of the same transceiver (or a flow that had no ufrag yet:
+            # recovered, or opened by the C admission): its checks take the fast path now
+            flow.ufrag = _server_ufrag(payload)
+            return False
+        if not self.admission.limiter.allow(flow.ip_key, now):
+            self.drops.add("rate_limited")
+            return True
+        flow.moving = (nxt, cluster_id, transceiver_id, now + self._move_ns,
+                       _server_ufrag(payload))
+        self._send_up(flow, rx, i, len(datagram), len(payload), now, nxt)
+        return True
+
+    def _moved(self, flow: Flow, source, payload: memoryview, now: int) -> bool:
+        """A datagram for the flow's client from another next hop: the flow moves there if
+        it is that hop's STUN success answer to a check ``_routed_elsewhere`` sent it."""
+        moving = flow.moving
+        if moving is None or moving[0].key != source or payload[:2] != b"\x01\x01":
+            return False
+        nxt, cluster_id, transceiver_id, until, ufrag = moving
+        flow.moving = None
+        if now > until:
+            return False
+        before = flow.next.label
+        flow.route(nxt, flow.prev)
+        flow.ufrag = ufrag
+        flow.cluster_id, flow.transceiver_id = cluster_id, transceiver_id
+        self.moved += 1
+        self.publisher.moved(flow, before)
+        return True
+
+    def _send_up(self, flow: Flow, rx, i: int, length: int, payload: int, now: int,
+                 nxt: Hop | None = None) -> None:
         """Queue slot i of ``rx`` (``length`` bytes, ``payload`` of them the client's datagram)
-        towards the flow's next hop; a client's own datagram (no upstream relay) goes behind
-        the flow's hop header."""
-        nxt = flow.next
+        towards the flow's next hop (or ``nxt``); a client's own datagram (no upstream relay)
+        goes behind the flow's hop header."""
+        nxt = flow.next if nxt is None else nxt
         data = rx.data_addr + i * rx.slot
         if flow.prev is None:
             w = flow.words
@@ -503,7 +564,8 @@ class RelayWorker:
         if flow is None:
             self.drops.add("return_no_flow")
             return
-        if sockaddr_key(rx.source(i)) != flow.next.key:
+        source = sockaddr_key(rx.source(i))
+        if source != flow.next.key and not self._moved(flow, source, payload, now):
             self.drops.add("return_wrong_source")
             return
         if flow.pending:
@@ -566,6 +628,7 @@ class RelayWorker:
             "packets_to_client": totals[2], "bytes_to_client": totals[3],
             "receive_batches": self.receive_batches, "flows_created": table.created,
             "flows_recovered": table.recovered, "flows_expired": table.expired,
+            "flows_moved": self.moved,
             "flows_active": len(table), "flows_pending": len(table.pending),
             "flows_pending_created": table.pending_created,
             "flows_pending_expired": table.pending_expired,
