@@ -27,7 +27,7 @@ from aiortc.mediastreams import MediaStreamTrack
 from services.client.config import ClientConfig
 from services.client.runner import run_sessions
 from services.client.seqstats import SeqTracker, extend_seq, loss_stats, unwrap
-from services.client.session import CallSession, ping_event, run_session
+from services.client.session import CallSession, _first_after, ping_event, run_session
 from services.gaps import GAP_MIN_MS, ArrivalGaps
 from services.logs import Event
 from tests.conftest import REPO, needs
@@ -242,6 +242,20 @@ def config(url: str, **kw) -> ClientConfig:
 
 
 # -- one session ---------------------------------------------------------------------------------
+
+
+def test_a_renomination_is_timed_by_the_first_packet_after_the_silence():
+    """The media came back (1.8 s) before the renomination's check was answered (its
+    retransmission, 2.3 s): the return is the first packet after the silence, not the latest
+    one when the answer came (a run timed port-per-session renominations 750 ms so)."""
+    from services.gaps import ArrivalGaps
+    gaps = ArrivalGaps(unix_offset=1000.0)
+    for k in range(51):
+        gaps.arrived(k * 0.02)                          # to 1.0 s, then silence
+    for k in range(26):
+        gaps.arrived(1.8 + k * 0.02)                    # back at 1.8 s, to 2.3 s
+    assert _first_after(gaps, 1.0) == pytest.approx(1001.8)
+    assert _first_after(gaps, None) == pytest.approx(1002.3)   # no silence known: the latest
 
 def test_one_session_measures_the_timeline_and_verifies_echo(echo_peer):
     result = asyncio.run(run_session(config(echo_peer.url()), index=7))

@@ -23,8 +23,12 @@ from dataclasses import dataclass
 
 MAPPINGS = ("endpoint-independent", "symmetric")
 NAT_SUBNET = 7              # 10.i.7.0/24: region i's NAT addresses
-REBIND_PORTS = (40000, 60000)  # new public ports of rebound mappings come from here...
-REBIND_BLOCK = 1000            # ...a block of this many a rebinding
+# New public ports of rebound mappings come from here, a block of REBIND_BLOCK a rebinding:
+# below Linux's ephemeral range (32768-60999), where the clients' sockets are. An SNAT keeps a
+# socket's own port when it falls in the block, so a block inside that range left about one
+# call in 28 on its old public port: not rebound at all.
+REBIND_PORTS = (10000, 30000)
+REBIND_BLOCK = 1000
 
 
 @dataclass(frozen=True)
@@ -87,3 +91,29 @@ def rebind_commands(i: int, client: tuple[str, int | None], port: int, spec: Nat
     return [f"iptables -w -t nat -I POSTROUTING 1 -s {ip} ! -d {lan} -p udp{which} "
             f"-j SNAT --to-source {to}",
             f"conntrack -D -p udp --orig-src {ip}{which} >/dev/null 2>&1; true"]
+
+
+def stale_mappings(listing: str, i: int, client: tuple[str, int | None], port: int
+                   ) -> list[str]:
+    """Delete commands for the UDP mappings in ``listing`` (``conntrack -L -p udp`` on region
+    ``i``'s public router) that a rebinding of ``client`` to the block at ``port`` left on an
+    old public port. ``conntrack -D`` misses an entry a packet is creating at that moment
+    (it is confirmed after the delete): such a call would keep its mapping and never notice
+    the fault."""
+    ip, sport = client
+    public, last = public_address(i), port + REBIND_BLOCK - 1
+    out = []
+    for line in listing.splitlines():
+        pairs = [f.split("=", 1) for f in line.split() if "=" in f]
+        if len(pairs) < 8:   # not an entry (conntrack's summary line)
+            continue
+        original, reply = dict(pairs[:4]), dict(pairs[4:8])
+        if original.get("src") != ip or reply.get("dst") != public:
+            continue
+        if sport is not None and original.get("sport") != str(sport):
+            continue
+        if port <= int(reply.get("dport", -1)) <= last:
+            continue
+        out.append(f"conntrack -D -p udp --orig-src {ip} --orig-dst {original['dst']} "
+                   f"--sport {original['sport']} --dport {original['dport']} >/dev/null 2>&1")
+    return out

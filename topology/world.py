@@ -399,9 +399,18 @@ class World:
         port = low + (self._rebinds * nat.REBIND_BLOCK) % (high - low)
         self._rebinds += 1
         pub = self.host("pub", region)
-        out = pub.cmd("; ".join(nat.rebind_commands(self.index[region], client, port, spec)))
+        i = self.index[region]
+        out = pub.cmd("; ".join(nat.rebind_commands(i, client, port, spec)))
         if "iptables" in out or "Bad" in out:
             raise RuntimeError(f"NAT rebind on {pub.name}: {out.strip()}")
+        for _ in range(5):  # a mapping being created during the delete survives it: again
+            time.sleep(0.01)
+            stale = nat.stale_mappings(pub.cmd(f"conntrack -L -p udp --orig-src {client[0]} "
+                                               "2>/dev/null"), i, client, port)
+            if not stale:
+                break
+            log.info("NAT %s: %d mapping(s) outlived the rebinding; deleted", region, len(stale))
+            pub.cmd("; ".join(stale) + "; true")
         log.info("NAT %s: %s:%s now leaves from port %d", region, client[0], client[1] or "*",
                  port)
         return port

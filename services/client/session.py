@@ -528,7 +528,7 @@ class CallSession:
         r = self.result
         r.renominations += 1
         r.renominated.append([None if before is None else round(before + gaps.unix_offset, 6),
-                              round(detected, 6), round(gaps.last + gaps.unix_offset, 6)])
+                              round(detected, 6), round(_first_after(gaps, before), 6)])
         log.debug("session %d: renominated, media back", self.index)
 
     async def _failed_or_talked(self, conn: _Connection) -> None:
@@ -741,3 +741,15 @@ async def run_session(config: ClientConfig, index: int = 0,
                       ) -> SessionResult:
     """Run one session to the end; a failed session is ``SessionResult.error``, not an exception."""
     return await CallSession(config, index, http, kind).run()
+
+
+def _first_after(gaps: ArrivalGaps, before: float | None) -> float:
+    """The wall-clock arrival of the first packet after the silence that began at ``before``
+    (the gap it ended), not the latest: the check's answer may come after the media did (a
+    retransmission), and the media's return is what a renomination is timed by."""
+    if before is not None:
+        start = before + gaps.unix_offset
+        for gap_start, seconds, _ in reversed(gaps.gaps):
+            if gap_start == start:
+                return gap_start + seconds
+    return gaps.last + gaps.unix_offset
