@@ -51,7 +51,8 @@ from services.relay.routing import Router
 from services.relay.scheduling import place_worker
 from services.relay.sockets import WorkerSockets
 from services.wire import hop as hopwire
-from services.wire.stun import STUN_FIRST_BYTE_MAX, in_stun_range, read_username, server_ufrag
+from services.wire.stun import (STUN_FIRST_BYTE_MAX, StunError, in_stun_range, read_username,
+                                server_ufrag)
 from services.wire.ufrag import UfragCodec
 
 log = logging.getLogger("voiceedge.relay")
@@ -90,9 +91,13 @@ def established_first(events: list[tuple[int, int]], public_fd: int) -> list[int
     return fds
 
 
-def _server_ufrag(payload: memoryview) -> bytes:
-    """The server ufrag of a STUN check the router has routed (so its USERNAME reads)."""
-    return server_ufrag(read_username(payload) or b"")
+def _server_ufrag(payload: memoryview) -> bytes | None:
+    """The server ufrag a STUN check names (None: no well-framed USERNAME)."""
+    try:
+        username = read_username(payload)
+    except StunError:
+        return None
+    return None if username is None else server_ufrag(username)
 
 
 class RelayWorker:
@@ -443,7 +448,7 @@ class RelayWorker:
             flow = self._open(key, client or mmsg.sockaddr_to_tuple(name), name, nxt, prev,
                               cluster_id, transceiver_id, now, "stun")
         if flow is not None:
-            flow.ufrag = _server_ufrag(payload)
+            flow.ufrag = _server_ufrag(payload) or b""
             self._send_up(flow, rx, i, len(datagram), len(payload), now)
 
     def _routed_elsewhere(self, flow: Flow, rx, i: int, datagram: memoryview,
@@ -455,9 +460,12 @@ class RelayWorker:
         address (the ufrag is public, the password is not) moves nothing. True if the check
         went elsewhere or was dropped; False: it is the flow's own.
 
-        The fast path hands Python only the checks that name another server ufrag than the
-        flow's (``Flow.ufrag``): a flow's own consent checks never come here."""
+        The flow's own checks (the server ufrag it was routed by, ``Flow.ufrag``) are its
+        own without routing: the fast path decides the same in C (``own_datagram``)."""
         if payload[:2] != b"\x00\x01":
+            return False
+        ufrag = _server_ufrag(payload)
+        if ufrag is None or ufrag == flow.ufrag:
             return False
         routed = self.router.route(payload)
         if isinstance(routed, str):
@@ -466,13 +474,12 @@ class RelayWorker:
         if nxt.key == flow.next.key:
             # another session of the same transceiver (or a flow that had no ufrag yet:
             # recovered, or opened by the C admission): its checks take the fast path now
-            flow.ufrag = _server_ufrag(payload)
+            flow.ufrag = ufrag
             return False
         if not self.admission.limiter.allow(flow.ip_key, now):
             self.drops.add("rate_limited")
             return True
-        flow.moving = (nxt, cluster_id, transceiver_id, now + self._move_ns,
-                       _server_ufrag(payload))
+        flow.moving = (nxt, cluster_id, transceiver_id, now + self._move_ns, ufrag)
         self._send_up(flow, rx, i, len(datagram), len(payload), now, nxt)
         return True
 
