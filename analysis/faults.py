@@ -44,13 +44,13 @@ FAULT_FIELDS = (
     "new_call_failures", "gap_down_p50_ms", "gap_down_p95_ms", "gap_down_max_ms",
     "gap_up_p50_ms", "gap_up_p95_ms", "gap_up_max_ms", "recovery_s", "recovery_p50_s",
     "reconnections", "renominations", "detection_p50_ms", "renomination_p50_ms",
-    "renomination_max_ms",
+    "renomination_max_ms", "sessions_moved", "moved_to",
     "restart_s", "gap_over_restart_ms", "audio_after_ready_ms", "first_new_session_s",
     "extra_rtt_ms", "gap_over_detection_rtt_max_ms", "setting_up", "first_audio_after_s",
     "note")
 # The columns a fault budget may bound (analysis/budgets.py).
 FAULT_METRICS = tuple(f for f in FAULT_FIELDS if f not in (
-    "fault", "kind", "target", "architecture", "applicable", "redis", "note"))
+    "fault", "kind", "target", "architecture", "applicable", "redis", "moved_to", "note"))
 # After the fault has ended (or its service is ready again), gaps and new calls are still
 # counted for this long: a client notices a dead path only at its next media timeout.
 SETTLE_S = 10.0
@@ -469,6 +469,7 @@ def _effect(f: Fault, run: _Run, next_at: float | None) -> FaultEffect:
     else:
         reconnections = None
     renominated = _renominated(run, keys, w)
+    renominated.update(_moved(run, keys, w))
     restart = w.rel(f.ready)
     gap_max = max(down) if down else None
     row.update(
@@ -550,6 +551,25 @@ def _renominated(run, keys: set, w) -> dict:
             "renomination_p50_ms": (_round(percentile(renomination, 50), 1)
                                     if renomination else None),
             "renomination_max_ms": _round(max(renomination), 1) if renomination else None}
+
+
+def _moved(run, keys: set, w) -> dict:
+    """The affected sessions whose media the transceiver moved to a new client address in the
+    fault's window (sessions.csv's ``moved``, from its ``session_moved`` lines: the same
+    session, no new call), and the addresses they moved to (their IPs: the path after)."""
+    sessions = run.sessions
+    if sessions is None or "moved" not in sessions:
+        return {}
+    moved, to = 0, set()
+    for cell in sessions[sessions.key.isin(keys)].moved:
+        try:
+            entries = json.loads(cell) if isinstance(cell, str) and cell else []
+        except ValueError:
+            entries = []
+        here = [e for e in entries if e[0] is not None and w.at <= e[0] <= w.horizon]
+        moved += bool(here)
+        to.update(str(e[2]).rsplit(":", 1)[0] for e in here if e[2])
+    return {"sessions_moved": moved, "moved_to": " ".join(sorted(to)) or None}
 
 
 def _renominations(cell, w) -> list[tuple[float | None, float, float]]:

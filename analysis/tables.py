@@ -274,13 +274,17 @@ def calls_moved(effects: list[FaultEffect]) -> Table:
     RTT: a NAT rebinding) and architecture: whether the calls were kept, how they recovered
     and what the recovery cost beyond the client's own detection time and one RTT."""
     table = Table(["fault", "kind", "architecture", "affected", "lost", "new calls",
-                   "renominations", "detection p50 (ms)", "renomination p50 / max (ms)",
-                   "down gap p50 / max (ms)", "gap - detection - RTT, max (ms)"],
+                   "renominations", "moved by the edge (to)", "detection p50 (ms)",
+                   "renomination p50 / max (ms)", "down gap p50 / max (ms)",
+                   "gap - detection - RTT, max (ms)"],
                   note="From faults.csv. Renominations: affected calls whose media came back "
                        "when the client renominated its pair from its new address (the same "
                        "session, no new call or DTLS handshake: docs/mobility.md). Detection: "
                        "the client's last packet to its renomination (its setting, not the "
-                       "edge's). Gap - detection - RTT: per renominated call, its longest down "
+                       "edge's). Moved by the edge: affected calls whose session the "
+                       "transceiver moved to the caller's new address (session_moved), and "
+                       "where (the path after). Gap - detection - RTT: per renominated call, "
+                       "its longest down "
                        "gap minus its own detection time and media RTT; the most of them "
                        f"(target: at most {MOVED_TARGET_MS} ms).")
     for x in effects:
@@ -290,7 +294,10 @@ def calls_moved(effects: list[FaultEffect]) -> Table:
         table.rows.append([
             str(r.get("fault")), str(r.get("kind")), str(r.get("architecture")),
             _n(r.get("sessions_affected")), _n(r.get("sessions_lost")), _n(r.get("new_calls")),
-            _n(r.get("renominations")), _n(r.get("detection_p50_ms"), 0),
+            _n(r.get("renominations")),
+            "-" if r.get("sessions_moved") is None else
+            f"{_n(r['sessions_moved'])} ({r.get('moved_to') or '-'})",
+            _n(r.get("detection_p50_ms"), 0),
             f"{_n(r.get('renomination_p50_ms'), 0)} / {_n(r.get('renomination_max_ms'), 0)}",
             f"{_n(r.get('gap_down_p50_ms'), 0)} / {_n(r.get('gap_down_max_ms'), 0)}",
             _n(r.get(GAP_OVER_DETECTION_RTT), 0, True)])

@@ -59,7 +59,7 @@ SESSION_FIELDS = (
     "packets_lost", "loss_bursts", "echo_verified", "datachannel_verified",
     "floor_signaling_rtt_ms", "floor_media_rtt_ms", "floor_setup_ms", "saturated",
     "saturated_by", "started_unix", "ended_unix", "connected_unix", "reconnections",
-    "renominations", "renominated",
+    "renominations", "renominated", "moved",
     "transceiver", "first_rx_unix", "last_rx_unix", "client_type", "offer_style", "gathered_ms",
     "ice_checking_ms", "turn_transactions", "ice_pair", "verifies", "verified",
     "datachannel_echo")
@@ -592,11 +592,11 @@ class ScenarioRunner:
         lagged windows of its processes."""
         engine = world.backend.stats().get("lagged_seconds")  # userspace engine only
         lag = LagWindows.from_run(logs / TIMELINE, engine)
-        upstream = _upstream_gaps(logs / TIMELINE)
+        server = ServerSide.read(logs / TIMELINE)
         out: tuple[list, list, list, list] = ([], [], [], [])
         path = self.scenario.architecture(arch).session_path
         for region in self.client_regions:
-            rows = client_rows(arch, region, logs, lag, upstream,
+            rows = client_rows(arch, region, logs, lag, server,
                                lambda cluster, r=region: self.floors(r, cluster, arch), path)
             for total, part in zip(out, rows):
                 total += part
@@ -781,22 +781,37 @@ def _session_id(url: str | None) -> str | None:
     return url.rsplit("~", 1)[-1] if "~" in url else None
 
 
-def _upstream_gaps(timeline: Path) -> dict[str, list]:
-    """Transceiver session id -> its client->server RTP arrival gaps, from the transceivers'
-    ``rx_gap`` lines (logged as each gap ends, so a crashed transceiver's gaps are there too)."""
-    out: dict[str, list] = {}
-    if not timeline.exists():
+@dataclass
+class ServerSide:
+    """What the transceivers logged per session id (their lines survive a crash): the
+    client->server RTP arrival gaps (``rx_gap``, logged as each ends) and the moves of the
+    session's media to a new client address (``session_moved``: [unix, previous, client])."""
+
+    gaps: dict[str, list] = field(default_factory=dict)
+    moves: dict[str, list] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, timeline: Path) -> "ServerSide":
+        out = cls()
+        if not timeline.exists():
+            return out
+        for line in timeline.read_text().splitlines():
+            moved = '"session_moved"' in line
+            if not moved and '"rx_gap"' not in line:
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if not (str(r.get("source", "")).startswith("transceiver-") and r.get("session")):
+                continue
+            session = str(r["session"])
+            if moved:
+                out.moves.setdefault(session, []).append(
+                    [_unix(r.get("ts")), r.get("previous"), r.get("client")])
+            else:
+                out.gaps.setdefault(session, []).append((r.get("start_unix"), r.get("ms")))
         return out
-    for line in timeline.read_text().splitlines():
-        if '"rx_gap"' not in line:
-            continue
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if str(r.get("source", "")).startswith("transceiver-") and r.get("session"):
-            out.setdefault(str(r["session"]), []).append((r.get("start_unix"), r.get("ms")))
-    return out
 
 
 def _note_late_clients(faults: list[FaultRecord], logs: Path) -> list[FaultRecord]:
@@ -945,10 +960,11 @@ def turn_rows(arch: str, regions, logs: Path, directory: Path) -> list[dict]:
     return rows
 
 
-def client_rows(arch: str, region: str, logs: Path, lag: LagWindows, upstream: dict,
+def client_rows(arch: str, region: str, logs: Path, lag: LagWindows, server: ServerSide,
                 floors=None, on_path=None) -> tuple[list, list, list, list]:
     """(sessions, samples, attempts, gaps) rows of one client region's sessions (both client
-    types) from ``logs``; ``floors(cluster)`` gives a session's network floor columns (none
+    types) from ``logs`` and what the transceivers logged of them (``server``: up gaps,
+    moves); ``floors(cluster)`` gives a session's network floor columns (none
     where no topology is configured: a deployment target); ``on_path(client, cluster)`` the
     log sources on a session's path (saturation.py's default when None)."""
     sessions, samples, attempts, gaps = [], [], [], []
@@ -970,6 +986,8 @@ def client_rows(arch: str, region: str, logs: Path, lag: LagWindows, upstream: d
                    reconnections=r.get("reconnections", 0),
                    renominations=r.get("renominations", 0),
                    renominated=json.dumps(r.get("renominated") or []))
+        row["moved"] = json.dumps([m for a in r.get("attempts") or []
+                                   for m in server.moves.get(_session_id(a.get("location")), ())])
         if cluster and floors is not None:
             row.update(floors(cluster))
         setup = r.get("setup_ms")
@@ -981,7 +999,7 @@ def client_rows(arch: str, region: str, logs: Path, lag: LagWindows, upstream: d
             attempts.append({**key, **{k: a.get(k) for k in ATTEMPT_FIELDS[3:]},
                              "cluster_region": a.get("cluster") or _cluster_of(
                                  a.get("location"))})
-            for start, ms in upstream.get(_session_id(a.get("location")), ()):
+            for start, ms in server.gaps.get(_session_id(a.get("location")), ()):
                 gaps.append({**key, "direction": "up", "start_unix": start, "ms": ms,
                              "attempt": a.get("attempt")})
         for start, ms, attempt in r.get("rx_gaps") or []:

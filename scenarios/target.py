@@ -25,7 +25,7 @@ from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
 from scenarios.clients import RegionClients
 from scenarios.clients import commands as client_commands
 from scenarios.runner import (ArchitectureRun, RunResult, ResultCount, _logged,
-                              _upstream_gaps, client_rows, git_commit, write_results)
+                              ServerSide, client_rows, git_commit, write_results)
 from scenarios.saturation import LagWindows
 from scenarios.spec import Scenario, ScenarioError
 from scenarios.timeline import TIMELINE, merge_timeline
@@ -151,7 +151,7 @@ class TargetRunner:
             merge_timeline(logs)
         lag = LagWindows.from_run(logs / TIMELINE)
         sessions, samples, attempts, gaps = client_rows(
-            ARCHITECTURE, REGION, logs, lag, _upstream_gaps(logs / TIMELINE))
+            ARCHITECTURE, REGION, logs, lag, ServerSide.read(logs / TIMELINE))
         peak, addresses = _peak_and_addresses(sessions)
         seconds = round(time.monotonic() - started, 1)
         result.architectures.append(ArchitectureRun(

@@ -928,6 +928,35 @@ def test_steering_rows_come_from_the_fronts_log_lines(tmp_path):
     assert steering_rows("x", tmp_path / "absent.jsonl") == []
 
 
+def test_a_sessions_moves_and_up_gaps_come_from_its_transceivers_lines(tmp_path):
+    """sessions.csv's ``moved``: the transceiver's session_moved lines of every call the
+    session made (by the session id in each attempt's location), none of another session's or
+    another service's; the up gaps from its rx_gap lines."""
+    from scenarios.runner import ServerSide, client_rows
+    from scenarios.saturation import LagWindows
+
+    timeline = _timeline(tmp_path / "timeline.jsonl", [
+        {"source": "transceiver-na-east", "event": "session_moved", "session": "S1",
+         "previous": "10.1.7.1:40127", "client": "10.1.7.1:10429"},
+        {"source": "transceiver-na-east", "event": "rx_gap", "session": "S1",
+         "start_unix": 1.5, "ms": 700.0},
+        {"source": "transceiver-na-east", "event": "session_moved", "session": "S2",
+         "previous": "a:1", "client": "b:2"},
+        {"source": "front-apac-se", "event": "session_moved", "session": "S1",
+         "previous": "x:1", "client": "y:2"}])
+    server = ServerSide.read(timeline)
+    assert server.gaps == {"S1": [(1.5, 700.0)]}
+    assert server.moves["S1"] == [[1796032800.0, "10.1.7.1:40127", "10.1.7.1:10429"]]
+    (tmp_path / "sessions-apac-se.jsonl").write_text(json.dumps({
+        "index": 0, "ok": True, "attempts": [
+            {"attempt": 0, "location": "/v1/calls/na-east~1~S0"},
+            {"attempt": 1, "location": "/v1/calls/na-east~1~S1"}]}) + "\n")
+    sessions, _, _, gaps = client_rows("global-relay", "apac-se", tmp_path,
+                                       LagWindows.from_run(tmp_path / "absent.jsonl"), server)
+    assert json.loads(sessions[0]["moved"]) == server.moves["S1"]
+    assert [(g["direction"], g["ms"], g["attempt"]) for g in gaps] == [("up", 700.0, 1)]
+
+
 def test_the_report_says_where_each_client_region_was_steered(tmp_path):
     from scenarios.runner import STEERING_FIELDS
 

@@ -25,7 +25,7 @@ from tests.conftest import REPO, write_architectures
 T0 = 1_800_000_000.0  # the first session's start (wall clock)
 GR, PPS = "global-relay", "port-per-session"
 SESSION_TIMES = ("started_unix", "ended_unix", "connected_unix", "reconnections", "transceiver",
-                 "first_rx_unix", "last_rx_unix", "renominated")
+                 "first_rx_unix", "last_rx_unix", "renominated", "moved")
 STEERING = ("architecture", "client_region", "front", "event", "call", "cluster", "nearest",
             "reason", "unix")
 
@@ -641,6 +641,9 @@ def rebind_world(directory: Path) -> Path:
     s0["renominated"] = json.dumps([[AT + 0.05, AT + 0.55, AT + 0.81]])
     s1 = session(1, T0 + 1, T0 + 30)
     s1["renominated"] = json.dumps([[AT + 0.02, AT + 0.52, AT + 0.9]])
+    s0["moved"] = json.dumps([[AT + 0.68, "10.1.7.1:40127", "10.1.7.1:10429"]])
+    s1["moved"] = json.dumps([[AT - 5.0, "10.1.1.2:5000", "10.1.7.1:40128"],   # before: not it
+                              [AT + 0.77, "10.1.7.1:40128", "10.1.7.1:10430"]])
     s2 = session(2, T0 + 2, T0 + 30, region="eu-west")
     gaps = [gap(s0, "down", AT + 0.05, 760.0), gap(s1, "down", AT + 0.02, 880.0)]
     rebind = fault("rebind", "nat_rebind", "last_mile/apac-se", at=AT, end=AT, ready=AT)
@@ -658,11 +661,12 @@ def test_a_rebinding_measures_each_calls_gap_beyond_its_detection_and_rtt(tmp_pa
     assert row["sessions_affected"] == 2 and row["sessions_lost"] == 0
     assert row["renominations"] == 2 and row["detection_p50_ms"] == pytest.approx(500.0)
     assert row["gap_over_detection_rtt_max_ms"] == pytest.approx(140.0)
+    assert (row["sessions_moved"], row["moved_to"]) == (2, "10.1.7.1")  # the same sessions
     md = write_report(folder, tmp_path / "report")[1].read_text()
     assert "### Calls that moved" in md
     [line] = [x for x in md.splitlines() if x.startswith("| rebind ")
               and "nat_rebind" in x and "+140" in x]
-    assert "| 2 | 0 |" in line
+    assert "| 2 | 0 |" in line and "| 2 (10.1.7.1) |" in line
     killed = rows_by(relay_kill_world(tmp_path / "k"))
     assert all(r["gap_over_detection_rtt_max_ms"] is None for r in killed.values())
     md = write_report(tmp_path / "k", tmp_path / "report-k")[1].read_text()
