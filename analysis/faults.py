@@ -553,6 +553,15 @@ def _renominated(run, keys: set, w) -> dict:
             "renomination_max_ms": _round(max(renomination), 1) if renomination else None}
 
 
+def _entries(cell) -> list:
+    """A sessions.csv cell holding a JSON list (``renominated``, ``moved``); [] when empty
+    or unreadable."""
+    try:
+        return json.loads(cell) if isinstance(cell, str) and cell else []
+    except ValueError:
+        return []
+
+
 def _moved(run, keys: set, w) -> dict:
     """The affected sessions whose media the transceiver moved to a new client address in the
     fault's window (sessions.csv's ``moved``, from its ``session_moved`` lines: the same
@@ -562,11 +571,7 @@ def _moved(run, keys: set, w) -> dict:
         return {}
     moved, to = 0, set()
     for cell in sessions[sessions.key.isin(keys)].moved:
-        try:
-            entries = json.loads(cell) if isinstance(cell, str) and cell else []
-        except ValueError:
-            entries = []
-        here = [e for e in entries if e[0] is not None and w.at <= e[0] <= w.horizon]
+        here = [e for e in _entries(cell) if e[0] is not None and w.at <= e[0] <= w.horizon]
         moved += bool(here)
         to.update(str(e[2]).rsplit(":", 1)[0] for e in here if e[2])
     return {"sessions_moved": moved, "moved_to": " ".join(sorted(to)) or None}
@@ -574,11 +579,7 @@ def _moved(run, keys: set, w) -> dict:
 
 def _renominations(cell, w) -> list[tuple[float | None, float, float]]:
     """A sessions.csv ``renominated`` cell's entries (stopped, detected, back) in the window."""
-    try:
-        entries = json.loads(cell) if isinstance(cell, str) and cell else []
-    except ValueError:
-        return []
-    return [(stopped, detected, back) for stopped, detected, back in entries
+    return [(stopped, detected, back) for stopped, detected, back in _entries(cell)
             if w.at <= detected <= w.horizon]
 
 
