@@ -13,8 +13,10 @@ so other sessions and other code in the process are untouched. Pinned to aiortc 
   the asyncio transport for every datagram. ``StunProbe`` wraps both on every protocol of the
   Connection (they exist once ``setLocalDescription`` has gathered) to get, per binding
   transaction: local protocol, remote address, first-transmission time and the arrival time of
-  the first success response (arrival in ``datagram_received``, so event-loop scheduling of the
-  awaiting check is not counted).
+  the first success response: the kernel's receive stamp of the datagram, read in
+  ``datagram_received`` (services/rxstamp.py), so neither the awaiting check's scheduling nor
+  a busy event loop is counted (a relayed candidate's protocol has no socket of its own: its
+  arrival is when ``datagram_received`` ran).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Any
 from aioice import stun
 
 from services.client.seqstats import SeqTracker
+from services.rxstamp import ReceiveStamps
 from services.client.voiced import VoicedCount
 from services.gaps import ArrivalGaps
 
@@ -83,13 +86,17 @@ class StunTransaction:
     protocol: Any                  # the aioice StunProtocol (local socket) it was sent from
     remote: tuple[str, int]
     sent_at: float                 # first transmission
-    answered_at: float | None = None   # first success response to arrive
+    answered_at: float | None = None   # first success response, handed over by the loop
     ok: bool = False               # the transaction returned a (authenticated) success
+    sent_wall: float | None = None     # first transmission, wall clock (the kernel's stamps are)
+    arrived_wall: float | None = None  # that response's receive stamp, when the kernel gave one
 
     @property
     def rtt_ms(self) -> float | None:
         if not self.ok or self.answered_at is None:
             return None
+        if self.sent_wall is not None and self.arrived_wall is not None:
+            return (self.arrived_wall - self.sent_wall) * 1000.0
         return (self.answered_at - self.sent_at) * 1000.0
 
 
@@ -110,12 +117,15 @@ class StunProbe:
     def _wrap(self, protocol: Any) -> None:
         request_orig = protocol.request
         received_orig = protocol.datagram_received
+        stamps = ReceiveStamps.of(getattr(protocol, "transport", None))
+        stamps.enable()
 
         async def request(message: stun.Message, addr: tuple[str, int], *args: Any, **kwargs: Any):
             if (message.message_method != stun.Method.BINDING
                     or message.message_class != stun.Class.REQUEST):
                 return await request_orig(message, addr, *args, **kwargs)
-            record = StunTransaction(protocol, (addr[0], addr[1]), time.monotonic())
+            record = StunTransaction(protocol, (addr[0], addr[1]), time.monotonic(),
+                                     sent_wall=time.time())
             self.transactions.append(record)
             self._pending[message.transaction_id] = record
             try:
@@ -132,6 +142,9 @@ class StunProbe:
                 record = self._pending.get(bytes(data[8:20]))
                 if record is not None and record.answered_at is None:
                     record.answered_at = time.monotonic()
+                    stamp = stamps.last()
+                    if stamp is not None and stamp >= record.sent_wall:  # not an older datagram's
+                        record.arrived_wall = stamp
             received_orig(data, addr)
 
         protocol.request = request

@@ -10,10 +10,11 @@ context of the call (``with recording(log):``; asyncio tasks started inside inhe
 first request through a TURN client in such a context binds the client to that log for good
 (its refreshes and its final Refresh at close are then logged whatever context they run in)
 and shadows its ``datagram_received`` on that one instance, so the response's arrival is
-timed when the datagram arrives, not when the awaiting task next runs, as
-services/client/probes.py does for ICE checks; its ``send_stun`` is shadowed the same way to
-count transmissions, so a request answered only after aioice retransmitted it (a lost request
-or answer: its RTT then holds the retransmission timeout, 500 ms first) says so. Requests,
+timed by the kernel's receive stamp of the datagram (services/rxstamp.py), not when the event
+loop next ran, as services/client/probes.py does for ICE checks; its ``send_stun`` is shadowed
+the same way to time the first transmission and count transmissions, so a request answered
+only after aioice retransmitted it (a lost request or answer: its RTT then holds the
+retransmission timeout, 500 ms first) says so. Requests,
 responses and retries are aioice's own: nothing is changed.
 
 An Allocate answered 401 (the long-term credential challenge: realm and nonce) and sent again
@@ -30,6 +31,8 @@ from typing import Any
 
 from aioice import stun, turn
 
+from services.rxstamp import ReceiveStamps
+
 METHODS = {stun.Method.ALLOCATE: "Allocate", stun.Method.REFRESH: "Refresh",
            stun.Method.CREATE_PERMISSION: "CreatePermission",
            stun.Method.CHANNEL_BIND: "ChannelBind"}
@@ -44,12 +47,16 @@ _ACTIVE: contextvars.ContextVar["TurnLog | None"] = contextvars.ContextVar(
 class TurnRequest:
     method: str
     sent_at: float                   # first transmission (monotonic)
-    answered_at: float | None = None  # the response's arrival
+    answered_at: float | None = None  # when the event loop handed the response over (monotonic)
     outcome: str | None = None       # ok, an error code ("401"), timeout; None: pending
     sends: int = 0                   # transmissions: 1, or more after aioice's retransmissions
+    sent_wall: float | None = None   # first transmission, wall clock (the kernel's stamps are)
+    arrived_wall: float | None = None  # the response's receive stamp, when the kernel gave one
 
     @property
     def rtt_ms(self) -> float | None:
+        if self.sent_wall is not None and self.arrived_wall is not None:
+            return (self.arrived_wall - self.sent_wall) * 1000.0
         if self.answered_at is None:
             return None
         return (self.answered_at - self.sent_at) * 1000.0
@@ -73,17 +80,25 @@ class TurnLog:
         setattr(client, _BOUND, self)
         received, send = client.datagram_received, client.send_stun
         pending = self._pending
+        stamps = ReceiveStamps.of(client.transport)
+        stamps.enable()
 
         def datagram_received(data: bytes, addr: Any) -> None:
             if pending and len(data) >= 20 and not data[0] & 0xC0:  # STUN, not ChannelData
                 entry = pending.get(bytes(data[8:20]))
                 if entry is not None and entry.answered_at is None:
                     entry.answered_at = time.monotonic()
+                    stamp = stamps.last()
+                    if stamp is not None and entry.sent_wall is not None \
+                            and stamp >= entry.sent_wall:  # this datagram's, not an older one's
+                        entry.arrived_wall = stamp
             received(data, addr)
 
         def send_stun(message: stun.Message, addr: Any) -> None:
             entry = pending.get(message.transaction_id)
             if entry is not None:
+                if entry.sends == 0:
+                    entry.sent_at, entry.sent_wall = time.monotonic(), time.time()
                 entry.sends += 1
             send(message, addr)
 
