@@ -105,7 +105,7 @@ def test_the_injected_relay_delay_shows_on_the_wire_in_the_relay_hops_only(regre
     """The wire puts the regression where it is: each relay's own hop, both directions; no
     link of either architecture moves. The endpoints' receive paths may grow a little (a relay
     that sleeps hands them bursts, and a packet waits behind one: the transceiver's turnaround
-    1.8-4.1 ms measured, the client's last mile down 1.6 ms over), never by the relay's 30 ms."""
+    1.8-4.1 ms measured, the client's receive path 1.6 ms), never by the relay's 30 ms."""
     doc = json.loads((regressed / "pcap" / "analysis.json").read_text())
     archs = {a["architecture"]: a for a in doc["architectures"]}
     assert not [h for h in archs["port-per-session"]["hops"] if not h["ok"]]
@@ -118,10 +118,10 @@ def test_the_injected_relay_delay_shows_on_the_wire_in_the_relay_hops_only(regre
     for h in archs["global-relay"]["hops"]:
         if h["kind"] == "transceiver":
             assert h["mean_ms"] < 5, h
-        elif h["kind"] == "last_mile_down_app":
-            # the client's receive path takes the same bursts: measured p50 7.6 ms against 6
-            # (6.7 under port-per-session in the same run), never the relay's 30
-            assert h["p50_ms"] < h["expected_mean_ms"] + 5, h
+        elif h["kind"] == "client_app":
+            # the client's receive path takes the same bursts: measured 1.6 ms over its last
+            # mile down when that was in this hop, never the relay's 30
+            assert h["p50_ms"] < 5, h
         elif h["kind"] != "relay":
             assert h["ok"], h
     proc = subprocess.run([sys.executable, "-m", "voiceedge", "pcap", str(regressed)],

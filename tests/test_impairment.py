@@ -26,7 +26,7 @@ import pytest
 
 from topology.impairment import bench
 from topology.impairment.backend import (BackendUnavailable, Detection, ImpairmentError,
-                                         detect)
+                                         detect, iface_key)
 from topology.impairment.factory import make_backend
 from topology.impairment.direction import Direction
 from topology.impairment.engine import CORES
@@ -39,7 +39,7 @@ from topology.impairment.netem import (NetemBackend, change_command, change_prob
 from topology.netns import entered
 from topology import probe as probe_module
 from topology.probe import PROBE_REALTIME, udp_probe
-from topology.impairment.userspace import DEFAULT_REALTIME, UserspaceBackend
+from topology.impairment.userspace import DEFAULT_REALTIME, UserspaceBackend, rule_spec
 from tests.conftest import needs
 from tests.netem_kernel import kernel, netem, no_netem  # noqa: F401 (fixtures)
 
@@ -60,6 +60,20 @@ def test_netem_commands_redirect_ingress_to_an_ifb_with_netem_on_it():
     assert teardown_commands("eth0", "vifb0") == [
         ["tc", "qdisc", "del", "dev", "eth0", "handle", "ffff:", "ingress"],
         ["ip", "link", "del", "vifb0"]]
+
+
+def test_an_egress_impairment_is_netem_on_the_interface_or_a_postrouting_queue():
+    imp = Impairment(delay_ms=6, jitter_ms=1)
+    assert netem_commands("eth0", "vifb0", imp, egress=True) == [
+        ["tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "netem", *netem_args(imp)]]
+    assert teardown_commands("eth0", "vifb0", egress=True) == [
+        ["tc", "qdisc", "del", "dev", "eth0", "root"]]
+    assert rule_spec("eth0", 4201)[:3] == ["PREROUTING", "-i", "eth0"]
+    assert rule_spec("eth0", 4201, egress=True)[:3] == ["POSTROUTING", "-o", "eth0"]
+    assert rule_spec("eth0", 4201, egress=True)[-2:] == ["--queue-num", "4201"]
+    node = NetNode("pub1", "/proc/1/ns/net")
+    assert iface_key(node, "pub1-eth0") == "pub1:pub1-eth0"
+    assert iface_key(node, "pub1-eth0", egress=True) == "pub1:pub1-eth0>"
 
 
 def test_netem_args_loss_models_rate_uniform_and_fifo():

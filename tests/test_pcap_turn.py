@@ -132,12 +132,14 @@ class TurnCaptures:
         self.see("edge1", 2, False, t1 + 1e-5, client, TURN_SERVER, payload)
         return t1 + 1e-5
 
-    def from_turn(self, t: float, payload: bytes) -> float:
-        """TURN server -> client (the last mile down is after the client's capture)."""
+    def from_turn(self, t: float, payload: bytes, last_mile: float = 6.0) -> float:
+        """TURN server -> client (the last mile down held on pub1's egress, before pub1's
+        capture of what it sends)."""
         self.see("edge1", 2, True, t, TURN_SERVER, CLIENT, payload)
-        self.see("pub1", 2, True, t + 1e-5, TURN_SERVER, CLIENT, payload)
-        self.see("client1", 2, False, t + 2e-5, TURN_SERVER, CLIENT, payload)
-        return t + 2e-5
+        t1 = t + 1e-5 + last_mile / 1000
+        self.see("pub1", 2, True, t1, TURN_SERVER, CLIENT, payload)
+        self.see("client1", 2, False, t1 + 1e-5, TURN_SERVER, CLIENT, payload)
+        return t1 + 1e-5
 
     def up(self, t, inner, last_mile, public, turn_ms, wrap=channel_data,
            client=CLIENT) -> float:
@@ -149,13 +151,13 @@ class TurnCaptures:
         self.see("cluster2", 2, False, t2 + 1e-5, RELAY, TRANSCEIVER, inner)
         return t2 + 1e-5
 
-    def down(self, t, inner, public, turn_ms, wrap=channel_data) -> float:
+    def down(self, t, inner, public, turn_ms, wrap=channel_data, last_mile=6.0) -> float:
         self.see("cluster2", 2, True, t, TRANSCEIVER, RELAY, inner)
         self.see("pub2", 2, True, t + 1e-5, TRANSCEIVER, RELAY, inner)
         t1 = t + 1e-5 + public / 1000
         self.see("pub1", 3, True, t1, TRANSCEIVER, RELAY, inner)
         self.see("edge1", 2, False, t1 + 1e-5, TRANSCEIVER, RELAY, inner)
-        return self.from_turn(t1 + 1e-5 + turn_ms / 1000, wrap(inner))
+        return self.from_turn(t1 + 1e-5 + turn_ms / 1000, wrap(inner), last_mile)
 
     def control(self, t: float, request: stun.Message, answer: stun.Message) -> float:
         """One TURN transaction, answered 0.1 ms after it reached the server."""
@@ -207,7 +209,8 @@ def _turn_call(caps: TurnCaptures, turn_ms: float = 0.15, n: int = 150) -> None:
     for i in range(n):
         at = t + 0.5 + i * 0.02
         caps.up(at, _rtp(i, 1111), rng.normal(6.0, 1.0), rng.normal(115.5, 2.0), turn_ms)
-        caps.down(at + 0.005, _rtp(i, 2222), rng.normal(115.5, 2.0), turn_ms)
+        caps.down(at + 0.005, _rtp(i, 2222), rng.normal(115.5, 2.0), turn_ms,
+                  last_mile=rng.normal(6.0, 1.0))
     refresh = stun.Message(stun.Method.REFRESH, stun.Class.REQUEST)
     caps.control(at + 1, refresh, stun.Message(stun.Method.REFRESH, stun.Class.RESPONSE,
                                                refresh.transaction_id))
@@ -231,6 +234,7 @@ def test_every_hop_of_a_turn_call_is_found_and_the_turn_server_is_judged_like_a_
     assert abs(hops[("up", "last mile up apac-ne")].mean_ms - 6.0) < 0.3
     assert hops[("up", "pub1->edge1 (in region)")].ok
     assert hops[("up", "edge1->pub1 (in region)")].ok
+    assert abs(hops[("down", "last mile down apac-ne")].mean_ms - 6.0) < 0.1
     # RTP, the check, the stray
     assert hops[("up", "public internet apac-ne->na-east")].datagrams == 150 + 2
     assert all(h.ok for h in hops.values()), [h for h in hops.values() if not h.ok]
@@ -238,7 +242,7 @@ def test_every_hop_of_a_turn_call_is_found_and_the_turn_server_is_judged_like_a_
     wire = arch.wire
     assert wire.public_ports == 1 and wire.sessions == 1  # the TURN server's port only
     assert wire.first_checks == 1 and wire.first_check_rtt_ms_p50 == pytest.approx(
-        6.0 + 2 * 115.5 + 2 * 0.15 + 1.0, abs=0.2)
+        6.0 + 2 * 115.5 + 2 * 0.15 + 1.0 + 6.0, abs=0.2)
     # 150 RTP each way, the check and its answer, the transceiver's check (after the
     # client's Allocate: its flow was open), the stray (of a client that allocated nothing)
     assert wire.relay_forwards == 2 * 150 + 4 and wire.relay_forwards_unexpected == 1
@@ -246,9 +250,9 @@ def test_every_hop_of_a_turn_call_is_found_and_the_turn_server_is_judged_like_a_
     assert wire.turn["sessions"] == 1
     assert list(turn) == [("Allocate", "401"), ("Allocate", "success"),
                           ("ChannelBind", "success"), ("Refresh", "success")]
-    for x in turn.values():  # the wire at the client misses the last mile down
+    for x in turn.values():  # both last miles and the server's 0.1 ms
         assert x["count"] == 1 and x["per_session_p50"] == 1 and x["retransmitted"] == 0
-        assert x["rtt_ms_p50"] == pytest.approx(6.0 + 0.1, abs=0.05)
+        assert x["rtt_ms_p50"] == pytest.approx(6.0 + 0.1 + 6.0, abs=0.05)
     saved = json.loads((tmp_path / "pcap" / "analysis.json").read_text())
     assert saved["architectures"][0]["wire"]["turn"]["sessions"] == 1
 

@@ -25,16 +25,16 @@ def test_every_hop_on_the_wire_is_the_configured_one(ci_results):
     _, directory = ci_results
     archs = _analysis(directory)
     assert list(archs) == ["port-per-session", "cluster-relay", "global-relay"]
+    down = "last mile down apac-se + public internet na-east->apac-se"
     expected = {
-        "port-per-session": {"last mile up apac-se", "public internet apac-se->na-east",
-                             "public internet na-east->apac-se", "transceiver na-east "
-                             "(check -> answer)", "last mile down apac-se (wire)",
-                             "last mile down apac-se (client app)"},
+        "port-per-session": {"last mile up apac-se", "public internet apac-se->na-east", down,
+                             "transceiver na-east (check -> answer)", "pub1->client1 (wire)",
+                             "client app apac-se (receive path)"},
         "cluster-relay": {"last mile up apac-se", "public internet apac-se->na-east",
-                          "cluster relay na-east", "public internet na-east->apac-se"},
+                          "cluster relay na-east", down},
         "global-relay": {"last mile up apac-se", "ingress relay apac-se",
                          "backbone apac-se->na-east", "cluster relay na-east",
-                         "backbone na-east->apac-se"},
+                         "backbone na-east->apac-se", "last mile down apac-se"},
     }
     for name, a in archs.items():
         hops = {h["hop"]: h for h in a["hops"]}
@@ -42,15 +42,16 @@ def test_every_hop_on_the_wire_is_the_configured_one(ci_results):
         off = [(h["direction"], h["hop"], h["mean_ms"], h["sd_robust_ms"]) for h in a["hops"]
                if not h["ok"]]
         assert not off, (name, off)
-        # the delays the world puts on the path were seen on the wire, not just zeros
+        # the delays the world puts on the path were seen on the wire, not just zeros: the
+        # last mile down too (held on the public router's egress, before its capture)
         for h in a["hops"]:
-            if h["kind"] in ("last_mile_up", "public", "backbone"):
+            if h["kind"] in ("last_mile_up", "public", "backbone", "last_mile_down"):
                 assert h["expected_mean_ms"] > 0 and h["datagrams"] > 100 * N, (name, h)
-        assert hops["last mile down apac-se (wire)"]["hidden_ms"] > 0
-        # ... which the client's own receive times see: the configured delay, every packet
-        app = hops["last mile down apac-se (client app)"]
-        assert app["expected_mean_ms"] == hops["last mile down apac-se (wire)"]["hidden_ms"]
-        assert app["datagrams"] > 100 * N
+            assert h["hidden_ms"] == 0, (name, h)
+        # ... and the client's own receive times come right after its capture: its receive
+        # path, not the link
+        app = hops["client app apac-se (receive path)"]
+        assert app["expected_mean_ms"] == 0 and app["datagrams"] > 100 * N
         # nothing cut, nothing dropped by the kernel, and every datagram paired
         cost = a["cost"]
         assert cost["kernel_dropped"] == 0 and not cost["capped"], cost
@@ -74,10 +75,10 @@ def test_the_wire_sees_each_architectures_ports_and_checks(ci_results):
         assert wire["dtls_flights_p50"] is not None and wire["dtls_flights_p50"] >= 2
         assert wire["relay_forwards_unexpected"] == 0, (name, wire)
         assert (wire["relay_forwards"] > 0) == (name != "port-per-session")
-        # the first check's wire RTT at the client misses only the last mile down (and the
-        # client's own receive path) of the RTT the client measured for the same check
+        # the client times a check's answer by the kernel's receive stamp, the one the
+        # capture reads: its first-check RTT is the wire's (the client stamps its send a few
+        # microseconds before the capture sees it leave)
         measured = sorted(float(s["first_ice_rtt_ms"]) for s in sessions
                           if s["architecture"] == name and s["first_ice_rtt_ms"])
         median = measured[len(measured) // 2]
-        hidden = {h["hop"]: h for h in a["hops"]}["last mile down apac-se (wire)"]["hidden_ms"]
-        assert 0 < median - wire["first_check_rtt_ms_p50"] < hidden + 5, (name, median, wire)
+        assert -0.5 < median - wire["first_check_rtt_ms_p50"] < 1.0, (name, median, wire)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import statistics
+import struct
 import subprocess
 import sys
 import textwrap
@@ -83,6 +86,49 @@ def test_a_150_ms_path_with_jitter_and_bursty_loss_measures_inside_its_bands():
     # The bursty loss is there: 3.85% expected; no loss at all in 1000 datagrams has a
     # probability of about 4e-5 (the chain staying good), so this cannot flake.
     assert result.received < result.sent
+
+
+def _one_way_ms(world: World, sender: str, receiver: str, count: int = 40
+                ) -> tuple[list[float], list[float]]:
+    """Datagrams from ``sender`` to ``receiver``'s public address, each carrying its send
+    time: (one-way delays by the receiver's kernel receive stamp, by its user-space read)."""
+    from services.rxstamp import ReceiveStamps
+    from topology.netns import entered
+
+    with entered(world.node(receiver).ns_path):
+        rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with entered(world.node(sender).ns_path):
+        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    kernel, user = [], []
+    with rx, tx:
+        rx.bind((world.addresses[receiver]["public"], 0))
+        rx.settimeout(2.0)
+        stamps = ReceiveStamps(rx)
+        assert stamps.enable()
+        for _ in range(count):
+            tx.sendto(struct.pack("d", time.time()), rx.getsockname())
+            data, _ = rx.recvfrom(64)
+            read = time.time()
+            sent = struct.unpack("d", data)[0]
+            kernel.append((stamps.last() - sent) * 1000.0)
+            user.append((read - sent) * 1000.0)
+            time.sleep(0.005)
+    return kernel, user
+
+
+def test_a_clients_kernel_receive_stamps_come_after_its_last_mile_down():
+    """The last mile down is held on the public router's egress: a datagram held on the
+    client's own ingress kept the stamp the kernel gave it on arrival, before its delay (the
+    clients time media, ICE and TURN by those stamps). With the hold on the client's
+    ingress this read 0.1 ms against 6 configured."""
+    mile = Impairment(delay_ms=6, jitter_ms=0.5)
+    spec = WorldSpec(regions=("a1",), clusters=(),
+                     impairments={("last_mile_down", "a1", "a1"): mile})
+    with World(spec, make_backend("userspace")) as world:
+        kernel, user = _one_way_ms(world, "edge1", "client1")
+    assert 5.0 < statistics.median(kernel) < 7.5, kernel
+    # the stamp is when the datagram reached the client, before the socket was read
+    assert all(0 <= u - k < 5 for k, u in zip(kernel, user)), list(zip(kernel, user))
 
 
 def test_calibration_in_a_child_process_measures_the_same_path():

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from topology import nat
+from topology.impairment.backend import iface_key
 from topology.impairment.model import Impairment, NetNode
 from topology.nat import NatSpec
 from topology.netns import refuse_if_forbidden
@@ -77,7 +78,11 @@ class WorldSpec:
 
 @dataclass(frozen=True)
 class ImpairedLink:
-    """One impaired direction: received by ``node`` on ``interface``."""
+    """One impaired direction, held by ``holder`` on its ``interface``: what the receiver
+    receives there, or, ``egress``, what the sender sends there. A direction into a host that
+    reads kernel receive stamps (a client: its media plane, its ICE and TURN timings) is held
+    on the sending router's egress, so the host's stamps come after the link's delay
+    (topology/impairment/backend.py says why)."""
 
     kind: str
     src: str          # region the direction leaves
@@ -85,13 +90,18 @@ class ImpairedLink:
     sender: str       # host names at both ends
     receiver: str
     receiver_ip: str  # the receiver's address on this link (probe target)
-    interface: str
+    interface: str    # the holder's
     impairment: Impairment
+    egress: bool = False
+
+    @property
+    def holder(self) -> str:
+        return self.sender if self.egress else self.receiver
 
     @property
     def key(self) -> str:
         """Its key in the impairment backend's ``stats()["interfaces"]``."""
-        return f"{self.receiver}:{self.interface}"
+        return iface_key(self.holder, self.interface, self.egress)
 
 
 def _reap(shells) -> None:
@@ -203,7 +213,7 @@ class World:
         for region in spec.regions:
             self._route_region(region)
         for link in self.links:
-            self.backend.apply(self.node(link.receiver), link.interface, link.impairment)
+            self._apply(link)
 
     def _link(self, a: str, b: str, ip_a: str, ip_b: str):
         net = self.net
@@ -216,13 +226,19 @@ class World:
         return name_a, name_b
 
     def _impair(self, kind: str, src: str, dst: str, sender: str, receiver: str,
-                receiver_ip: str, interface: str) -> None:
+                receiver_ip: str, interface: str, egress: bool = False) -> None:
         impairment = self.spec.impairments.get((kind, src, dst)) or Impairment()
         link = ImpairedLink(kind, src, dst, sender, receiver, receiver_ip, interface,
-                            impairment)
+                            impairment, egress)
         self.directions[(kind, src, dst)] = link
         if not impairment.is_null:
             self.links.append(link)
+
+    def _apply(self, link: ImpairedLink) -> None:
+        self.backend.apply(self.node(link.holder), link.interface, link.impairment, link.egress)
+
+    def _change(self, link: ImpairedLink, impairment: Impairment) -> None:
+        self.backend.change(self.node(link.holder), link.interface, impairment, link.egress)
 
     # ------------------------------------------------------------ faults: links at runtime
 
@@ -260,12 +276,11 @@ class World:
         changed = []
         for link in self.link_directions(kind, a, b):
             new = impairment(link.impairment) if callable(impairment) else impairment
-            node = self.node(link.receiver)
             if link not in self.links and link.key not in self._applied_later:
                 # no impairment was configured, so none was applied: apply one now (null)
-                self.backend.apply(node, link.interface, link.impairment)
+                self._apply(link)
                 self._applied_later.add(link.key)
-            self.backend.change(node, link.interface, new)
+            self._change(link, new)
             changed.append(replace(link, impairment=new))
         log.info("link %s %s%s changed: %s", kind, a, "" if b in (None, a) else f"/{b}",
                  "; ".join(f"{c.src}->{c.dst} {c.impairment}" for c in changed))
@@ -287,11 +302,10 @@ class World:
             new = spec.impairments.get(key) or Impairment()
             if new == link.impairment:
                 continue
-            node = self.node(link.receiver)
             if link.key not in applied:  # null so far, so never applied: apply that first
-                self.backend.apply(node, link.interface, link.impairment)
+                self._apply(link)
             self._applied_later.add(link.key)  # applied from now on, whatever it becomes
-            self.backend.change(node, link.interface, new)
+            self._change(link, new)
             self.directions[key] = replace(link, impairment=new)
             changed.append(self.directions[key])
         self.links = [link for link in self.directions.values() if not link.impairment.is_null]
@@ -304,16 +318,18 @@ class World:
         links = self.link_directions(kind, a, b)
         for link in links:
             if link in self.links or link.key in self._applied_later:
-                self.backend.change(self.node(link.receiver), link.interface, link.impairment)
+                self._change(link, link.impairment)
         log.info("link %s %s%s restored", kind, a, "" if b in (None, a) else f"/{b}")
         return links
 
     def _build_region(self, region: str) -> None:
         i = self.index[region]
         pub, bb, edge, client = f"pub{i}", f"bb{i}", f"edge{i}", f"client{i}"
-        c_if, p_if = self._link(client, pub, self.lan(i, 1, 2), self.lan(i, 1, 1))
+        _, p_if = self._link(client, pub, self.lan(i, 1, 2), self.lan(i, 1, 1))
         self._impair("last_mile_up", region, region, client, pub, self.lan(i, 1, 1), p_if)
-        self._impair("last_mile_down", region, region, pub, client, self.lan(i, 1, 2), c_if)
+        # held on pub's egress, not the client's ingress: the client reads receive stamps
+        self._impair("last_mile_down", region, region, pub, client, self.lan(i, 1, 2), p_if,
+                     egress=True)
         self._link(edge, pub, self.lan(i, 2, 2), self.lan(i, 2, 1))
         self._link(edge, bb, self.lan(i, 3, 2), self.lan(i, 3, 1))
         self.addresses[client] = {"public": self.lan(i, 1, 2)}

@@ -5,11 +5,14 @@ Every datagram of a call (analysis/pcap/classify.py) is found at each capture po
 time order those sightings are its path, and each pair of consecutive sightings is a hop:
 
 - two hosts: the link between them. A router's sighting comes after the impairment of the
-  link it arrived by (impairment happens on a host's ingress, after any capture on that
+  link it arrived by (impairment happens on a router's ingress, after any capture on that
   interface), so ``client -> pub`` is the last mile up, ``pub -> pub`` the public internet,
-  ``bb -> bb`` the backbone. An end host's sighting of a received datagram comes *before* its
-  ingress impairment: the last mile down is not on the wire (``pub -> client`` reads about
-  0 ms; only the client's own receive time sees it), and the report says so;
+  ``bb -> bb`` the backbone. The last mile down is held on the public router's egress
+  (topology/world.py: so the client's kernel receive stamps come after it), before the
+  router's capture of what it sends: the hop that ends at that sighting holds the link it
+  arrived by *and* the last mile down (``edge1 -> pub1`` is the last mile down alone,
+  ``pub -> pub`` the public internet plus it), ``pub -> client`` is the bare veth, and the
+  client's own receive time is its receive path (SRTP, its event loop);
 - one host: a relay's processing (received on one side, sent on the other); under the turn
   architecture, the TURN server's on the edge host (named ``TURN server R``, judged like a
   relay: it unwraps ChannelData, which classify.py looks through, and sends the datagram on);
@@ -82,8 +85,8 @@ class HopStat:
 
     direction: str
     hop: str                  # e.g. "backbone apac-se->na-east", "cluster relay na-east"
-    kind: str                 # last_mile_up, public, backbone, last_mile_down (wire),
-    #                           last_mile_down_app, link, relay, transceiver
+    kind: str                 # last_mile_up, public, backbone, last_mile_down (with what the
+    #                           router got it by), client_app, link, relay, transceiver
     frm: str                  # hosts at both ends
     to: str
     position: float           # median place in the path (for ordering)
@@ -97,7 +100,8 @@ class HopStat:
     tolerance_ms: float
     mean_ok: bool
     sd_ok: bool
-    hidden_ms: float = 0.0    # configured delay the wire cannot see here (the last mile down)
+    hidden_ms: float = 0.0    # configured delay the wire cannot see here (none since the last
+    #                           mile down is held before the router's capture; old runs had it)
     rule: str = "link"        # how it is judged: link, median (link rule on the median),
     #                           processing, or reported (not judged)
 
@@ -115,7 +119,7 @@ class WireFacts:
     public_addresses: int = 0
     first_checks: int = 0
     first_checks_retransmitted: int = 0
-    first_check_rtt_ms_p50: float | None = None  # wire, at the client: misses its last mile down
+    first_check_rtt_ms_p50: float | None = None  # wire, at the client
     checks: int = 0                      # every STUN request of the clients
     checks_retransmitted: int = 0
     dtls_ms_p50: float | None = None     # first to last handshake datagram at the client
@@ -375,9 +379,9 @@ def _hop_stats(seen, paths, points: list[Point], impairments: dict,
             mean_ok, sd_ok = p50 <= PROCESSING_P50_MS, True
         elif m["kind"] == "transceiver":
             rule, mean_ok, sd_ok = "reported", True, True
-        elif m["kind"] == "last_mile_down_app":
-            # the client's own receive path (SRTP, its event loop) is in this hop: its stalls
-            # move the mean, not the median
+        elif m["kind"] == "client_app":
+            # the client's own receive path (SRTP, its event loop): its stalls move the mean,
+            # not the median
             rule, mean_ok = "median", abs(p50 - exp.mean_ms) <= tolerance
         stats.append(HopStat(direction, label, m["kind"], m["frm"], m["to"],
                              float(np.median(m["places"])), len(values), _r(mean), _r(p50),
@@ -399,10 +403,9 @@ def _configured(impairments: dict, link: str | None, src: str, dst: str) -> Expe
 
 def _name_hop(a: Point, b: Point, impairments: dict, turn: bool = False):
     """(label, kind, from host, to host, Expectation on the wire, configured ms hidden)."""
-    if b.role == "app":  # the client's receive time: after its last mile down
-        exp = _configured(impairments, "last_mile_down", b.region, b.region)
-        return (f"last mile down {b.region} (client app)", "last_mile_down_app", a.host, b.host,
-                exp, 0.0)
+    if b.role == "app":  # the client's receive time: its own receive path after the wire
+        return (f"client app {b.region} (receive path)", "client_app", a.host, b.host,
+                Expectation(0.0, 0.0), 0.0)
     if a.host == b.host:
         tier = ("cluster relay" if a.role != "edge" else
                 "TURN server" if turn else "ingress relay")
@@ -412,19 +415,31 @@ def _name_hop(a: Point, b: Point, impairments: dict, turn: bool = False):
     arrow = f"{a.region}->{b.region}"
     if link == "last_mile_up":
         label = f"last mile up {a.region}"
-    elif link == "last_mile_down":
-        # captured on the client's ingress, before the impairment there
-        return (f"last mile down {b.region} (wire)", link, a.host, b.host,
-                Expectation(0.0, 0.0), exp.mean_ms)
+    elif link == "last_mile_down":  # the veth after the router's egress queue
+        return f"{a.host}->{b.host} (wire)", "link", a.host, b.host, Expectation(0.0, 0.0), 0.0
     elif link == "public":
         label = f"public internet {arrow}"
     elif link == "backbone":
         label = f"backbone {arrow}"
     else:
         link, label = "link", f"{a.host}->{b.host} (in region)"
-    if not b.sent:  # an end host's received frame: before its own ingress impairment
-        return label, link, a.host, b.host, Expectation(0.0, 0.0), exp.mean_ms
+    if (b.role == "pub" and b.sent and (b.peer or "").startswith("client")
+            and a.role not in ("client", "app")):
+        # sent to the client, after the last mile down's hold on this interface (from the
+        # client itself: a key seen again, or a tie in time, not a path)
+        mile = _configured(impairments, "last_mile_down", b.region, b.region)
+        label = f"last mile down {b.region}" + ("" if link == "link" else f" + {label}")
+        return label, "last_mile_down", a.host, b.host, _plus(exp, mile), 0.0
     return label, link, a.host, b.host, exp, 0.0
+
+
+def _plus(a: Expectation, b: Expectation) -> Expectation:
+    """Two links crossed one after the other: means add, independent jitters in quadrature."""
+    if not a.mean_ms and not a.sd_ms:
+        return b
+    shape = a.distribution if a.distribution == b.distribution else "normal"
+    return Expectation(a.mean_ms + b.mean_ms, (a.sd_ms ** 2 + b.sd_ms ** 2) ** 0.5,
+                       a.hops + b.hops, shape)
 
 
 def _r(v: float | None) -> float | None:
@@ -515,7 +530,7 @@ def _turn_facts(messages: list[tuple], facts: WireFacts, cutoff: float | None) -
     """TURN's own transactions as the clients' capture points saw them: per method and
     outcome (``success``, the error code, ``no answer``), how many, per session (a client
     flow that sent an Allocate), resent, and the wire round trip of those sent once (first
-    request to first answer; like every RTT at the client, it misses the last mile down)."""
+    request to first answer)."""
     if cutoff is not None:
         messages = [m for m in messages if m[0] <= cutoff]
     if not messages:

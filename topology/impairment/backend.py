@@ -31,21 +31,32 @@ class BackendUnavailable(ImpairmentError):
 
 
 class ImpairmentBackend(ABC):
-    """Impairs packets RECEIVED on an interface inside a node's namespace."""
+    """Impairs packets RECEIVED on an interface inside a node's namespace, or SENT on it
+    (``egress``).
+
+    Which end of a link holds a direction matters to whoever reads kernel receive stamps
+    (SO_TIMESTAMPNS, SIOCGSTAMPNS): the kernel stamps a packet when the interface receives it,
+    before any hook of that namespace, so a packet held on its receiver's ingress keeps a stamp
+    from before its delay. Crossing into the next namespace clears the stamp. A direction into
+    a host whose sockets read stamps is therefore held on the sending router's egress
+    (topology/world.py); elsewhere on the receiving router's ingress."""
 
     name: str
 
     @abstractmethod
-    def apply(self, node: NetNode, interface: str, impairment: Impairment) -> None:
-        """Impair what ``node`` receives on ``interface`` (IPv4 and IPv6). Once per
-        (node, interface); takes effect at ``start``, or at once when already started."""
+    def apply(self, node: NetNode, interface: str, impairment: Impairment,
+              egress: bool = False) -> None:
+        """Impair what ``node`` receives on ``interface`` (IPv4 and IPv6), or what it sends on
+        it (``egress``). Once per (node, interface, direction); takes effect at ``start``, or
+        at once when already started."""
 
     @abstractmethod
-    def change(self, node: NetNode, interface: str, impairment: Impairment) -> None:
-        """Replace what ``node`` suffers on ``interface`` (applied before) from now on; packets
-        already held keep their release times. Changing back to the applied impairment ends a
-        fault: until then losses count as ``dropped_fault`` in ``stats``, not ``dropped_loss``.
-        Raises ``ImpairmentError`` for a (node, interface) never applied."""
+    def change(self, node: NetNode, interface: str, impairment: Impairment,
+               egress: bool = False) -> None:
+        """Replace what ``node`` suffers on ``interface`` in that direction (applied before)
+        from now on; packets already held keep their release times. Changing back to the
+        applied impairment ends a fault: until then losses count as ``dropped_fault`` in
+        ``stats``, not ``dropped_loss``. Raises ``ImpairmentError`` for one never applied."""
 
     @abstractmethod
     def start(self) -> None:
@@ -58,7 +69,7 @@ class ImpairmentBackend(ABC):
 
     @abstractmethod
     def stats(self) -> dict:
-        """``{"backend": name, "interfaces": {"node:interface": {"seen", "delayed",
+        """``{"backend": name, "interfaces": {iface_key: {"seen", "delayed",
         "dropped_loss", "dropped_fault", "held", ...}}, ...}``; see each backend for its extra
         keys."""
 
@@ -70,8 +81,13 @@ class ImpairmentBackend(ABC):
         self.stop()
 
 
-def iface_key(node: NetNode, interface: str) -> str:
-    return f"{node.name}:{interface}"
+EGRESS_SUFFIX = ">"   # "pub1:pub1-eth0>": what pub1 sends on pub1-eth0
+
+
+def iface_key(node: NetNode | str, interface: str, egress: bool = False) -> str:
+    """``node:interface`` (received there), ``node:interface>`` (sent there)."""
+    name = node if isinstance(node, str) else node.name
+    return f"{name}:{interface}{EGRESS_SUFFIX if egress else ''}"
 
 
 def never_applied(key: str) -> ImpairmentError:

@@ -66,9 +66,14 @@ def netem_args(imp: Impairment) -> list[str]:
     return args
 
 
-def netem_commands(interface: str, ifb: str, impairment: Impairment) -> list[list[str]]:
-    """Commands, to run inside the node's namespace, that impair what ``interface`` receives.
-    netem goes on the IFB before the redirect, so no packet passes unimpaired meanwhile."""
+def netem_commands(interface: str, ifb: str, impairment: Impairment,
+                   egress: bool = False) -> list[list[str]]:
+    """Commands, to run inside the node's namespace, that impair what ``interface`` receives
+    (netem goes on the IFB before the redirect, so no packet passes unimpaired meanwhile), or
+    what it sends (``egress``: netem as its root qdisc; no IFB)."""
+    if egress:
+        return [["tc", "qdisc", "add", "dev", interface, "root", "handle", "1:", "netem",
+                 *netem_args(impairment)]]
     return [
         ["ip", "link", "add", ifb, "type", "ifb"],
         ["ip", "link", "set", ifb, "up"],
@@ -80,9 +85,10 @@ def netem_commands(interface: str, ifb: str, impairment: Impairment) -> list[lis
     ]
 
 
-def change_command(ifb: str, impairment: Impairment) -> list[str]:
-    """The command that puts ``impairment`` on the IFB's netem in place of what it had."""
-    return ["tc", "qdisc", "change", "dev", ifb, "root", "handle", "1:", "netem",
+def change_command(device: str, impairment: Impairment) -> list[str]:
+    """The command that puts ``impairment`` on ``device``'s netem (the IFB, or the interface
+    itself for egress) in place of what it had."""
+    return ["tc", "qdisc", "change", "dev", device, "root", "handle", "1:", "netem",
             *netem_args(impairment)]
 
 
@@ -98,8 +104,11 @@ def change_problem(old: Impairment, new: Impairment) -> str | None:
     return None
 
 
-def teardown_commands(interface: str, ifb: str) -> list[list[str]]:
-    """Undo ``netem_commands``: the redirect first, then the IFB (and its netem with it)."""
+def teardown_commands(interface: str, ifb: str, egress: bool = False) -> list[list[str]]:
+    """Undo ``netem_commands``: the redirect first, then the IFB (and its netem with it); for
+    egress, the interface's root qdisc."""
+    if egress:
+        return [["tc", "qdisc", "del", "dev", interface, "root"]]
     return [
         ["tc", "qdisc", "del", "dev", interface, "handle", "ffff:", "ingress"],
         ["ip", "link", "del", ifb],
@@ -127,7 +136,8 @@ class _Applied:
     node: NetNode
     interface: str
     impairment: Impairment  # as applied (the configured one)
-    ifb: str
+    ifb: str               # unused for egress
+    egress: bool = False   # what the node sends on the interface (else: what it receives)
     done: list[list[str]] = field(default_factory=list)  # commands that succeeded
     current: Impairment | None = None  # set by ``change``; None: the applied one
     fault_dropped: int = 0  # netem drops during faults that have ended
@@ -137,13 +147,19 @@ class _Applied:
     def in_force(self) -> Impairment:
         return self.impairment if self.current is None else self.current
 
+    @property
+    def device(self) -> str:
+        """Where the netem qdisc is."""
+        return self.interface if self.egress else self.ifb
+
     def dropped(self) -> int:
-        text = self.node.run("tc", "-s", "qdisc", "show", "dev", self.ifb, check=False)
+        text = self.node.run("tc", "-s", "qdisc", "show", "dev", self.device, check=False)
         return parse_qdisc_stats(text).get("dropped_loss", 0)
 
 
 class NetemBackend(ImpairmentBackend):
-    """Kernel netem on an IFB per impaired interface. Stats are netem's counters."""
+    """Kernel netem on an IFB per interface impaired on ingress, as the root qdisc of one
+    impaired on egress. Stats are netem's counters."""
 
     name = "netem"
 
@@ -152,18 +168,20 @@ class NetemBackend(ImpairmentBackend):
         self._applied: dict[str, _Applied] = {}
         self._started = False
 
-    def apply(self, node: NetNode, interface: str, impairment: Impairment) -> None:
-        key = iface_key(node, interface)
+    def apply(self, node: NetNode, interface: str, impairment: Impairment,
+              egress: bool = False) -> None:
+        key = iface_key(node, interface, egress)
         if key in self._applied:
             raise ValueError(f"{key} is already impaired")
         n = sum(1 for a in self._applied.values() if a.node.ns_path == node.ns_path)
-        app = _Applied(node, interface, impairment, f"{self.ifb_prefix}{n}")
+        app = _Applied(node, interface, impairment, f"{self.ifb_prefix}{n}", egress)
         self._applied[key] = app
         if self._started:
             self._install(key, app)
 
-    def change(self, node: NetNode, interface: str, impairment: Impairment) -> None:
-        key = iface_key(node, interface)
+    def change(self, node: NetNode, interface: str, impairment: Impairment,
+               egress: bool = False) -> None:
+        key = iface_key(node, interface, egress)
         app = self._applied.get(key)
         if app is None:
             raise never_applied(key)
@@ -173,7 +191,7 @@ class NetemBackend(ImpairmentBackend):
         if app.done:
             dropped = app.dropped()
             try:
-                app.node.run(*change_command(app.ifb, impairment))
+                app.node.run(*change_command(app.device, impairment))
             except RuntimeError as exc:
                 raise ImpairmentError(f"netem on {key}: {exc}") from None
             if app.fault_base is not None:
@@ -194,7 +212,7 @@ class NetemBackend(ImpairmentBackend):
     def _install(self, key: str, app: _Applied) -> None:
         app.fault_dropped = 0
         app.fault_base = 0 if app.in_force != app.impairment else None
-        for cmd in netem_commands(app.interface, app.ifb, app.in_force):
+        for cmd in netem_commands(app.interface, app.ifb, app.in_force, app.egress):
             try:
                 app.node.run(*cmd)
             except RuntimeError as exc:
@@ -206,8 +224,9 @@ class NetemBackend(ImpairmentBackend):
     def _teardown(app: _Applied) -> None:
         if not app.done:
             return
-        redirected = any(cmd[:3] == ["tc", "qdisc", "add"] and "ingress" in cmd for cmd in app.done)
-        for cmd in teardown_commands(app.interface, app.ifb):
+        redirected = app.egress or any(cmd[:3] == ["tc", "qdisc", "add"] and "ingress" in cmd
+                                       for cmd in app.done)
+        for cmd in teardown_commands(app.interface, app.ifb, app.egress):
             if cmd[0] == "tc" and not redirected:
                 continue
             app.node.run(*cmd, check=False)
@@ -221,7 +240,7 @@ class NetemBackend(ImpairmentBackend):
     def stats(self) -> dict:
         interfaces = {}
         for key, app in self._applied.items():
-            text = app.node.run("tc", "-s", "qdisc", "show", "dev", app.ifb, check=False)
+            text = app.node.run("tc", "-s", "qdisc", "show", "dev", app.device, check=False)
             counters = parse_qdisc_stats(text)
             if counters:
                 fault = app.fault_dropped
@@ -229,7 +248,7 @@ class NetemBackend(ImpairmentBackend):
                     fault += counters["dropped_loss"] - app.fault_base
                 counters["dropped_loss"] -= fault
                 counters["dropped_fault"] = fault
-            interfaces[key] = {"ifb": app.ifb, **counters,
+            interfaces[key] = {"ifb": None if app.egress else app.ifb, **counters,
                                "fault": app.in_force != app.impairment}
         return {"backend": self.name, "cpu_seconds": None, "lateness_p50_us": None,
                 "lateness_p99_us": None, "interfaces": interfaces}

@@ -1,8 +1,9 @@
 """The userspace backend: iptables NFQUEUE rules in each node, one engine process for all.
 
-For each impaired (node, interface) the backend asks the engine to bind a queue inside the
-node's namespace and only then adds ``-t mangle -A PREROUTING -i IF -j NFQUEUE --queue-num N``
-(and the ip6tables twin), so no packet meets a rule without a reader. There is deliberately no
+For each impaired (node, interface, direction) the backend asks the engine to bind a queue
+inside the node's namespace and only then adds ``-t mangle -A PREROUTING -i IF -j NFQUEUE
+--queue-num N`` (``POSTROUTING -o IF`` for what the node sends: ``egress``; and the ip6tables
+twin), so no packet meets a rule without a reader. There is deliberately no
 ``--queue-bypass``: if the engine dies, impaired traffic is blackholed, which calibration sees,
 instead of flowing unimpaired, which it might not.
 """
@@ -40,9 +41,11 @@ DEFAULT_REALTIME = 20
 _REPO = Path(__file__).resolve().parents[2]
 
 
-def rule_spec(interface: str, queue: int) -> list[str]:
-    """The PREROUTING rule (without -A/-D) that hands ``interface``'s packets to ``queue``."""
-    return ["PREROUTING", "-i", interface, "-m", "comment", "--comment", RULE_COMMENT,
+def rule_spec(interface: str, queue: int, egress: bool = False) -> list[str]:
+    """The rule (without -A/-D) that hands the packets ``interface`` receives (PREROUTING), or
+    sends (POSTROUTING, ``egress``), to ``queue``."""
+    where = ["POSTROUTING", "-o", interface] if egress else ["PREROUTING", "-i", interface]
+    return [*where, "-m", "comment", "--comment", RULE_COMMENT,
             "-j", "NFQUEUE", "--queue-num", str(queue)]
 
 
@@ -151,6 +154,7 @@ class _Applied:
     interface: str
     impairment: Impairment  # as applied (the configured one)
     queue: int
+    egress: bool = False   # what the node sends on the interface (else: what it receives)
     rules: list[list[str]] = field(default_factory=list)  # (binary, *spec) actually added
     current: Impairment | None = None  # set by ``change``; None: the applied one
 
@@ -203,11 +207,12 @@ class UserspaceBackend(ImpairmentBackend):
         """The SCHED_FIFO priority the running engine got (0: ordinary; None: not started)."""
         return self._engine.realtime if self._engine else None
 
-    def apply(self, node: NetNode, interface: str, impairment: Impairment) -> None:
-        key = iface_key(node, interface)
+    def apply(self, node: NetNode, interface: str, impairment: Impairment,
+              egress: bool = False) -> None:
+        key = iface_key(node, interface, egress)
         if key in self._applied:
             raise ValueError(f"{key} is already impaired")
-        app = _Applied(node, interface, impairment, self._next_queue)
+        app = _Applied(node, interface, impairment, self._next_queue, egress)
         self._next_queue += 1  # never reused: a failed apply may have left its queue bound
         self._applied[key] = app
         if self._engine is not None:
@@ -218,8 +223,9 @@ class UserspaceBackend(ImpairmentBackend):
                 del self._applied[key]
                 raise
 
-    def change(self, node: NetNode, interface: str, impairment: Impairment) -> None:
-        key = iface_key(node, interface)
+    def change(self, node: NetNode, interface: str, impairment: Impairment,
+               egress: bool = False) -> None:
+        key = iface_key(node, interface, egress)
         app = self._applied.get(key)
         if app is None:
             raise never_applied(key)
@@ -258,7 +264,7 @@ class UserspaceBackend(ImpairmentBackend):
         if self.ipv6 and shutil.which("ip6tables"):
             binaries.append("ip6tables")
         for binary in binaries:
-            rule = [binary, *rule_spec(app.interface, app.queue)]
+            rule = [binary, *rule_spec(app.interface, app.queue, app.egress)]
             try:
                 app.node.run(rule[0], "-w", "-t", "mangle", "-A", *rule[1:])
             except RuntimeError as exc:
