@@ -1,7 +1,10 @@
 """Cluster signaling: ``POST /v1/calls`` (OpenAI Realtime WebRTC convention) onto transceivers.
 
 - ``POST /v1/calls`` with ``Content-Type: application/sdp``: ``201``, the SDP answer, and
-  ``Location: /v1/calls/{call}``; ``DELETE`` on it ends the call (``204``).
+  ``Location: /v1/calls/{call}``; ``DELETE`` on it ends the call (``204``); ``PATCH`` on it
+  with ``application/trickle-ice-sdpfrag`` restarts the call's ICE (RFC 9725 section 4.3:
+  the client's new ice-ufrag, ice-pwd and candidates in, the transceiver's out with ``200``;
+  docs/mobility.md), passed to the transceiver that has the call.
 - Refusals are one line of text: ``415`` wrong content type, ``413`` oversized body, ``408``
   body too slow, ``400`` malformed or pathological offer / no audio / no BUNDLE, ``503`` no
   transceiver has room. Nothing is allocated and nothing reaches a transceiver for an offer
@@ -74,6 +77,7 @@ from services.signaling.limits import (REASONS, BadRequestLog, LogBudget, Refuse
 from services.signaling.pool import SPARE, ControlPool
 from services.signaling.steering import (FULL, OVER_LOAD, UNREACHABLE, ClusterProbe, Decision,
                                          Steering, SteeringConfig)
+from services.wire.sdpfrag import CONTENT_TYPE as SDPFRAG, MAX_BYTES as MAX_FRAGMENT_BYTES
 
 log = logging.getLogger("voiceedge.signaling")
 _http_log = logging.getLogger("voiceedge.signaling.http")  # aiohttp's, for malformed requests
@@ -213,6 +217,7 @@ class SignalingServer:
         app = web.Application(client_max_size=limits.max_body_bytes + 1, middlewares=[_cors])
         app.router.add_post("/v1/calls", self._post_call)
         app.router.add_delete("/v1/calls/{call}", self._delete_call)
+        app.router.add_patch("/v1/calls/{call}", self._patch_call)
         app.router.add_route("OPTIONS", "/v1/calls", _preflight)
         app.router.add_route("OPTIONS", "/v1/calls/{call}", _preflight)
         app.router.add_get(ICE_SERVERS_PATH, self.ice_servers.handle)
@@ -513,6 +518,31 @@ class SignalingServer:
             return web.Response(status=204)
         return web.Response(status=reply.status, text=reply.text or "\n")
 
+    async def _patch_call(self, request: web.Request) -> web.Response:
+        """An ICE restart of a call: the fragment to the call's transceiver, its answer back."""
+        found = self._backend_of(request.match_info["call"])
+        if found is None:
+            return web.Response(status=404, text="no such call\n")
+        backend, session = found
+        if backend.whip:
+            return web.Response(status=501, text="ICE restart through the front is for the "
+                                                 "project's transceivers\n")
+        if request.content_type != SDPFRAG:
+            return web.Response(status=415, text=f"Content-Type must be {SDPFRAG}\n")
+        body = await request.content.read(MAX_FRAGMENT_BYTES + 1)
+        if len(body) > MAX_FRAGMENT_BYTES:
+            return web.Response(status=413, text=f"fragment over {MAX_FRAGMENT_BYTES} bytes\n")
+        try:
+            reply = await backend.pool.request("PATCH", f"/sessions/{session}", _CALL_TIMEOUT_S,
+                                               data=body, headers={"Content-Type": SDPFRAG})
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return web.Response(status=502, text="transceiver unreachable\n")
+        if reply.status == 200:
+            log_event(log, "call_ice_restart", call=request.match_info["call"],
+                      transceiver_ms=reply.ms)
+            return web.Response(status=200, text=reply.text, content_type=SDPFRAG)
+        return web.Response(status=reply.status, text=reply.text or "\n")
+
     async def _healthz(self, request: web.Request) -> web.Response:
         """200 while a transceiver answered its last probe; 503 (same body, with a reason)
         when none did: this front cannot place a call."""
@@ -632,5 +662,5 @@ async def _cors(request: web.Request, handler):
 
 async def _preflight(request: web.Request) -> web.Response:
     return web.Response(status=204, headers={
-        "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
+        "Access-Control-Allow-Methods": "GET, POST, PATCH, DELETE, OPTIONS",
         "Access-Control-Allow-Headers": "Content-Type, Authorization"})

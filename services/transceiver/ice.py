@@ -382,7 +382,8 @@ class EdgeConnection(aioice.Connection):
         before = self._nominated.get(pair.component)
         super().check_complete(pair)
         if (before is not None and self._nominated.get(pair.component) is pair
-                and pair is not before and self.on_moved is not None):
+                and (pair.protocol, pair.remote_addr) != (before.protocol, before.remote_addr)
+                and self.on_moved is not None):   # not an ICE restart on the same path
             self.on_moved(before, pair)
 
     async def gather_candidates(self) -> None:

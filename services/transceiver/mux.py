@@ -231,6 +231,16 @@ class SharedSocket:
         self._by_ufrag[port.ufrag] = port
         self._addrs_of[id(port)] = {}
 
+    def rename(self, port: MuxPort, old_ufrag: str) -> None:
+        """Route requests by the port's new ufrag instead of ``old_ufrag`` (an ICE restart,
+        services/icerestart.py); the addresses it learned stay, so the media carries on."""
+        other = self._by_ufrag.get(port.ufrag)
+        if other is not None and other is not port:
+            raise ValueError(f"ufrag {port.ufrag} is already registered")
+        if self._by_ufrag.get(old_ufrag) is port:
+            del self._by_ufrag[old_ufrag]
+        self._by_ufrag[port.ufrag] = port
+
     def unregister(self, port: MuxPort) -> None:
         if self._by_ufrag.get(port.ufrag) is port:
             del self._by_ufrag[port.ufrag]

@@ -43,7 +43,10 @@ from services.mediapaths import NATIVE
 from services.transceiver.nativeplane import NativeMedia
 from services.transceiver.pacing import FrameClock
 from services.transceiver.session import Session
+from services.icerestart import IceCredentials
+from services.transceiver.session import RestartRefused
 from services.wire.sdp import OfferError, check_offer
+from services.wire.sdpfrag import CONTENT_TYPE as SDPFRAG, IceFragment, SdpFragError
 from services.wire.ufrag import DEV_SECRET, DEV_SECRET_WARNING, UfragCodec, is_dev_secret
 from voiceedge.errors import ConfigError
 
@@ -157,6 +160,7 @@ class TransceiverServer:
         app = web.Application(client_max_size=256 * 1024)
         app.router.add_post("/sessions", self._post_session)
         app.router.add_delete("/sessions/{id}", self._delete_session)
+        app.router.add_patch("/sessions/{id}", self._patch_session)
         app.router.add_get("/status", self._status)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/ping", _ping)
@@ -278,6 +282,34 @@ class TransceiverServer:
         return web.Response(status=201, text=answer, content_type="application/sdp",
                             headers={"Location": f"/sessions/{session.id}"})
 
+    async def _patch_session(self, request: web.Request) -> web.Response:
+        """An ICE restart (RFC 8445 section 9), as a WHIP ``PATCH`` carries it (RFC 9725
+        section 4.3): the client's new ice-ufrag, ice-pwd and candidates in, ours out (200,
+        the same content type); the session, its DTLS and its agent stay."""
+        session = self.sessions.get(request.match_info["id"])
+        if session is None:
+            return web.Response(status=404, text="no such session\n")
+        if request.content_type != SDPFRAG:
+            return web.Response(status=415, text=f"Content-Type must be {SDPFRAG}\n")
+        try:
+            offer = IceFragment.parse(await request.content.read(64 * 1024))
+            answer = session.restart_ice(offer, self._new_credentials())
+        except SdpFragError as exc:
+            return web.Response(status=400, text=f"{exc}\n")
+        except RestartRefused as exc:
+            return web.Response(status=exc.status, text=f"{exc}\n")
+        return web.Response(status=200, text=answer.to_text(), content_type=SDPFRAG)
+
+    def _new_credentials(self) -> IceCredentials:
+        """Credentials for a restarted session: a fresh routing ufrag (this transceiver's
+        hint, new random bits) no live session has, and a fresh password."""
+        cfg = self.config
+        taken = {s.ufrag for s in self.sessions.values()}
+        while True:
+            ufrag = self._codec.encode(cfg.cluster_id, cfg.transceiver_id)
+            if ufrag not in taken:
+                return IceCredentials.random(ufrag)
+
     async def _delete_session(self, request: web.Request) -> web.Response:
         session = self.sessions.get(request.match_info["id"])
         if session is None:
@@ -306,7 +338,7 @@ class TransceiverServer:
                        if self.native else None),
             "process": introspect.snapshot(collect, trim),
             "session_details": [
-                {"id": sid, "state": sess.state, "ufrag": sess.plan.ufrag,
+                {"id": sid, "state": sess.state, "ufrag": sess.ufrag,
                  "age_s": round(time.monotonic() - sess.stats.created, 3),
                  "setup_s": (round(sess.stats.connected_at - sess.stats.created, 4)
                              if sess.stats.connected_at else None),

@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
+from services import icerestart
+from services.icerestart import IceCredentials
 from services.logs import log_event
+from services.wire.sdpfrag import IceFragment
 from services.transceiver.ice import IcePlan, ice_plan, selected_pair, selected_remote_address
 from services.transceiver.eager import write_now
 from services.gaps import ArrivalGaps
@@ -81,6 +84,7 @@ class Session:
         self._native_stats: dict | None = None
         # the caller's RTP, recorded by the SRTP shortcut; each gap logged as it ends
         self.rx = ArrivalGaps(on_gap=self._log_gap)
+        self.ice_restarts = 0
 
     def _log_gap(self, start: float, seconds: float) -> None:
         log_event(log, "rx_gap", session=self.id, start_unix=round(start, 3),
@@ -143,7 +147,8 @@ class Session:
                 await asyncio.gather(*pending, return_exceptions=True)
         finally:  # logged even if the teardown failed: the arrival record is the session's
             log_event(log, "session_closed", session=self.id, reason=reason,
-                      ufrag=self.plan.ufrag, frames_to_agent=self.stats.frames_to_agent,
+                      ufrag=self.plan.ufrag, ice_restarts=self.ice_restarts,
+                      frames_to_agent=self.stats.frames_to_agent,
                       events_to_agent=self.stats.events_to_agent,
                       events_to_client=self.stats.events_to_client,
                       frames_cleared=self.stats.frames_cleared,
@@ -151,6 +156,52 @@ class Session:
                       media_path="native" if self._native is not None else "python",
                       agent_codec=self.agent_codec, **self._native_fields(), **self.rx.fields())
             self._on_closed(self)
+
+    # ------------------------------------------------------------ ICE restart
+
+    @property
+    def ufrag(self) -> str:
+        """The session's server ufrag now (an ICE restart gives it a new one)."""
+        connection = self._ice_connection()
+        return connection.local_username if connection is not None else self.plan.ufrag
+
+    def _ice_connection(self):
+        for transceiver in self._pc.getTransceivers()[:1]:
+            return transceiver.receiver.transport.transport._connection
+        return None
+
+    def restart_ice(self, offer: IceFragment, local: IceCredentials) -> IceFragment:
+        """Restart the session's ICE in place (services/icerestart.py) with the client's new
+        credentials and candidates and ours (``local``: the same routing hint, new random bits
+        and password); returns our fragment for the answer. The selected pair carries the
+        media until the client nominates one under the new credentials; DTLS is untouched."""
+        connection = self._ice_connection()
+        if self._closing or connection is None or self._pc.connectionState != "connected":
+            raise RestartRefused(409, "the session is not connected")
+        if offer.ufrag == connection.remote_username:
+            raise RestartRefused(422, "the same ice-ufrag: a PATCH here restarts ICE (a new "
+                                      "ice-ufrag and ice-pwd); trickle is not supported")
+        previous = connection.local_username
+        icerestart.begin(connection, local, IceCredentials(offer.ufrag, offer.pwd))
+        if self.plan.mux is not None:
+            self.plan.mux.rename(connection._protocols[0], previous)
+        self.ice_restarts += 1
+        log_event(log, "ice_restart", session=self.id, previous_ufrag=previous,
+                  ufrag=local.ufrag, candidates=len(offer.candidates))
+        self._spawn(self._finish_restart(connection, list(offer.candidates), time.monotonic()))
+        return IceFragment(local.ufrag, local.pwd, tuple(connection.local_candidates), offer.mid)
+
+    async def _finish_restart(self, connection, candidates, started: float) -> None:
+        try:
+            await icerestart.complete(connection, candidates)
+        except ConnectionError as exc:
+            log_event(log, "ice_restart_failed", level=logging.WARNING, session=self.id,
+                      reason=str(exc))
+            return
+        pair = connection._nominated.get(1)
+        log_event(log, "ice_restarted", session=self.id,
+                  ms=round((time.monotonic() - started) * 1000.0, 1),
+                  client=_hostport(pair.remote_addr) if pair is not None else None)
 
     def _native_fields(self) -> dict:
         stats = self._native_stats
@@ -323,6 +374,14 @@ class Session:
             self.stats.events_to_client += 1
         elif len(self._to_client) < 100:
             self._to_client.append(text)
+
+
+class RestartRefused(Exception):
+    """An ICE restart this session cannot take now: ``status`` for the HTTP answer."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
 
 
 def _hostport(addr) -> str:
