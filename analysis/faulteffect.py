@@ -21,7 +21,11 @@ EXTRA_RTT = "extra_rtt_ms"                 # media RTT after the audio was back 
 # a call's address changed (mobility): its longest down gap minus its client's detection time
 # and its media RTT, the most over the renominated calls (the report's mobility table)
 GAP_OVER_DETECTION_RTT = "gap_over_detection_rtt_max_ms"
-MEASURES = (GAP_OVER_RESTART, FIRST_CALL_ELSEWHERE, EXTRA_RTT, GAP_OVER_DETECTION_RTT)
+# the calls restarted ICE on the same path: their longest down gap (0 without one) minus their
+# media RTT, the most over the calls that restarted
+GAP_OVER_RTT = "gap_over_rtt_max_ms"
+MEASURES = (GAP_OVER_RESTART, FIRST_CALL_ELSEWHERE, EXTRA_RTT, GAP_OVER_DETECTION_RTT,
+            GAP_OVER_RTT)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import pandas as pd
 
 from analysis import archinfo
 from analysis.faulteffect import (EXTRA_RTT, FIRST_CALL_ELSEWHERE, GAP_OVER_DETECTION_RTT,
-                                  GAP_OVER_RESTART, Effect)
+                                  GAP_OVER_RESTART, GAP_OVER_RTT, Effect)
 from analysis.jsonout import plain
 from analysis.load import Results
 from analysis.stats import percentile
@@ -44,9 +44,11 @@ FAULT_FIELDS = (
     "new_call_failures", "gap_down_p50_ms", "gap_down_p95_ms", "gap_down_max_ms",
     "gap_up_p50_ms", "gap_up_p95_ms", "gap_up_max_ms", "recovery_s", "recovery_p50_s",
     "reconnections", "renominations", "detection_p50_ms", "renomination_p50_ms",
-    "renomination_max_ms", "sessions_moved", "moved_to",
+    "renomination_max_ms", "sessions_moved", "moved_to", "ice_restarts", "ice_restarts_failed",
+    "ice_restart_p50_ms", "ice_restart_max_ms",
     "restart_s", "gap_over_restart_ms", "audio_after_ready_ms", "first_new_session_s",
-    "extra_rtt_ms", "gap_over_detection_rtt_max_ms", "setting_up", "first_audio_after_s",
+    "extra_rtt_ms", "gap_over_detection_rtt_max_ms", "gap_over_rtt_max_ms", "setting_up",
+    "first_audio_after_s",
     "note")
 # The columns a fault budget may bound (analysis/budgets.py).
 FAULT_METRICS = tuple(f for f in FAULT_FIELDS if f not in (
@@ -470,6 +472,7 @@ def _effect(f: Fault, run: _Run, next_at: float | None) -> FaultEffect:
         reconnections = None
     renominated = _renominated(run, keys, w)
     renominated.update(_moved(run, keys, w))
+    renominated.update(_ice_restarts(run, keys, w))
     restart = w.rel(f.ready)
     gap_max = max(down) if down else None
     row.update(
@@ -496,6 +499,8 @@ def _effect(f: Fault, run: _Run, next_at: float | None) -> FaultEffect:
         row["extra_rtt_ms"] = _round(_extra_rtt(run, affected, w), 1)
     if f.measures(GAP_OVER_DETECTION_RTT):
         row[GAP_OVER_DETECTION_RTT] = _round(_gap_over_detection_rtt(run, affected, w), 1)
+    if f.measures(GAP_OVER_RTT):
+        row[GAP_OVER_RTT] = _round(_gap_over_rtt(run, affected, w), 1)
     if setting_up:
         firsts = [s.first_rx - w.at for s in setting_up if s.first_rx is not None]
         row["setting_up"] = len(setting_up)
@@ -575,6 +580,51 @@ def _moved(run, keys: set, w) -> dict:
         moved += bool(here)
         to.update(str(e[2]).rsplit(":", 1)[0] for e in here if e[2])
     return {"sessions_moved": moved, "moved_to": " ".join(sorted(to)) or None}
+
+
+def _restarts_in(cell, w) -> list[list]:
+    """A sessions.csv ``ice_restarts`` cell's entries [sent, ok, patch ms, ms, reason] whose
+    PATCH was sent in the window."""
+    return [e for e in _entries(cell) if len(e) >= 4 and w.at <= e[0] <= w.horizon]
+
+
+def _ice_restarts(run, keys: set, w) -> dict:
+    """The affected sessions' ICE restarts in the fault's window (a PATCH of the call with new
+    credentials, new checks, the same session: docs/mobility.md): how many brought a pair
+    nominated under the new credentials, how many failed, and their time (PATCH sent to the
+    new pair nominated)."""
+    sessions = run.sessions
+    if sessions is None or "ice_restarts" not in sessions:
+        return {}
+    done, failed = [], 0
+    for cell in sessions[sessions.key.isin(keys)].ice_restarts:
+        for _, ok, _, ms, _ in (e[:5] for e in _restarts_in(cell, w)):
+            if ok and ms is not None:
+                done.append(float(ms))
+            else:
+                failed += 1
+    if not done and not failed:
+        return {}
+    return {"ice_restarts": len(done), "ice_restarts_failed": failed,
+            "ice_restart_p50_ms": _round(percentile(done, 50), 1) if done else None,
+            "ice_restart_max_ms": _round(max(done), 1) if done else None}
+
+
+def _gap_over_rtt(run, affected: list[SessionAtFault], w) -> float | None:
+    """The most any call that restarted ICE lost of its downlink beyond one media RTT: its
+    longest down gap in the window (0 without one) minus its RTT (issue 30's target for a
+    restart on the same path: at most 50 ms)."""
+    sessions = run.sessions
+    if sessions is None or "ice_restarts" not in sessions or "rtt_ms" not in sessions:
+        return None
+    rtts = dict(zip(sessions.key, pd.to_numeric(sessions.rtt_ms, errors="coerce")))
+    cells = dict(zip(sessions.key, sessions.ice_restarts))
+    excess = []
+    for s in affected:
+        rtt = rtts.get(s.key)
+        if _restarts_in(cells.get(s.key), w) and rtt is not None and not pd.isna(rtt):
+            excess.append((s.gap_down_ms or 0.0) - float(rtt))
+    return max(excess) if excess else None
 
 
 def _renominations(cell, w) -> list[tuple[float | None, float, float]]:

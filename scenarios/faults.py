@@ -9,6 +9,7 @@ down stays down until the edge stops.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -57,6 +58,19 @@ class FaultRun:
     def world(self):
         return self._injector.world
 
+    def signal_clients(self, region: str, sig: int) -> int:
+        """Send ``sig`` to the project's aiortc client process of ``region`` (``client-R``,
+        scenarios/clients/); how many were running to get it."""
+        told = 0
+        for proc in list(self._injector.clients):
+            if proc.name == f"client-{region}" and proc.alive():
+                try:
+                    os.kill(proc.pid, sig)
+                except ProcessLookupError:
+                    continue
+                told += 1
+        return told
+
     def wait(self, seconds: float) -> bool:
         """Sleep ``seconds``; True when the injector was stopped meanwhile (stop there)."""
         return self._injector._stop.wait(seconds)
@@ -102,9 +116,12 @@ class FaultInjector:
     """The faults of a scenario against one architecture's running edge and world."""
 
     def __init__(self, faults: tuple[FaultSpec, ...], edge: Edge, world,
-                 say=lambda msg, transient=False: None) -> None:
+                 say=lambda msg, transient=False: None, clients=()) -> None:
+        """``clients``: the run's client processes (a list the runner fills as it starts
+        them), for kinds that ask the callers to act (``ice_restart``)."""
         self.edge = edge
         self.world = world
+        self.clients = clients
         self.arch = edge.plan.architecture
         self.say = say
         self.runs = [FaultRun(f, self._record(f), self) for f in faults]

@@ -59,7 +59,7 @@ SESSION_FIELDS = (
     "packets_lost", "loss_bursts", "echo_verified", "datachannel_verified",
     "floor_signaling_rtt_ms", "floor_media_rtt_ms", "floor_setup_ms", "saturated",
     "saturated_by", "started_unix", "ended_unix", "connected_unix", "reconnections",
-    "renominations", "renominated", "moved",
+    "renominations", "renominated", "moved", "ice_restarts",
     "transceiver", "first_rx_unix", "last_rx_unix", "client_type", "offer_style", "gathered_ms",
     "ice_checking_ms", "turn_transactions", "ice_pair", "verifies", "verified",
     "datachannel_echo")
@@ -411,7 +411,7 @@ class ScenarioRunner:
                                         realtime=self.priorities.clients).start()
             calls_at = self._start_clients(arch, regions, logs, clients, waiting)
             if sc.faults:
-                injector = FaultInjector(sc.faults, edge, world, self.say)
+                injector = FaultInjector(sc.faults, edge, world, self.say, clients)
                 injector.start(calls_at)
             watch.start()
             results = ResultCount(logs)
@@ -985,7 +985,8 @@ def client_rows(arch: str, region: str, logs: Path, lag: LagWindows, server: Ser
                    connected_unix=first.get("connected_unix"),
                    reconnections=r.get("reconnections", 0),
                    renominations=r.get("renominations", 0),
-                   renominated=json.dumps(r.get("renominated") or []))
+                   renominated=json.dumps(r.get("renominated") or []),
+                   ice_restarts=json.dumps(r.get("ice_restarts") or []))
         row["moved"] = json.dumps([m for a in r.get("attempts") or []
                                    for m in server.moves.get(_session_id(a.get("location")), ())])
         if cluster and floors is not None:

@@ -25,7 +25,7 @@ from tests.conftest import REPO, write_architectures
 T0 = 1_800_000_000.0  # the first session's start (wall clock)
 GR, PPS = "global-relay", "port-per-session"
 SESSION_TIMES = ("started_unix", "ended_unix", "connected_unix", "reconnections", "transceiver",
-                 "first_rx_unix", "last_rx_unix", "renominated", "moved")
+                 "first_rx_unix", "last_rx_unix", "renominated", "moved", "ice_restarts")
 STEERING = ("architecture", "client_region", "front", "event", "call", "cluster", "nearest",
             "reason", "unix")
 
@@ -671,6 +671,35 @@ def test_a_rebinding_measures_each_calls_gap_beyond_its_detection_and_rtt(tmp_pa
     assert all(r["gap_over_detection_rtt_max_ms"] is None for r in killed.values())
     md = write_report(tmp_path / "k", tmp_path / "report-k")[1].read_text()
     assert "Calls that moved" not in md
+
+
+def test_an_ice_restart_counts_each_calls_restarts_and_its_gap_beyond_one_rtt(tmp_path):
+    """Two apac-se calls restart ICE at AT: s0's restart done in 480 ms without a gap, s1's in
+    520 ms with a 300 ms down gap (300 - 240 = 60 over its RTT); a third call's restart
+    failed; one restart before the fault is not this fault's. The row carries the counts,
+    the p50 / max and the worst gap over RTT (60: the target's 50 is missed), and the report's
+    table shows them."""
+    s0 = session(0, T0, T0 + 30)
+    s0["ice_restarts"] = json.dumps([[AT - 5.0, True, 200.0, 470.0, None],
+                                     [AT + 0.01, True, 210.0, 480.0, None]])
+    s1 = session(1, T0 + 1, T0 + 30)
+    s1["ice_restarts"] = json.dumps([[AT + 0.02, True, 220.0, 520.0, None]])
+    s2 = session(2, T0 + 2, T0 + 30)
+    s2["ice_restarts"] = json.dumps([[AT + 0.03, False, None, None, "PATCH answered 409"]])
+    gaps = [gap(s1, "down", AT + 0.2, 300.0)]
+    restart = fault("restart", "ice_restart", "last_mile/apac-se", at=AT, end=AT, ready=AT)
+    restart["effect"] = {"hits": ["last_mile/apac-se"], "measures": ["gap_over_rtt_max_ms"]}
+    folder = write_folder(tmp_path / "r", [s0, s1, s2], gaps=gaps, faults=[restart])
+    row = rows_by(folder)[("restart", GR)]
+    assert row["sessions_affected"] == 3 and row["sessions_lost"] == 0
+    assert (row["ice_restarts"], row["ice_restarts_failed"]) == (2, 1)
+    assert row["ice_restart_p50_ms"] == pytest.approx(500.0)
+    assert row["ice_restart_max_ms"] == pytest.approx(520.0)
+    assert row["gap_over_rtt_max_ms"] == pytest.approx(60.0)   # s1; s0: 0 - 240; s2: 0 - 240
+    assert row["gap_over_detection_rtt_max_ms"] is None
+    md = write_report(folder, tmp_path / "report")[1].read_text()
+    [line] = [x for x in md.splitlines() if x.startswith("| restart ") and "| 2 / 1 |" in x]
+    assert "| 500 / 520 |" in line and "+60" in line
 
 
 # ------------------------------------------------------------------ kinds are data

@@ -25,6 +25,7 @@ EXAMPLES = {
     "link_down": {"target": "last_mile/au", "duration_s": 3},
     "loss_burst": {"target": "backbone/apac-ne/na-east", "duration_s": 3, "loss_pct": 30},
     "nat_rebind": {"target": "last_mile/apac-se"},
+    "ice_restart": {"target": "last_mile/apac-se"},
 }
 
 
@@ -32,15 +33,15 @@ def spec(kind: str) -> FaultSpec:
     return FaultSpec.parse({"at_s": 5, "kind": kind, **EXAMPLES[kind]}, 0)
 
 
-def test_the_registry_holds_the_seven_kinds_in_the_documented_order():
+def test_the_registry_holds_the_eight_kinds_in_the_documented_order():
     assert list(KINDS) == ["relay_kill", "redis_down", "transceiver_crash", "cluster_outage",
-                           "link_down", "loss_burst", "nat_rebind"]
+                           "link_down", "loss_burst", "nat_rebind", "ice_restart"]
     assert set(EXAMPLES) == set(KINDS)
     assert all(isinstance(k, FaultKind) and KINDS[name] is k for name, k in KINDS.items())
 
 
 def test_each_kind_parses_its_own_fields():
-    kill, redis, crash, outage, cut, burst, rebind = (spec(k) for k in KINDS)
+    kill, redis, crash, outage, cut, burst, rebind, restart = (spec(k) for k in KINDS)
     assert (kill.options.restart_after_s, kill.options.redis, kill.ends_after_s) == \
         (0.5, False, 0.5)  # the default restart
     assert redis.ends_after_s == 4.0
@@ -49,6 +50,7 @@ def test_each_kind_parses_its_own_fields():
     assert cut.ends_after_s == 3.0
     assert (burst.options.loss_pct, burst.ends_after_s) == (30.0, 3.0)
     assert rebind.ends_after_s is None and rebind.target.region == "apac-se"  # nothing to mend
+    assert restart.ends_after_s is None and restart.target.tier == "last_mile"
     assert FaultSpec.parse({"at_s": 1, "kind": "transceiver_crash",
                             "target": "cluster/x"}, 0).ends_after_s is None  # stays down
 

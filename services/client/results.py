@@ -103,6 +103,10 @@ class SessionResult:
     # each: [its last packet before the silence, when the watchdog noticed it, its first packet
     # after the renomination] (wall clock)
     renominated: list[list] = field(default_factory=list)
+    # each ICE restart of the call (services/client/restart.py): [sent (wall clock), ok,
+    # the PATCH's round trip ms, PATCH to a pair nominated under the new credentials ms,
+    # why it failed or None]
+    ice_restarts: list[list] = field(default_factory=list)
     # per attempt: attempt, reason ("first" or why it called again), started_unix,
     # connected_unix (None: never), location, cluster, transceiver, error (None: ended with the call)
     attempts: list[dict] = field(default_factory=list)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -61,12 +62,16 @@ async def run_sessions(config: ClientConfig, n: int, *,
     tasks: list[asyncio.Task] = []
     kind_of = kinds(n, config.full_sessions, config.phase)
 
+    live: set[CallSession] = set()
+
     async def one(i: int) -> None:
         gc_policy.session_started()
+        session = CallSession(config, index_base + i, kind=kind_of[i], pump=pump)
+        live.add(session)
         try:
-            result = await CallSession(config, index_base + i, kind=kind_of[i],
-                                       pump=pump).run()
+            result = await session.run()
         finally:
+            live.discard(session)
             if slots is not None:
                 slots.release()
         results.append(result)
@@ -75,6 +80,12 @@ async def run_sessions(config: ClientConfig, n: int, *,
         if on_result is not None:
             on_result(result)
 
+    def restart_all() -> None:   # SIGUSR1: an ice_restart fault (scenarios/faultkinds/)
+        started = sum(session.request_ice_restart() for session in list(live))
+        log_event(log, "ice_restart_requested", sessions=len(live), started=started)
+
+    loop = asyncio.get_running_loop()
+    restarts = _on_signal(loop, signal.SIGUSR1, restart_all)
     log_event(log, "client_warm_up", ms=await warm_up(config))
     gc_policy = SessionCollections(log)
     gc_policy.start()
@@ -95,11 +106,23 @@ async def run_sessions(config: ClientConfig, n: int, *,
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if restarts:
+            loop.remove_signal_handler(signal.SIGUSR1)
         if pump is not None:
             await pump.stop()
         out.close()
         gc_policy.stop()
     return sorted(results, key=lambda r: r.index)
+
+
+def _on_signal(loop: asyncio.AbstractEventLoop, sig: int, callback) -> bool:
+    """``callback`` on ``sig`` (only the main thread's loop can take signals: a client run
+    from another thread, in tests, has no restart on demand)."""
+    try:
+        loop.add_signal_handler(sig, callback)
+    except (RuntimeError, ValueError):
+        return False
+    return True
 
 
 class StartFileError(Exception):

@@ -46,6 +46,7 @@ from services.client.iceservers import fetch as fetch_ice_servers
 from services.client.light import receive_without_decoding
 from services.client.probes import RtpProbe, StunProbe
 from services.client.renominate import renominate
+from services.client.restart import restart_ice
 from services.client.results import MediaSample, SessionResult
 from services.client.signaling import SignalingError, delete_session, post_offer
 from services.client.tone import PreEncodedOpusTrack, opus_tone
@@ -166,6 +167,8 @@ class CallSession:
         self._ice = IceSettings(config.ice_servers, config.ice_transport_policy)
         self._retiring: set[asyncio.Task] = set()  # teardowns of failed attempts
         self._renominating: asyncio.Task | None = None  # renominate.py, beside the watchdog
+        self._restarting: asyncio.Task | None = None    # an ICE restart (restart.py)
+        self._http_in_use: aiohttp.ClientSession | None = None
         self._sampler: asyncio.Task | None = None
         self._audio_seen = 0       # samples per channel received
         self._audio_sumsq = 0.0    # over samples after echo_skip_ms
@@ -201,6 +204,7 @@ class CallSession:
         r.started_unix = time.time()
         self._t0 = time.monotonic()
         http = self._http or aiohttp.ClientSession()
+        self._http_in_use = http
         try:
             if ice_error:
                 raise SessionError(ice_error)
@@ -531,6 +535,28 @@ class CallSession:
                               round(detected, 6), round(_first_after(gaps, before), 6)])
         log.debug("session %d: renominated, media back", self.index)
 
+    def request_ice_restart(self) -> bool:
+        """Restart ICE on the current connection, if it is connected and not restarting
+        already (an ``ice_restart`` fault: the client process was sent SIGUSR1); False when
+        there is nothing to restart."""
+        conn = self._conn
+        if (conn is None or conn.pc is None or conn.closing or conn.location is None
+                or conn.pc.connectionState != "connected" or self._http_in_use is None
+                or (self._restarting is not None and not self._restarting.done())):
+            return False
+        self._restarting = asyncio.create_task(self._restart_ice(conn),
+                                               name=f"client-{self.index}-ice-restart")
+        return True
+
+    async def _restart_ice(self, conn: _Connection) -> None:
+        """One ICE restart through the call's resource; recorded in ``ice_restarts``."""
+        sent = time.time()
+        got = await restart_ice(conn.pc, self._http_in_use, conn.location,
+                                headers=self.config.headers)
+        self.result.ice_restarts.append([round(sent, 6), got.ok, got.patch_ms, got.ms,
+                                         got.reason])
+        log.debug("session %d: ICE restart %s", self.index, got)
+
     async def _failed_or_talked(self, conn: _Connection) -> None:
         """Until ``conn`` fails or the conversation (if any) is over."""
         if self._talking is None:
@@ -621,7 +647,7 @@ class CallSession:
 
     async def _teardown(self, http: aiohttp.ClientSession) -> None:
         cfg, r = self.config, self.result
-        for task in (self._sampler, self._talking, self._renominating):
+        for task in (self._sampler, self._talking, self._renominating, self._restarting):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
