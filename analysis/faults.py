@@ -614,17 +614,9 @@ def _gap_over_rtt(run, affected: list[SessionAtFault], w) -> float | None:
     """The most any call that restarted ICE lost of its downlink beyond one media RTT: its
     longest down gap in the window (0 without one) minus its RTT (issue 30's target for a
     restart on the same path: at most 50 ms)."""
-    sessions = run.sessions
-    if sessions is None or "ice_restarts" not in sessions or "rtt_ms" not in sessions:
-        return None
-    rtts = dict(zip(sessions.key, pd.to_numeric(sessions.rtt_ms, errors="coerce")))
-    cells = dict(zip(sessions.key, sessions.ice_restarts))
-    excess = []
-    for s in affected:
-        rtt = rtts.get(s.key)
-        if _restarts_in(cells.get(s.key), w) and rtt is not None and not pd.isna(rtt):
-            excess.append((s.gap_down_ms or 0.0) - float(rtt))
-    return max(excess) if excess else None
+    def excess(s: SessionAtFault, cell, rtt: float) -> float | None:
+        return (s.gap_down_ms or 0.0) - rtt if _restarts_in(cell, w) else None
+    return _worst_call(run, affected, "ice_restarts", excess)
 
 
 def _renominations(cell, w) -> list[tuple[float | None, float, float]]:
@@ -637,19 +629,33 @@ def _gap_over_detection_rtt(run, affected: list[SessionAtFault], w) -> float | N
     """The most any renominated call's longest down gap exceeded its own detection time plus
     its media RTT (issue 30's target: at most 100 ms): what the edge and the path added to a
     recovery the client started on its own setting."""
+    def excess(s: SessionAtFault, cell, rtt: float) -> float | None:
+        found = [e for e in _renominations(cell, w) if e[0] is not None]
+        if not found:
+            return None
+        stopped, detected, _ = found[0]
+        return s.gap_down_ms - 1000.0 * (detected - stopped) - rtt
+    return _worst_call(run, affected, "renominated", excess)
+
+
+def _worst_call(run, affected: list[SessionAtFault], column: str, excess) -> float | None:
+    """The largest ``excess(session, its sessions.csv column cell, its media RTT)`` over the
+    affected calls it is not None for; None when sessions.csv lacks the columns or no call
+    counts."""
     sessions = run.sessions
-    if sessions is None or "renominated" not in sessions or "rtt_ms" not in sessions:
+    if sessions is None or column not in sessions or "rtt_ms" not in sessions:
         return None
     rtts = dict(zip(sessions.key, pd.to_numeric(sessions.rtt_ms, errors="coerce")))
-    cells = dict(zip(sessions.key, sessions.renominated))
-    excess = []
+    cells = dict(zip(sessions.key, sessions[column]))
+    values = []
     for s in affected:
         rtt = rtts.get(s.key)
-        found = [e for e in _renominations(cells.get(s.key), w) if e[0] is not None]
-        if found and rtt is not None and not pd.isna(rtt):
-            stopped, detected, _ = found[0]
-            excess.append(s.gap_down_ms - 1000.0 * (detected - stopped) - float(rtt))
-    return max(excess) if excess else None
+        if rtt is None or pd.isna(rtt):
+            continue
+        value = excess(s, cells.get(s.key), float(rtt))
+        if value is not None:
+            values.append(value)
+    return max(values) if values else None
 
 
 def fault_rows(results: Results) -> list[dict]:

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack
+from yarl import URL
 
 from services.client.renominate import renominate
 from services.transceiver import ice
@@ -73,6 +74,23 @@ class Ear:
         return self.frames - start
 
 
+async def connected_call(http: aiohttp.ClientSession, url: str):
+    """An aiortc caller sending a tone, its offer POSTed to ``url`` (a transceiver's /sessions
+    or a front's /v1/calls), connected: (peer connection, its Ear, the call's URL)."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTrack(AudioStreamTrack())
+    ear = Ear(pc)
+    connected = asyncio.Event()
+    pc.on("connectionstatechange", lambda: pc.connectionState == "connected" and connected.set())
+    await pc.setLocalDescription(await pc.createOffer())
+    async with http.post(url, data=pc.localDescription.sdp,
+                         headers={"Content-Type": "application/sdp"}) as r:
+        answer, location = await r.text(), r.headers["Location"]
+    await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+    await asyncio.wait_for(connected.wait(), 10)
+    return pc, ear, str(URL(url).join(URL(location)))
+
+
 # aioice moves the Python path's media in either mode (its selected pair): one case of it
 @pytest.mark.parametrize("mode, media_path", [(ice.SHARED, "python"), (ice.SHARED, "native"),
                                               (ice.PORT_PER_SESSION, "native")])
@@ -81,19 +99,8 @@ def test_media_follows_a_pair_the_client_nominates_from_a_new_address(mode, medi
         config = TransceiverConfig(cluster_id=1, transceiver_id=1, media_host="127.0.0.1",
                                    control=("127.0.0.1", 0), mode=mode, media_path=media_path)
         async with TransceiverServer(config) as server, aiohttp.ClientSession() as http:
-            pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-            pc.addTrack(AudioStreamTrack())
-            ear = Ear(pc)
-            connected = asyncio.Event()
-            pc.on("connectionstatechange",
-                  lambda: pc.connectionState == "connected" and connected.set())
-            await pc.setLocalDescription(await pc.createOffer())
-            async with http.post(f"http://127.0.0.1:{server.control_port}/sessions",
-                                 data=pc.localDescription.sdp,
-                                 headers={"Content-Type": "application/sdp"}) as r:
-                answer = await r.text()
-            await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
-            await asyncio.wait_for(connected.wait(), 10)
+            pc, ear, _ = await connected_call(http, f"http://127.0.0.1:{server.control_port}"
+                                                    "/sessions")
             [session] = server.sessions.values()
             dtls = session._pc.getTransceivers()[0].sender.transport
             heard = {"connected": await ear.count(0.5)}

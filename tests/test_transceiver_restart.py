@@ -12,8 +12,6 @@ import socket
 
 import aiohttp
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import AudioStreamTrack
 
 from services.client.restart import restart_ice
 from services.signaling.server import ClusterRoute, SignalingConfig, SignalingServer
@@ -23,23 +21,11 @@ from services.wire.sdpfrag import CONTENT_TYPE
 from services.wire.stun import binding_request
 from services.wire.ufrag import DEV_SECRET, UfragCodec
 from tests.conftest import free_port
-from tests.test_transceiver_move import Ear
+from tests.test_transceiver_move import connected_call
 
 
 async def _connected(server, http):
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    pc.addTrack(AudioStreamTrack())
-    ear = Ear(pc)
-    connected = asyncio.Event()
-    pc.on("connectionstatechange", lambda: pc.connectionState == "connected" and connected.set())
-    await pc.setLocalDescription(await pc.createOffer())
-    base = f"http://127.0.0.1:{server.control_port}"
-    async with http.post(f"{base}/sessions", data=pc.localDescription.sdp,
-                         headers={"Content-Type": "application/sdp"}) as r:
-        answer, location = await r.text(), r.headers["Location"]
-    await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
-    await asyncio.wait_for(connected.wait(), 10)
-    return pc, ear, base + location
+    return await connected_call(http, f"http://127.0.0.1:{server.control_port}/sessions")
 
 
 @pytest.mark.parametrize("mode, media_path", [(ice.SHARED, "python"), (ice.SHARED, "native"),
@@ -133,26 +119,15 @@ def test_a_restart_through_the_front_reaches_the_transceiver_that_has_the_call()
             listen=("127.0.0.1", 0), poll_interval=0.1)
         async with TransceiverServer(config) as server, SignalingServer(front_config) as front, \
                 aiohttp.ClientSession() as http:
-            pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-            pc.addTrack(AudioStreamTrack())
-            ear = Ear(pc)
-            connected = asyncio.Event()
-            pc.on("connectionstatechange",
-                  lambda: pc.connectionState == "connected" and connected.set())
-            await pc.setLocalDescription(await pc.createOffer())
             base = f"http://127.0.0.1:{front.port}"
             for _ in range(50):   # until the front has probed the transceiver
                 async with http.get(f"{base}/healthz") as r:
                     if r.status == 200:
                         break
                 await asyncio.sleep(0.05)
-            async with http.post(f"{base}/v1/calls", data=pc.localDescription.sdp,
-                                 headers={"Content-Type": "application/sdp"}) as r:
-                answer, location = await r.text(), r.headers["Location"]
-            await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
-            await asyncio.wait_for(connected.wait(), 10)
+            pc, ear, call = await connected_call(http, f"{base}/v1/calls")
             [session] = server.sessions.values()
-            result = await restart_ice(pc, http, base + location)
+            result = await restart_ice(pc, http, call)
             heard = await ear.count(0.5)
             async with http.patch(f"{base}/v1/calls/c1~0~AAAAAAAAAAAAAAAA", data="x",
                                   headers={"Content-Type": CONTENT_TYPE}) as r:
