@@ -81,14 +81,19 @@ def begin(connection: aioice.Connection, local: IceCredentials,
 
 
 async def complete(connection: aioice.Connection, candidates: list[Candidate],
-                   timeout: float = RESTART_TIMEOUT_S) -> None:
+                   timeout: float = RESTART_TIMEOUT_S, final: bool = True) -> None:
     """Pair ``candidates`` (the peer's, from its fragment), check them, and return once a pair
     is nominated under the new credentials; ``ConnectionError`` if none is within
-    ``timeout`` (the previous pair then stays). Consent checks resume either way."""
+    ``timeout`` (the previous pair then stays). ``final``: the peer's candidates end there
+    (the controlling client's view); the controlled transceiver passes False, since the
+    client's checks may come from an address it did not list (peer-reflexive, behind a NAT),
+    so only the client's nomination or the timeout ends its wait. Consent checks resume
+    either way."""
     try:
         for candidate in candidates:
             await connection.add_remote_candidate(candidate)
-        await connection.add_remote_candidate(None)
+        if final:
+            await connection.add_remote_candidate(None)
         connection._unfreeze_initial()
         deadline = asyncio.get_running_loop().time() + timeout
         while connection._check_periodic():

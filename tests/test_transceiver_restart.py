@@ -88,8 +88,11 @@ def test_a_patch_that_is_not_a_restart_is_refused_with_its_reason():
             same = (f"a=ice-ufrag:{connection.local_username}\r\n"
                     f"a=ice-pwd:{connection.local_password}\r\n")
             answers = []
+            fresh = "a=ice-ufrag:wxyz\r\na=ice-pwd:" + "q" * 22 + "\r\n"
             for body, kind, url in (
                     (same, CONTENT_TYPE, resource),                        # trickle: 422
+                    (fresh, CONTENT_TYPE, resource),                       # a restart: 200
+                    (fresh.replace("wxyz", "wxyv"), CONTENT_TYPE, resource),   # during it: 409
                     ("a=ice-ufrag:abcd\r\n", CONTENT_TYPE, resource),      # no pwd: 400
                     ("a=ice-ufrag:abcd\r\na=ice-pwd:" + "p" * 22 + "\r\n", "application/sdp",
                      resource),                                            # 415
@@ -103,8 +106,10 @@ def test_a_patch_that_is_not_a_restart_is_refused_with_its_reason():
             return answers, still
 
     answers, still = asyncio.run(call())
-    assert [status for status, _ in answers] == [422, 400, 415, 400, 404], answers
-    assert all(text and "\n" not in text and "Traceback" not in text for _, text in answers)
+    assert [status for status, _ in answers] == [422, 200, 409, 400, 415, 400, 404], answers
+    assert "in progress" in answers[2][1]
+    assert all(text and "\n" not in text and "Traceback" not in text
+               for i, (_, text) in enumerate(answers) if i != 1)
     assert still == ("connected", 1)
 
 

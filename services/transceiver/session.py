@@ -85,6 +85,7 @@ class Session:
         # the caller's RTP, recorded by the SRTP shortcut; each gap logged as it ends
         self.rx = ArrivalGaps(on_gap=self._log_gap)
         self.ice_restarts = 0
+        self._restarting: asyncio.Task | None = None   # the last ICE restart's checks
 
     def _log_gap(self, start: float, seconds: float) -> None:
         log_event(log, "rx_gap", session=self.id, start_unix=round(start, 3),
@@ -178,6 +179,8 @@ class Session:
         connection = self._ice_connection()
         if self._closing or connection is None or self._pc.connectionState != "connected":
             raise RestartRefused(409, "the session is not connected")
+        if self._restarting is not None and not self._restarting.done():
+            raise RestartRefused(409, "an ICE restart of this session is in progress")
         if offer.ufrag == connection.remote_username:
             raise RestartRefused(422, "the same ice-ufrag: a PATCH here restarts ICE (a new "
                                       "ice-ufrag and ice-pwd); trickle is not supported")
@@ -188,12 +191,15 @@ class Session:
         self.ice_restarts += 1
         log_event(log, "ice_restart", session=self.id, previous_ufrag=previous,
                   ufrag=local.ufrag, candidates=len(offer.candidates))
-        self._spawn(self._finish_restart(connection, list(offer.candidates), time.monotonic()))
+        self._restarting = asyncio.create_task(
+            self._finish_restart(connection, list(offer.candidates), time.monotonic()))
+        self._tasks.add(self._restarting)
+        self._restarting.add_done_callback(self._tasks.discard)
         return IceFragment(local.ufrag, local.pwd, tuple(connection.local_candidates), offer.mid)
 
     async def _finish_restart(self, connection, candidates, started: float) -> None:
         try:
-            await icerestart.complete(connection, candidates)
+            await icerestart.complete(connection, candidates, final=False)
         except ConnectionError as exc:
             log_event(log, "ice_restart_failed", level=logging.WARNING, session=self.id,
                       reason=str(exc))
