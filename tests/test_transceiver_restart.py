@@ -137,13 +137,25 @@ def test_a_restart_through_the_front_reaches_the_transceiver_that_has_the_call()
             async with http.patch(f"{base}/v1/calls/c1~0~AAAAAAAAAAAAAAAA", data="x",
                                   headers={"Content-Type": CONTENT_TYPE}) as r:
                 unknown = r.status
-            out = result, heard, session.ice_restarts, unknown
+            # a fragment in several chunks is read whole (by the front and the transceiver)
+            async with http.patch(call, data=_chunks("a=ice-ufrag:wxyz\r\n", "a=ice-pwd:",
+                                                     "q" * 22 + "\r\n"),
+                                  headers={"Content-Type": CONTENT_TYPE}) as r:
+                chunked = r.status, await r.text()
+            out = result, heard, session.ice_restarts, unknown, chunked
             await pc.close()
             return out
 
-    result, heard, restarts, unknown = asyncio.run(call())
-    assert result.ok and restarts == 1, result
+    result, heard, restarts, unknown, chunked = asyncio.run(call())
+    assert result.ok and restarts == 2, result
     assert heard >= 12 and unknown == 404
+    assert chunked[0] == 200 and "a=ice-ufrag:" in chunked[1], chunked
+
+
+async def _chunks(*parts: str):
+    for part in parts:
+        yield part.encode()
+        await asyncio.sleep(0.05)
 
 
 @pytest.mark.parametrize("light_path", ["python", "native"])

@@ -85,21 +85,9 @@ class Refused(OfferError):
 
 async def read_offer(request: web.Request, limits: RequestLimits) -> bytes:
     """The request's body if it is an offer within ``limits``; raises ``Refused``."""
-    too_large = f"offer is larger than {limits.max_body_bytes} bytes"
     if request.content_type != "application/sdp":
         raise Refused("content_type", "Content-Type must be application/sdp", 415)
-    if request.content_length is not None and request.content_length > limits.max_body_bytes:
-        raise Refused("too_large", too_large, 413)
-    try:
-        async with asyncio.timeout(limits.read_timeout_s):
-            body = await request.read()
-    except TimeoutError:
-        raise Refused("read_timeout", f"offer not received within {limits.read_timeout_s:g} s",
-                      408) from None
-    except web.HTTPRequestEntityTooLarge:
-        raise Refused("too_large", too_large, 413) from None
-    except (ConnectionError, HttpProcessingError):
-        raise Refused("incomplete", "offer body incomplete") from None
+    body = await read_body(request, limits.max_body_bytes, limits.read_timeout_s, "offer")
     check_sdp(body, limits)
     try:
         check_offer(body)
@@ -110,6 +98,27 @@ async def read_offer(request: web.Request, limits: RequestLimits) -> bytes:
     if missing:
         raise Refused("not_webrtc", "not a WebRTC offer: no " + ", ".join(
             f"a={name}" for name in missing))
+    return body
+
+
+async def read_body(request: web.Request, max_bytes: int, timeout_s: float, what: str) -> bytes:
+    """The whole body, at most ``max_bytes`` and within ``timeout_s``; raises ``Refused``
+    (413, 408, 400) naming ``what`` it was meant to be."""
+    too_large = f"{what} is larger than {max_bytes} bytes"
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise Refused("too_large", too_large, 413)
+    try:
+        async with asyncio.timeout(timeout_s):
+            body = await request.read()
+    except TimeoutError:
+        raise Refused("read_timeout", f"{what} not received within {timeout_s:g} s",
+                      408) from None
+    except web.HTTPRequestEntityTooLarge:
+        raise Refused("too_large", too_large, 413) from None
+    except (ConnectionError, HttpProcessingError):
+        raise Refused("incomplete", f"{what} body incomplete") from None
+    if len(body) > max_bytes:
+        raise Refused("too_large", too_large, 413)
     return body
 
 

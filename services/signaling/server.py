@@ -73,7 +73,7 @@ from services.logs import log_event
 from services.signaling.iceservers import PATH as ICE_SERVERS_PATH
 from services.signaling.iceservers import IceServers, TurnHandout
 from services.signaling.limits import (REASONS, BadRequestLog, LogBudget, Refused, RequestLimits,
-                                      read_offer)
+                                      read_body, read_offer)
 from services.signaling.pool import SPARE, ControlPool
 from services.signaling.steering import (FULL, OVER_LOAD, UNREACHABLE, ClusterProbe, Decision,
                                          Steering, SteeringConfig)
@@ -529,9 +529,11 @@ class SignalingServer:
                                                  "project's transceivers\n")
         if request.content_type != SDPFRAG:
             return web.Response(status=415, text=f"Content-Type must be {SDPFRAG}\n")
-        body = await request.content.read(MAX_FRAGMENT_BYTES + 1)
-        if len(body) > MAX_FRAGMENT_BYTES:
-            return web.Response(status=413, text=f"fragment over {MAX_FRAGMENT_BYTES} bytes\n")
+        try:
+            body = await read_body(request, MAX_FRAGMENT_BYTES, self.config.limits.read_timeout_s,
+                                   "fragment")
+        except Refused as exc:
+            return web.Response(status=exc.status, text=f"{exc}\n")
         try:
             reply = await backend.pool.request("PATCH", f"/sessions/{session}", _CALL_TIMEOUT_S,
                                                data=body, headers={"Content-Type": SDPFRAG})

@@ -292,7 +292,7 @@ class TransceiverServer:
         if request.content_type != SDPFRAG:
             return web.Response(status=415, text=f"Content-Type must be {SDPFRAG}\n")
         try:
-            offer = IceFragment.parse(await request.content.read(64 * 1024))
+            offer = IceFragment.parse(await request.read())   # client_max_size bounds it
             answer = session.restart_ice(offer, self._new_credentials())
         except SdpFragError as exc:
             return web.Response(status=400, text=f"{exc}\n")
