@@ -24,8 +24,12 @@ GAP_OVER_DETECTION_RTT = "gap_over_detection_rtt_max_ms"
 # the calls restarted ICE on the same path: their longest down gap (0 without one) minus their
 # media RTT, the most over the calls that restarted
 GAP_OVER_RTT = "gap_over_rtt_max_ms"
+# the calls moved to another access network: their longest down gap minus their client's
+# detection (the fault to its restart's PATCH) and that ICE restart (the PATCH to the new
+# pair), the most over the calls that restarted
+GAP_OVER_DETECTION_RESTART = "gap_over_detection_restart_max_ms"
 MEASURES = (GAP_OVER_RESTART, FIRST_CALL_ELSEWHERE, EXTRA_RTT, GAP_OVER_DETECTION_RTT,
-            GAP_OVER_RTT)
+            GAP_OVER_RTT, GAP_OVER_DETECTION_RESTART)
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,10 @@ class FaultSpec:
             raise ValueError(f"{t}: {stray[0]} is not a "
                              f"{'client ' if t.tier == 'ingress' else ''}region of this run "
                              f"({', '.join(where)})")
+        stray = [r for r in self.options.client_regions if r not in client_regions]
+        if stray:
+            raise ValueError(f"{self.kind} to {stray[0]}: not a client region of this run "
+                             f"({', '.join(client_regions)})")
 
     @property
     def ends_after_s(self) -> float | None:

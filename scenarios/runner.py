@@ -216,6 +216,13 @@ class ScenarioRunner:
         if scenario.nat is not None:   # the clients of every client region behind one
             self.spec = dataclasses.replace(
                 self.spec, nats={r: scenario.nat for r in self.client_regions})
+        try:   # second access links the faults move clients onto (a handover)
+            handovers = tuple(dict.fromkeys(
+                link for f in scenario.faults for link in f.fault_kind.access_links(f)))
+            if handovers:
+                self.spec = dataclasses.replace(self.spec, handovers=handovers)
+        except ValueError as exc:
+            raise ScenarioError(f"{scenario.source or scenario.name}: {exc}") from None
         self.backend_name = backend
         self.capture = capture
         self.keep_world = keep_world

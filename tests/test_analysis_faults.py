@@ -702,6 +702,35 @@ def test_an_ice_restart_counts_each_calls_restarts_and_its_gap_beyond_one_rtt(tm
     assert "| 500 / 520 |" in line and "+60" in line
 
 
+def test_a_handover_measures_each_calls_gap_beyond_its_detection_and_its_restart(tmp_path):
+    """Three apac-se calls move to another access network at AT and restart ICE: s0's PATCH
+    10 ms after the fault, done in 590 ms, a 620 ms down gap (620 - 10 - 590 = +20); s1's 20
+    ms after, 600 ms, a 760 ms gap (+140); s2's 30 ms after, failed, a 200 ms gap (the whole
+    gap counts: +170). The row carries the detection p50 (20 ms), the restarts and the worst
+    call's excess; the report's table shows them."""
+    s0 = session(0, T0, T0 + 30)
+    s0["ice_restarts"] = json.dumps([[AT + 0.01, True, 250.0, 590.0, None, "network"]])
+    s1 = session(1, T0 + 1, T0 + 30)
+    s1["ice_restarts"] = json.dumps([[AT + 0.02, True, 260.0, 600.0, None, "network"]])
+    s2 = session(2, T0 + 2, T0 + 30)
+    s2["ice_restarts"] = json.dumps([[AT + 0.03, False, None, None, "PATCH failed", "network"]])
+    gaps = [gap(s0, "down", AT, 620.0), gap(s1, "down", AT, 760.0),
+            gap(s2, "down", AT + 0.5, 200.0)]
+    moved = fault("moved", "handover", "last_mile/apac-se", at=AT, end=AT, ready=AT)
+    moved["effect"] = {"hits": ["last_mile/apac-se"],
+                       "measures": ["gap_over_detection_restart_max_ms"]}
+    folder = write_folder(tmp_path / "h", [s0, s1, s2], gaps=gaps, faults=[moved])
+    row = rows_by(folder)[("moved", GR)]
+    assert row["sessions_affected"] == 3 and row["sessions_lost"] == 0
+    assert (row["ice_restarts"], row["ice_restarts_failed"]) == (2, 1)
+    assert row["detection_p50_ms"] == pytest.approx(20.0)
+    assert row["gap_over_detection_restart_max_ms"] == pytest.approx(170.0)
+    assert row["gap_over_rtt_max_ms"] is None
+    md = write_report(folder, tmp_path / "report")[1].read_text()
+    [line] = [x for x in md.splitlines() if x.startswith("| moved ") and "| 2 / 1 |" in x]
+    assert "| 2 / 1 |" in line and "| 20 |" in line and "+170" in line
+
+
 # ------------------------------------------------------------------ kinds are data
 
 def test_a_kind_the_analysis_has_never_heard_of_is_measured_by_what_its_record_says(tmp_path):

@@ -26,6 +26,7 @@ EXAMPLES = {
     "loss_burst": {"target": "backbone/apac-ne/na-east", "duration_s": 3, "loss_pct": 30},
     "nat_rebind": {"target": "last_mile/apac-se"},
     "ice_restart": {"target": "last_mile/apac-se"},
+    "handover": {"target": "last_mile/apac-ne", "to": "apac-se"},
 }
 
 
@@ -33,15 +34,15 @@ def spec(kind: str) -> FaultSpec:
     return FaultSpec.parse({"at_s": 5, "kind": kind, **EXAMPLES[kind]}, 0)
 
 
-def test_the_registry_holds_the_eight_kinds_in_the_documented_order():
+def test_the_registry_holds_the_nine_kinds_in_the_documented_order():
     assert list(KINDS) == ["relay_kill", "redis_down", "transceiver_crash", "cluster_outage",
-                           "link_down", "loss_burst", "nat_rebind", "ice_restart"]
+                           "link_down", "loss_burst", "nat_rebind", "ice_restart", "handover"]
     assert set(EXAMPLES) == set(KINDS)
     assert all(isinstance(k, FaultKind) and KINDS[name] is k for name, k in KINDS.items())
 
 
 def test_each_kind_parses_its_own_fields():
-    kill, redis, crash, outage, cut, burst, rebind, restart = (spec(k) for k in KINDS)
+    kill, redis, crash, outage, cut, burst, rebind, restart, handover = (spec(k) for k in KINDS)
     assert (kill.options.restart_after_s, kill.options.redis, kill.ends_after_s) == \
         (0.5, False, 0.5)  # the default restart
     assert redis.ends_after_s == 4.0
@@ -51,6 +52,10 @@ def test_each_kind_parses_its_own_fields():
     assert (burst.options.loss_pct, burst.ends_after_s) == (30.0, 3.0)
     assert rebind.ends_after_s is None and rebind.target.region == "apac-se"  # nothing to mend
     assert restart.ends_after_s is None and restart.target.tier == "last_mile"
+    assert handover.options.to == "apac-se" and handover.ends_after_s is None
+    # the world builds the second access link it moves the callers onto
+    assert handover.fault_kind.access_links(handover) == (("apac-ne", "apac-se"),)
+    assert all(spec(k).fault_kind.access_links(spec(k)) == () for k in KINDS if k != "handover")
     assert FaultSpec.parse({"at_s": 1, "kind": "transceiver_crash",
                             "target": "cluster/x"}, 0).ends_after_s is None  # stays down
 
@@ -68,6 +73,8 @@ def test_each_kind_parses_its_own_fields():
     ({"kind": "transceiver_crash", "target": "cluster/x", "loss_pct": 3},
      "transceiver_crash takes no loss_pct"),
     ({"kind": "relay_kill", "target": "cluster/x", "colour": "red"}, "unknown field(s) colour"),
+    ({"kind": "handover", "target": "last_mile/a"}, "handover needs to: the client region"),
+    ({"kind": "handover", "target": "public/a/b", "to": "c"}, "handover targets last_mile"),
 ])
 def test_a_kind_refuses_what_is_not_its_own(raw, message):
     with pytest.raises(ValueError) as err:
@@ -141,3 +148,15 @@ def test_every_kind_module_of_the_package_is_registered():
     assert sorted(modules) == sorted(KINDS)
     for name in modules:
         assert import_module(f"scenarios.faultkinds.{name}").KIND is KINDS[name]
+
+
+def test_a_handover_goes_to_a_client_region_of_the_run_other_than_its_own():
+    fault = FaultSpec.parse({"at_s": 1, "kind": "handover", "target": "last_mile/a",
+                             "to": "c"}, 0)
+    fault.check_regions(["a", "b", "c"], ["a", "c"])
+    with pytest.raises(ValueError, match="handover to c: not a client region of this run"):
+        fault.check_regions(["a", "b", "c"], ["a", "b"])
+    itself = FaultSpec.parse({"at_s": 1, "kind": "handover", "target": "last_mile/a",
+                              "to": "a"}, 0)
+    with pytest.raises(ValueError, match="to names the same region"):
+        itself.fault_kind.access_links(itself)

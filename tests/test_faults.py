@@ -66,7 +66,8 @@ def test_shipped_fault_scenarios_load():
     compact = Scenario.load(root / "ci-faults.yaml")
     assert [f.kind for f in compact.faults] == ["relay_kill", "cluster_outage"]
     mobility = Scenario.load(root / "mobility.yaml")
-    assert [f.kind for f in mobility.faults] == ["nat_rebind", "ice_restart"] and mobility.nat is not None
+    assert [f.kind for f in mobility.faults] == ["nat_rebind", "handover", "ice_restart"]
+    assert mobility.nat is not None
 
 
 def _until(done, wait_s: float) -> None:

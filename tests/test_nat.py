@@ -13,7 +13,7 @@ from topology.calibrate import calibrate
 from topology.impairment.factory import make_backend
 from topology.impairment.model import Impairment
 from topology.nat import NatSpec, public_address
-from topology.world import World, WorldSpec
+from topology.world import RELAY_VIP, World, WorldSpec
 
 # the one world of make test's shareable tier (its other files use lab namespaces): it runs
 # beside one of them, its own hosts, addresses and rules, behaviour only
@@ -146,3 +146,71 @@ def test_a_symmetric_nat_gives_each_destination_its_own_port(nat_world):
     port = nat_world.world.nat_rebind("a1", ("10.1.1.2", 5555))
     a, b = nat_world.seen(7001, 7002)
     assert port <= a[1] < port + 1000 and port <= b[1] < port + 1000 and a[1] != b[1]
+
+
+# In each edge host: UDP on the relay VIP's 7003 (bound to it, so answers come from it),
+# answering with the edge's name and the address it saw.
+TAGGED = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[2], 7003))
+print("up", flush=True)
+while True:
+    data, src = s.recvfrom(100)
+    s.sendto(f"{sys.argv[1]} {src[0]}".encode(), src)
+"""
+
+
+def test_a_handover_moves_the_clients_traffic_to_the_other_regions_access_and_back(tmp_path):
+    """``handover``: a1's client leaves through b1's access link and NAT (b1's public
+    address), to the anycast address's nearest edge there, b1's; its own last mile is down;
+    the new link is calibrated with b1's last mile, and the client has no address on it (no
+    new ICE candidate); ``hand_back`` puts everything back."""
+    a_mile, b_mile = Impairment(delay_ms=4), Impairment(delay_ms=9)
+    spec = WorldSpec(regions=("a1", "b1"), clusters=(), handovers=(("a1", "b1"),),
+                     nats={"a1": NatSpec(), "b1": NatSpec()},
+                     impairments={("last_mile_up", "a1", "a1"): a_mile,
+                                  ("last_mile_down", "a1", "a1"): a_mile,
+                                  ("last_mile_up", "b1", "b1"): b_mile,
+                                  ("last_mile_down", "b1", "b1"): b_mile})
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT)
+    with World(spec, make_backend("userspace")) as world:
+        servers = [world.host("edge", r).popen([sys.executable, "-c", TAGGED, r, RELAY_VIP],
+                                               stdout=subprocess.PIPE, text=True)
+                   for r in ("a1", "b1")]
+        try:
+            for server in servers:
+                assert server.stdout.readline().strip() == "up"
+            client = world.host("client", "a1")
+
+            def seen() -> list[str]:
+                out = client.cmd(f"{sys.executable} {script} {RELAY_VIP} 7003")
+                return json.loads(out)[0].split()
+
+            assert seen() == ["a1", public_address(1)]
+            report = calibrate(world, count=40)
+            handover = {p.kind: p for p in report.paths if p.kind.startswith("handover")}
+            assert report.ok and set(handover) == {"handover_up", "handover_down"}
+            assert all(8.5 < p.mean_ms < 11 for p in handover.values()), handover  # b1's 9 ms
+            assert "inet " not in client.cmd("ip -4 addr show dev client1-eth1")
+
+            assert world.handover("a1") == "b1"
+            assert seen() == ["b1", public_address(2)]   # b1's edge, through b1's NAT
+            assert world.link_directions("last_mile", "a1")[0].key in world.backend.stats()[
+                "interfaces"]
+            world.hand_back("a1")
+            assert seen() == ["a1", public_address(1)]
+        finally:
+            for server in servers:
+                server.kill()
+                server.wait()
+
+
+def test_a_handover_needs_nats_on_both_ends_and_two_regions():
+    with pytest.raises(ValueError, match="behind a NAT"):
+        WorldSpec(regions=("a1", "b1"), clusters=(), handovers=(("a1", "b1"),),
+                  nats={"b1": NatSpec()})
+    with pytest.raises(ValueError, match="two different regions"):
+        WorldSpec(regions=("a1", "b1"), clusters=(), handovers=(("a1", "a1"),),
+                  nats={"a1": NatSpec()})

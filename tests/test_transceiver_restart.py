@@ -158,10 +158,43 @@ async def _chunks(*parts: str):
         await asyncio.sleep(0.05)
 
 
-@pytest.mark.parametrize("light_path", ["python", "native"])
-def test_sigusr1_makes_every_live_call_of_a_client_process_restart_ice(light_path):
-    """What an ``ice_restart`` fault does to a client process (scenarios/faultkinds/): every
-    live session restarts through its call's resource and records it; none calls again."""
+class _Opening:
+    """A TCP relay in front of the transceiver's control port that notes the first request
+    line of every connection: which requests opened a new one."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.first_lines, self._server = port, [], None
+
+    async def __aenter__(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def __aexit__(self, *exc) -> None:
+        self._server.close()
+
+    async def _serve(self, reader, writer) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        first = await reader.readline()
+        self.first_lines.append(first.decode().split(" ")[:2])
+        up_writer.write(first)
+
+        async def pipe(src, dst):
+            while data := await src.read(65536):
+                dst.write(data)
+            dst.close()
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer),
+                             return_exceptions=True)
+
+
+@pytest.mark.parametrize("light_path, sig", [("python", signal.SIGUSR1),
+                                             ("native", signal.SIGUSR1),
+                                             ("native", signal.SIGUSR2)])
+def test_a_signal_makes_every_live_call_of_a_client_process_restart_ice(light_path, sig):
+    """What an ``ice_restart`` fault (SIGUSR1) and a ``handover`` (SIGUSR2: a new network)
+    do to a client process (scenarios/faultkinds/): every live session restarts through its
+    call's resource and records it; none calls again. After a new network each restart's
+    PATCH opens a new connection (the old ones would reach another front), and the DELETE
+    follows it; after SIGUSR1 the calls' connections are kept."""
     from services.client.config import ClientConfig
     from services.client.runner import run_sessions
 
@@ -170,24 +203,72 @@ def test_sigusr1_makes_every_live_call_of_a_client_process_restart_ice(light_pat
                                    control=("127.0.0.1", 0), mode=ice.SHARED,
                                    media_path=light_path)
         async with TransceiverServer(config) as server:
-            client = ClientConfig(url=f"http://127.0.0.1:{server.control_port}/sessions",
-                                  duration_s=4.0, setup_timeout_s=5.0, start_rate=20.0,
-                                  full_sessions=1, light_path=light_path)
+            opening = _Opening(server.control_port)
+            async with opening as port:
+                client = ClientConfig(url=f"http://127.0.0.1:{port}/sessions",
+                                      duration_s=4.0, setup_timeout_s=5.0, start_rate=20.0,
+                                      full_sessions=1, light_path=light_path)
 
-            async def poke():
-                while sum(s.state == "connected" for s in server.sessions.values()) < 3:
-                    await asyncio.sleep(0.05)
-                await asyncio.sleep(0.5)
-                os.kill(os.getpid(), signal.SIGUSR1)
+                async def poke():
+                    while sum(s.state == "connected" for s in server.sessions.values()) < 3:
+                        await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.5)
+                    os.kill(os.getpid(), sig)
 
-            poking = asyncio.create_task(poke())
-            results = await run_sessions(client, 3)
-            await poking
-            return results
+                poking = asyncio.create_task(poke())
+                results = await run_sessions(client, 3)
+                await poking
+                return results, opening.first_lines
 
-    results = asyncio.run(run())
+    results, first_lines = asyncio.run(run())
     assert all(r.ok for r in results), [r.error for r in results]
     for r in results:
         assert r.reconnections == 0 and len(r.ice_restarts) == 1, r.ice_restarts
-        sent, ok, patch_ms, ms, reason = r.ice_restarts[0]
+        sent, ok, patch_ms, ms, reason, trigger = r.ice_restarts[0]
         assert ok and reason is None and 0 < patch_ms <= ms < 2000, r.ice_restarts
+        assert trigger == ("network" if sig == signal.SIGUSR2 else "asked")
+        assert r.delete_status == 204, r.teardown_error
+    opened_by = sorted(method for method, _ in first_lines)
+    assert opened_by == (["PATCH"] * 3 if sig == signal.SIGUSR2 else []) + ["POST"] * 3, \
+        first_lines
+
+
+def test_a_call_whose_renomination_fails_restarts_ice_before_it_calls_again(monkeypatch):
+    """The recovery ladder (docs/mobility.md): the client's address changes under a call
+    (its ICE socket moves to a new port) and its renomination brings nothing back (here
+    refused, as from a client that cannot renominate); the call restarts ICE over a new
+    connection, its checks come from the new address, the transceiver moves the media there,
+    and the call goes on: no new call."""
+    from services.client import session as session_module
+    from services.client.config import ClientConfig
+    from tests.test_transceiver_move import rebind
+
+    async def no_renomination(pc):
+        return False
+    monkeypatch.setattr(session_module, "renominate", no_renomination)
+
+    async def run():
+        config = TransceiverConfig(cluster_id=3, transceiver_id=5, media_host="127.0.0.1",
+                                   control=("127.0.0.1", 0), mode=ice.SHARED,
+                                   media_path="native")
+        async with TransceiverServer(config) as server:
+            client = ClientConfig(url=f"http://127.0.0.1:{server.control_port}/sessions",
+                                  duration_s=5.0, setup_timeout_s=5.0)
+            call = session_module.CallSession(client, 0)
+            running = asyncio.create_task(call.run())
+            while call._conn is None or call._conn.pc is None \
+                    or call._conn.pc.connectionState != "connected":
+                await asyncio.sleep(0.05)
+            [session] = server.sessions.values()
+            await asyncio.sleep(0.5)
+            await rebind(call._conn.pc)
+            return await running, session
+    result, session = asyncio.run(run())
+    assert result.ok and result.reconnections == 0, (result.error, result.attempts)
+    [(sent, ok, patch_ms, ms, reason, trigger)] = result.ice_restarts
+    assert ok and trigger == session_module.SILENCE, result.ice_restarts
+    assert session.ice_restarts == 1 and session.state != "connected"   # ended with the call
+    # the silence ended with the restart (started once the renomination failed), before the
+    # watchdog's time
+    longest = max(g[1] for g in result.rx_gaps)
+    assert 1000 * session_module.RENOMINATE_AFTER_S <= longest < 1000 * ClientConfig.media_timeout_s

@@ -167,11 +167,12 @@ def _spec(world: World, job: _Job, count: int, rate: float) -> ProbeSpec:
 def session_links(world: World, client_regions: list[str],
                   clusters: list[str]) -> list[ImpairedLink]:
     """The impaired directions a call from ``client_regions`` to ``clusters`` can cross: the
-    clients' last miles, and the public internet and backbone between them and the clusters."""
+    clients' last miles (and the access links they may be handed over to), and the public
+    internet and backbone between them and the clusters."""
     ends = {(c, k) for c in client_regions for k in clusters if c != k}
     ends |= {(k, c) for c, k in ends}
     return [link for link in world.links
-            if (link.kind.startswith("last_mile") and link.src in client_regions)
+            if (link.kind.startswith(("last_mile", "handover")) and link.src in client_regions)
             or (link.kind in ("public", "backbone") and (link.src, link.dst) in ends)]
 
 

@@ -17,9 +17,15 @@ behind one (``WorldSpec.nats``, topology/nat.py). Geo steering is anycast: every
 ``203.0.113.10`` and the signaling address ``203.0.113.20``, and each public router routes them
 to its own region's edge.
 
-Impairment is applied where each direction is received (ingress): last mile on the client and
-on its public router; public internet and backbone on both routers of every mesh link. The
-links inside a region (edge, cluster to their routers) are not impaired (same data centre).
+A client that can hand over (``WorldSpec.handovers``, region *i* to *j*) has a second access
+link to ``pub_j``, with *j*'s last mile each way: ``10.j.8.i`` on the router, no address on
+the client (it would be gathered as an ICE candidate), *j*'s NAT for the client's LAN address.
+``handover`` moves the client's default route onto it and takes its own last mile down.
+
+Impairment is applied on the public router: each direction it receives on its ingress (last
+mile up, public internet and backbone on both routers of every mesh link), the last mile down
+on its egress towards the client (the client reads kernel receive stamps). The links inside a
+region (edge, cluster to their routers) are not impaired (same data centre).
 
 Faults change a link while traffic runs: ``set_link(kind, a, b, impairment)`` changes both
 directions of a link, ``restore_link(kind, a, b)`` puts the configured impairment back; build
@@ -35,7 +41,7 @@ from dataclasses import dataclass, field, replace
 
 from topology import nat
 from topology.impairment.backend import iface_key
-from topology.impairment.model import Impairment, NetNode
+from topology.impairment.model import Impairment, NetNode, link_down
 from topology.nat import NatSpec
 from topology.netns import refuse_if_forbidden
 from voiceedge import reaper
@@ -45,6 +51,10 @@ log = logging.getLogger("voiceedge.topology")
 RELAY_VIP = "203.0.113.10"
 SIGNALING_VIP = "203.0.113.20"
 LINK_KINDS = ("last_mile", "public", "backbone")  # what set_link / restore_link change
+# the second access link of a client that hands over: (kind, from region, to region), with the
+# to region's last mile each way
+HANDOVER_KINDS = {"handover_up": "last_mile_up", "handover_down": "last_mile_down"}
+HANDOVER_SUBNET = 8   # 10.j.8.0/24: region j's router side of the access links handed over to
 HOST_ROLES = ("client", "pub", "bb", "edge", "cluster")
 
 
@@ -60,6 +70,9 @@ class WorldSpec:
     impairments: dict[tuple[str, str, str], Impairment] = field(default_factory=dict)
     # region -> the NAT in front of its clients (topology/nat.py); none: clients are public
     nats: dict[str, NatSpec] = field(default_factory=dict)
+    # (from region, to region): the first's client host gets a second access link, to the
+    # second's public router and through its NAT, to hand its calls over to (``handover``)
+    handovers: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.regions:
@@ -74,6 +87,17 @@ class WorldSpec:
         unknown = set(self.nats) - set(self.regions)
         if unknown:
             raise ValueError(f"NAT regions not in the world: {', '.join(sorted(unknown))}")
+        for a, b in self.handovers:
+            if a == b or a not in self.regions or b not in self.regions:
+                raise ValueError(f"handover {a} -> {b}: two different regions of the world "
+                                 f"({', '.join(self.regions)})")
+            # the visiting client leaves b through b's NAT; a's keeps its own LAN address
+            # private, so no one outside a routes to it (b's router routes it to the visitor)
+            if a not in self.nats or b not in self.nats:
+                raise ValueError(f"handover {a} -> {b}: both regions' clients must be behind a "
+                                 "NAT (a scenario's nat:)")
+        if len({a for a, _ in self.handovers}) != len(self.handovers):
+            raise ValueError("a region's clients hand over to one other region at most")
 
 
 @dataclass(frozen=True)
@@ -133,6 +157,9 @@ class World:
         self.teardown_seconds: float | None = None
         self._applied_later: set[str] = set()  # keys of null directions a fault applied
         self._rebinds = 0   # NAT mappings moved so far (each to ports of its own)
+        # from region -> (to region, the client's interface there, the router's address there)
+        self._access: dict[str, tuple[str, str, str]] = {}
+        self.handed_over: set[str] = set()   # regions whose clients are on their second link
 
     # ------------------------------------------------------------ names and addresses
 
@@ -210,8 +237,12 @@ class World:
             self._build_region(region)
         for a, b in itertools.combinations(spec.regions, 2):
             self._build_mesh(a, b)
+        for a, b in spec.handovers:
+            self._build_handover(a, b)
         for region in spec.regions:
             self._route_region(region)
+        for a, b in spec.handovers:
+            self._route_handover(a, b)
         for link in self.links:
             self._apply(link)
 
@@ -225,9 +256,17 @@ class World:
         self.peers[name_a], self.peers[name_b] = b, a
         return name_a, name_b
 
+    def _configured(self, spec: WorldSpec, key: tuple[str, str, str]) -> Impairment:
+        """What ``spec`` configures for a direction; a handover link has its new region's
+        last mile."""
+        kind, _, dst = key
+        if kind in HANDOVER_KINDS:
+            key = (HANDOVER_KINDS[kind], dst, dst)
+        return spec.impairments.get(key) or Impairment()
+
     def _impair(self, kind: str, src: str, dst: str, sender: str, receiver: str,
                 receiver_ip: str, interface: str, egress: bool = False) -> None:
-        impairment = self.spec.impairments.get((kind, src, dst)) or Impairment()
+        impairment = self._configured(self.spec, (kind, src, dst))
         link = ImpairedLink(kind, src, dst, sender, receiver, receiver_ip, interface,
                             impairment, egress)
         self.directions[(kind, src, dst)] = link
@@ -291,7 +330,8 @@ class World:
         impairment differs is changed in place (hosts, addresses and routes stay), and
         calibration then judges the world against ``spec``. The topology must be the same (a
         sweep over impairments: scenarios/sweep.py). Returns the directions changed."""
-        if (spec.regions, spec.clusters) != (self.spec.regions, self.spec.clusters):
+        if (spec.regions, spec.clusters, spec.handovers) != (
+                self.spec.regions, self.spec.clusters, self.spec.handovers):
             raise ValueError("reimpair changes impairments only: regions and clusters must be "
                              "the world's (build another world for another topology)")
         if self.net is None:
@@ -299,7 +339,7 @@ class World:
         changed = []
         applied = {link.key for link in self.links} | self._applied_later
         for key, link in list(self.directions.items()):
-            new = spec.impairments.get(key) or Impairment()
+            new = self._configured(spec, key)
             if new == link.impairment:
                 continue
             if link.key not in applied:  # null so far, so never applied: apply that first
@@ -399,6 +439,87 @@ class World:
                 out = host.cmd("; ".join(lines))
                 if "Error" in out or "RTNETLINK" in out or "iptables" in out or "sysctl" in out:
                     raise RuntimeError(f"routing on {host.name}: {out.strip()}")
+
+    # ------------------------------------------------------------ handover: a second access
+
+    def _handover_ip(self, a: str, b: str) -> str:
+        """Region ``b``'s router's address on the access link handed over from ``a``."""
+        return self.lan(self.index[b], HANDOVER_SUBNET, self.index[a])
+
+    def _build_handover(self, a: str, b: str) -> None:
+        """A second access link for region ``a``'s client, to ``b``'s public router, with
+        ``b``'s last mile each way. The client's end has no address (aioice and Chromium
+        would gather one as a candidate): the client reaches the router's address there by a
+        host route and sends from its own LAN address."""
+        i, j = self.index[a], self.index[b]
+        client, pub = self.net[f"client{i}"], self.net[f"pub{j}"]
+        c_if, p_if = f"client{i}-eth{len(client.intfList())}", f"pub{j}-eth{len(pub.intfList())}"
+        self.net.addLink(client, pub, intfName1=c_if, intfName2=p_if)
+        self.peers[c_if], self.peers[p_if] = pub.name, client.name
+        router_ip, client_ip = self._handover_ip(a, b), self.lan(i, 1, 2)
+        self._impair("handover_up", a, b, client.name, pub.name, router_ip, p_if)
+        self._impair("handover_down", a, b, pub.name, client.name, client_ip, p_if, egress=True)
+        self._access[a] = (b, c_if, p_if)
+
+    def _route_handover(self, a: str, b: str) -> None:
+        """The new access link's routes, and ``b``'s NAT for the visiting client (what it
+        sends anywhere leaves from ``b``'s NAT address; the answers come back over the link).
+        The client's default route stays on its own last mile until ``handover``."""
+        i, j = self.index[a], self.index[b]
+        _, c_if, p_if = self._access[a]
+        client, pub = self.net[f"client{i}"], self.net[f"pub{j}"]
+        router_ip, client_ip = self._handover_ip(a, b), self.lan(i, 1, 2)
+        random = " --random-fully" if self.spec.nats[b].mapping == "symmetric" else ""
+        public = nat.public_address(j)
+        lines = {
+            client: [f"sysctl -qw net.ipv4.conf.all.rp_filter=0 "
+                     f"net.ipv4.conf.{c_if}.rp_filter=0",
+                     f"ip route add {router_ip}/32 dev {c_if}"],
+            pub: [f"sysctl -qw net.ipv4.conf.{p_if}.rp_filter=0",
+                  f"ip addr add {router_ip}/32 dev {p_if}",
+                  f"ip route add {client_ip}/32 dev {p_if}",
+                  f"iptables -w -t nat -I POSTROUTING 1 -s {client_ip} -p udp "
+                  f"-j SNAT --to-source {public}{random}",
+                  f"iptables -w -t nat -I POSTROUTING 2 -s {client_ip} "
+                  f"-j SNAT --to-source {public}"]}
+        for host, cmds in lines.items():
+            out = host.cmd("; ".join(cmds))
+            if "Error" in out or "RTNETLINK" in out or "iptables" in out or "sysctl" in out:
+                raise RuntimeError(f"handover routing on {host.name}: {out.strip()}")
+
+    def handover(self, region: str) -> str:
+        """``region``'s client leaves its access network for the one the world built it
+        (``WorldSpec.handovers``): its last mile goes down both ways and its default route
+        moves to the other region's router. Its sockets keep their local address; from
+        outside its traffic comes from that region's NAT, through that region (its anycast
+        ingress and front). Returns the region it is in now."""
+        if region not in self._access:
+            raise ValueError(f"region {region}'s client has no second access link (a "
+                             "handover fault in the scenario builds it)")
+        if region in self.handed_over:
+            raise ValueError(f"region {region}'s client is handed over already")
+        to, c_if, _ = self._access[region]
+        self.set_link("last_mile", region, None, link_down)
+        out = self.host("client", region).cmd(
+            f"ip route replace default via {self._handover_ip(region, to)} dev {c_if} onlink")
+        if out.strip():
+            raise RuntimeError(f"handover of {region}'s client: {out.strip()}")
+        self.handed_over.add(region)
+        log.info("client of %s handed over to %s's access network", region, to)
+        return to
+
+    def hand_back(self, region: str) -> None:
+        """Undo ``handover``: the client's default route and last mile are its own again."""
+        if region not in self.handed_over:
+            return
+        i = self.index[region]
+        out = self.host("client", region).cmd(
+            f"ip route replace default via {self.lan(i, 1, 1)} dev client{i}-eth0")
+        if out.strip():
+            raise RuntimeError(f"hand back of {region}'s client: {out.strip()}")
+        self.restore_link("last_mile", region)
+        self.handed_over.discard(region)
+        log.info("client of %s back on its own access network", region)
 
     def nat_rebind(self, region: str, client: tuple[str, int | None] | None = None) -> int:
         """The NAT in front of ``region``'s clients gives ``client``'s socket (its LAN address

@@ -413,7 +413,10 @@ def _name_hop(a: Point, b: Point, impairments: dict, turn: bool = False):
     link = _LINK_KINDS.get((a.role, b.role))
     exp = _configured(impairments, link, a.region, b.region)
     arrow = f"{a.region}->{b.region}"
-    if link == "last_mile_up":
+    if link == "last_mile_up" and a.region != b.region:  # a client handed over to b's access
+        exp = _configured(impairments, link, b.region, b.region)
+        label = f"last mile up {b.region} ({a.host}, handed over)"
+    elif link == "last_mile_up":
         label = f"last mile up {a.region}"
     elif link == "last_mile_down":  # the veth after the router's egress queue
         return f"{a.host}->{b.host} (wire)", "link", a.host, b.host, Expectation(0.0, 0.0), 0.0

@@ -12,7 +12,7 @@ from types import MappingProxyType
 from scenarios.faultkinds.base import LINK_TIERS, FaultKind, Options
 
 _MODULES = ("relay_kill", "redis_down", "transceiver_crash", "cluster_outage", "link_down",
-            "loss_burst", "nat_rebind", "ice_restart")
+            "loss_burst", "nat_rebind", "ice_restart", "handover")
 
 KINDS: MappingProxyType[str, FaultKind] = MappingProxyType({
     k.name: k for k in (import_module(f"{__name__}.{m}").KIND for m in _MODULES)})

@@ -37,6 +37,11 @@ class Options:
         """Seconds from the fault to its end (None: it lasts to the end of the run)."""
         return None
 
+    @property
+    def client_regions(self) -> tuple[str, ...]:
+        """Client regions these options name (beyond the target): the run must have them."""
+        return ()
+
 
 @dataclass(frozen=True)
 class Lasting(Options):
@@ -103,6 +108,11 @@ class FaultKind:
     def finish(self, run: FaultRun) -> None:
         """At the injector's stop, after everything still broken was mended: a last look
         (e.g. the restarted relay's counters)."""
+
+    def access_links(self, spec: FaultSpec) -> tuple[tuple[str, str], ...]:
+        """Second access links (from region, to region) the world must build for this fault
+        (``WorldSpec.handovers``)."""
+        return ()
 
     def effect(self, spec: FaultSpec) -> Effect:
         """What faults.json says about this fault's effect (analysis/faulteffect.py)."""

@@ -28,8 +28,9 @@ class RestartResult:
 async def restart_ice(pc, http: aiohttp.ClientSession, resource: str,
                       timeout: float = icerestart.RESTART_TIMEOUT_S,
                       headers: dict[str, str] | None = None) -> RestartResult:
-    """Restart ``pc``'s ICE through ``resource`` (the call's URL: its ``Location``);
-    ``headers``: the signaling's own (an Authorization)."""
+    """Restart ``pc``'s ICE through ``resource`` (the call's URL: its ``Location``) within
+    ``timeout`` seconds, the PATCH and the checks together; ``headers``: the signaling's own
+    (an Authorization)."""
     transceivers = pc.getTransceivers()
     if not transceivers or pc.connectionState != "connected":
         return RestartResult(False, reason="not connected")
@@ -52,7 +53,8 @@ async def restart_ice(pc, http: aiohttp.ClientSession, resource: str,
     patch_ms = (time.monotonic() - started) * 1000.0
     icerestart.begin(connection, local, IceCredentials(answer.ufrag, answer.pwd))
     try:
-        await icerestart.complete(connection, list(answer.candidates), timeout)
+        await icerestart.complete(connection, list(answer.candidates),
+                                  max(0.0, timeout - patch_ms / 1000.0))
     except ConnectionError as exc:
         return RestartResult(False, round(patch_ms, 3), reason=str(exc))
     return RestartResult(True, round(patch_ms, 3),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from services.client.config import FULL, LIGHT, ClientConfig
 from services.client.results import JsonLines, SessionResult
-from services.client.session import CallSession, warm_up
+from services.client.session import ASKED, NETWORK, CallSession, warm_up
 from services.gcpolicy import SessionCollections
 from services.logs import log_event
 
@@ -80,12 +80,18 @@ async def run_sessions(config: ClientConfig, n: int, *,
         if on_result is not None:
             on_result(result)
 
-    def restart_all() -> None:   # SIGUSR1: an ice_restart fault (scenarios/faultkinds/)
-        started = sum(session.request_ice_restart() for session in list(live))
-        log_event(log, "ice_restart_requested", sessions=len(live), started=started)
+    def restart_all(new_network: bool = False) -> None:
+        """SIGUSR1: an ice_restart fault; SIGUSR2: the host's network changed (a handover),
+        so each call restarts over a new connection (scenarios/faultkinds/)."""
+        trigger = NETWORK if new_network else ASKED
+        started = sum(session.request_ice_restart(new_network, trigger)
+                      for session in list(live))
+        log_event(log, "ice_restart_requested", sessions=len(live), started=started,
+                  new_network=new_network)
 
     loop = asyncio.get_running_loop()
     restarts = _on_signal(loop, signal.SIGUSR1, restart_all)
+    restarts = _on_signal(loop, signal.SIGUSR2, lambda: restart_all(True)) and restarts
     log_event(log, "client_warm_up", ms=await warm_up(config))
     gc_policy = SessionCollections(log)
     gc_policy.start()
@@ -108,6 +114,7 @@ async def run_sessions(config: ClientConfig, n: int, *,
         await asyncio.gather(*tasks, return_exceptions=True)
         if restarts:
             loop.remove_signal_handler(signal.SIGUSR1)
+            loop.remove_signal_handler(signal.SIGUSR2)
         if pump is not None:
             await pump.stop()
         out.close()

@@ -46,6 +46,7 @@ from services.client.iceservers import fetch as fetch_ice_servers
 from services.client.light import receive_without_decoding
 from services.client.probes import RtpProbe, StunProbe
 from services.client.renominate import renominate
+from services import icerestart
 from services.client.restart import restart_ice
 from services.client.results import MediaSample, SessionResult
 from services.client.signaling import SignalingError, delete_session, post_offer
@@ -75,6 +76,14 @@ RETIRED_DELETE_TIMEOUT_S = 1.0  # DELETE of a failed connection's session: best 
 # the media back
 RENOMINATE_AFTER_S = 0.5
 RENOMINATE_WAIT_S = 1.0
+# When a renomination has not brought the media back this long after its check, the call
+# restarts ICE once, over new connections, beside it (docs/mobility.md: the recovery ladder);
+# the watchdog waits for that restart before it calls again. The restart has this long.
+RESCUE_AFTER_S = 0.5
+RESCUE_RESTART_S = 1.0
+# what made a call restart ICE (the last field of its ``ice_restarts`` entries)
+ASKED, NETWORK, SILENCE = "asked", "network", "silence"
+_UNSET = object()
 
 
 class SessionError(Exception):
@@ -167,8 +176,10 @@ class CallSession:
         self._ice = IceSettings(config.ice_servers, config.ice_transport_policy)
         self._retiring: set[asyncio.Task] = set()  # teardowns of failed attempts
         self._renominating: asyncio.Task | None = None  # renominate.py, beside the watchdog
+        self._rescued_for = _UNSET   # the silence (its last packet) an ICE restart was tried for
         self._restarting: asyncio.Task | None = None    # an ICE restart (restart.py)
         self._http_in_use: aiohttp.ClientSession | None = None
+        self._http_opened: list[aiohttp.ClientSession] = []   # closed at the end
         self._sampler: asyncio.Task | None = None
         self._audio_seen = 0       # samples per channel received
         self._audio_sumsq = 0.0    # over samples after echo_skip_ms
@@ -203,7 +214,10 @@ class CallSession:
         ice_error = await self._fetch_ice_servers()  # before the session's clock starts
         r.started_unix = time.time()
         self._t0 = time.monotonic()
-        http = self._http or aiohttp.ClientSession()
+        http = self._http
+        if http is None:
+            http = aiohttp.ClientSession()
+            self._http_opened.append(http)
         self._http_in_use = http
         try:
             if ice_error:
@@ -221,7 +235,7 @@ class CallSession:
                     raise
                 await self._reconnect(http, str(exc), self._retry_deadline())
             r.stage = "call"
-            await self._call(http)
+            await self._call()
             r.stage, r.ok = "done", True
         except (SessionError, SignalingError) as exc:
             r.error = str(exc)
@@ -232,10 +246,10 @@ class CallSession:
             if r.error and self._conn is not None and self._conn.record["error"] is None:
                 self._conn.record["error"] = r.error
             try:
-                await self._teardown(http)
+                await self._teardown(self._http_in_use)
             finally:
-                if self._http is None:
-                    await http.close()
+                for mine in self._http_opened:
+                    await mine.close()
                 r.ended_unix = time.time()
                 if self._conns:
                     r.turn_transactions = self._conns[0].turn.rows(self._t0)
@@ -444,7 +458,7 @@ class CallSession:
                 self._audio_n += data.size
             self._audio_seen += frame.samples
 
-    async def _call(self, http: aiohttp.ClientSession) -> None:
+    async def _call(self) -> None:
         """The call until its end; a failed connection is replaced (``_reconnect``)."""
         end = self._conn.connected_at + self.config.duration_s
         self._sampler = asyncio.create_task(self._sample_loop(),
@@ -459,6 +473,7 @@ class CallSession:
                 return
             conn.record["error"] = reason
             log.debug("session %d: attempt %d: %s", self.index, conn.number, reason)
+            http = self._http_in_use   # a new network's (a handover) from then on
             self._retire(conn, http)
             await self._reconnect(http, reason, end)
             if time.monotonic() >= end:
@@ -488,14 +503,22 @@ class CallSession:
                 suspect = None
             else:
                 suspect = base + RENOMINATE_AFTER_S
-                if now >= suspect:
+                if self._restarting is not None and not self._restarting.done():
+                    suspect = None   # new checks are under way: not on the old pair
+                elif now >= suspect:
                     renominated_for, suspect = last, None
                     self._spawn_renomination(conn, last)
             due = base + timeout
             if now < due:
                 second_look = False
-            elif second_look:
-                return MEDIA_TIMEOUT
+            elif second_look:   # the last rung before a new call: an ICE restart
+                if self._rescued_for == last and (self._restarting is None
+                                                  or self._restarting.done()):
+                    return MEDIA_TIMEOUT   # tried for this silence already
+                second_look = False
+                if not await self._rescue(conn, end, last):
+                    return conn.failure or MEDIA_TIMEOUT
+                continue   # the media may be back: look again
             else:  # as long again as the loop was late to wake us: its backlog goes first
                 second_look, due = True, now + max(WATCHDOG_GRACE_S, late)
             wake = min(due, end) if suspect is None else min(due, end, suspect)
@@ -521,40 +544,82 @@ class CallSession:
         note it if the media comes back within ``RENOMINATE_WAIT_S``. Beside the watchdog,
         never in its way: a dead path still calls again at ``media_timeout_s``."""
         gaps, detected = self._gaps, time.time()
+        check = asyncio.ensure_future(renominate(conn.pc))
+        rescue_at = time.monotonic() + RESCUE_AFTER_S
         try:
             async with asyncio.timeout(RENOMINATE_WAIT_S):
-                if not await renominate(conn.pc):
-                    return
                 while gaps.last == before:
+                    refused = check.done() and not check.result()
+                    if self._rescued_for != before and (refused
+                                                        or time.monotonic() >= rescue_at):
+                        self._start_rescue(before)   # the next rung, beside this one
+                    if refused:
+                        return
                     await asyncio.sleep(0.01)
         except TimeoutError:
             return
+        finally:
+            check.cancel()
+        if self._rescued_for == before or not (check.done() and check.result()):
+            return   # back, but by the restart: its own record says so
         r = self.result
         r.renominations += 1
         r.renominated.append([None if before is None else round(before + gaps.unix_offset, 6),
                               round(detected, 6), round(_first_after(gaps, before), 6)])
         log.debug("session %d: renominated, media back", self.index)
 
-    def request_ice_restart(self) -> bool:
+    def _start_rescue(self, before: float | None) -> bool:
+        """Restart ICE over new connections for the silence after ``before`` (a renomination
+        did not bring the media back: the path, not only the address, may have changed);
+        once per silence."""
+        self._rescued_for = before
+        return self.request_ice_restart(True, SILENCE, RESCUE_RESTART_S)
+
+    async def _rescue(self, conn: _Connection, end: float, last: float | None) -> bool:
+        """The media is still gone at the watchdog's time: wait for the ICE restart under
+        way, or start one. False when none could start or ``conn`` failed meanwhile: call
+        again."""
+        running = self._restarting is not None and not self._restarting.done()
+        if not running and (self._rescued_for == last or not self._start_rescue(last)):
+            return False
+        watching = asyncio.ensure_future(self._failed_or_talked(conn))
+        try:
+            await asyncio.wait([self._restarting, watching],
+                               timeout=max(0.0, end - time.monotonic()),
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+        return conn.failure is None
+
+    def request_ice_restart(self, new_network: bool = False, trigger: str = ASKED,
+                            timeout: float = icerestart.RESTART_TIMEOUT_S) -> bool:
         """Restart ICE on the current connection, if it is connected and not restarting
         already (an ``ice_restart`` fault: the client process was sent SIGUSR1); False when
-        there is nothing to restart."""
+        there is nothing to restart. ``new_network``: the host moved to another access
+        network (SIGUSR2, a ``handover``): the connections to the front are gone with the
+        old one (a keep-alive connection would now reach another front, which never heard
+        of it), so signaling opens new ones from here on, as a browser does on a network
+        change. ``trigger`` is recorded with it (``ASKED``, ``NETWORK``, ``SILENCE``);
+        ``timeout`` bounds it, the PATCH and the checks together."""
         conn = self._conn
         if (conn is None or conn.pc is None or conn.closing or conn.location is None
                 or conn.pc.connectionState != "connected" or self._http_in_use is None
                 or (self._restarting is not None and not self._restarting.done())):
             return False
-        self._restarting = asyncio.create_task(self._restart_ice(conn),
+        if new_network:
+            self._http_in_use = aiohttp.ClientSession()
+            self._http_opened.append(self._http_in_use)
+        self._restarting = asyncio.create_task(self._restart_ice(conn, trigger, timeout),
                                                name=f"client-{self.index}-ice-restart")
         return True
 
-    async def _restart_ice(self, conn: _Connection) -> None:
+    async def _restart_ice(self, conn: _Connection, trigger: str, timeout: float) -> None:
         """One ICE restart through the call's resource; recorded in ``ice_restarts``."""
         sent = time.time()
-        got = await restart_ice(conn.pc, self._http_in_use, conn.location,
+        got = await restart_ice(conn.pc, self._http_in_use, conn.location, timeout,
                                 headers=self.config.headers)
         self.result.ice_restarts.append([round(sent, 6), got.ok, got.patch_ms, got.ms,
-                                         got.reason])
+                                         got.reason, trigger])
         log.debug("session %d: ICE restart %s", self.index, got)
 
     async def _failed_or_talked(self, conn: _Connection) -> None:
