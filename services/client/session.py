@@ -487,6 +487,7 @@ class CallSession:
         timeout = self.config.media_timeout_s
         second_look, late = False, 0.0
         renominated_for = None   # the silence (its last packet) a renomination was sent for
+        waited_for = _UNSET      # ... and the watchdog waited for an ICE restart in
         while True:
             now = time.monotonic()
             if now >= end:
@@ -512,10 +513,9 @@ class CallSession:
             if now < due:
                 second_look = False
             elif second_look:   # the last rung before a new call: an ICE restart
-                if self._rescued_for == last and (self._restarting is None
-                                                  or self._restarting.done()):
-                    return MEDIA_TIMEOUT   # tried for this silence already
-                second_look = False
+                if waited_for == last:
+                    return MEDIA_TIMEOUT   # waited for one in this silence already
+                waited_for, second_look = last, False
                 if not await self._rescue(conn, end, last):
                     return conn.failure or MEDIA_TIMEOUT
                 continue   # the media may be back: look again
@@ -541,8 +541,10 @@ class CallSession:
     async def _renominate(self, conn: _Connection, before: float | None) -> None:
         """The media stopped ``RENOMINATE_AFTER_S`` ago on a connection ICE still holds:
         renominate its pair (a NAT may have moved the client's port: renominate.py) and
-        note it if the media comes back within ``RENOMINATE_WAIT_S``. Beside the watchdog,
-        never in its way: a dead path still calls again at ``media_timeout_s``."""
+        note it if the media comes back within ``RENOMINATE_WAIT_S``. If it has not come
+        back ``RESCUE_AFTER_S`` after the check (or the check could not be sent), the next
+        rung starts beside it: an ICE restart, which the watchdog waits for before it calls
+        again."""
         gaps, detected = self._gaps, time.time()
         check = asyncio.ensure_future(renominate(conn.pc))
         rescue_at = time.monotonic() + RESCUE_AFTER_S
@@ -577,15 +579,15 @@ class CallSession:
 
     async def _rescue(self, conn: _Connection, end: float, last: float | None) -> bool:
         """The media is still gone at the watchdog's time: wait for the ICE restart under
-        way, or start one. False when none could start or ``conn`` failed meanwhile: call
-        again."""
+        way (at most ``RESCUE_RESTART_S``: one asked for earlier may have longer), or start
+        one. False when none could start or ``conn`` failed meanwhile: call again."""
         running = self._restarting is not None and not self._restarting.done()
         if not running and (self._rescued_for == last or not self._start_rescue(last)):
             return False
         watching = asyncio.ensure_future(self._failed_or_talked(conn))
         try:
             await asyncio.wait([self._restarting, watching],
-                               timeout=max(0.0, end - time.monotonic()),
+                               timeout=max(0.0, min(end - time.monotonic(), RESCUE_RESTART_S)),
                                return_when=asyncio.FIRST_COMPLETED)
         finally:
             watching.cancel()
