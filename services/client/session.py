@@ -559,10 +559,11 @@ class CallSession:
                         return
                     await asyncio.sleep(0.01)
         except TimeoutError:
-            return
-        finally:
             check.cancel()
-        if self._rescued_for == before or not (check.done() and check.result()):
+            return
+        refused = check.done() and not check.result()
+        check.cancel()   # the media may come back before the check's answer: stop its retries
+        if self._rescued_for == before or refused:
             return   # back, but by the restart: its own record says so
         r = self.result
         r.renominations += 1
