@@ -213,8 +213,10 @@ def test_the_signaling_process_logs_json_only(tmp_path):
     records = service_records(log_path.read_text(), "signaling")
     assert records[-1]["event"] == "loop_lag_summary"  # the event loop watched all along
     records = [r for r in records if not r["event"].startswith("loop_lag")]
-    assert [r["event"] for r in records] == ["signaling_started", "call_refused",
-                                             "signaling_stopped"]
+    # an open front (no --api-keys) says so, as a warning, before it starts
+    assert [r["event"] for r in records] == ["auth_disabled", "signaling_started",
+                                             "call_refused", "signaling_stopped"]
+    assert records[0]["level"] == "WARNING"
     [call] = events(records, "call_refused")
     assert call["status"] == 415 and "application/sdp" in call["reason"]
     assert records[-1]["calls_refused"] == {"415": 1}

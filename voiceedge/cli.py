@@ -24,7 +24,8 @@ _COMMANDS = {"relay": "services.relay.cli", "transceiver": "services.transceiver
              "demo": "scenarios.demo_edge", "calibrate": "topology.cli",
              "world": "topology.worldcli", "budgets": "analysis.budgets_cli",
              "report": "analysis.cli", "pcap": "analysis.pcap.cli", "bench": None,
-             "scenario": "scenarios.cli", "sweep": "scenarios.sweepcli"}
+             "scenario": "scenarios.cli", "sweep": "scenarios.sweepcli",
+             "token": "services.signaling.tokencli"}
 _BENCHES = ("bench.relay", "bench.capacity", "topology.impairment.bench", "bench.hostile.cli",
             "bench.srtp_floor")
 # The long-running services: they stop on SIGTERM by themselves (services/lifecycle.py).

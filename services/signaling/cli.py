@@ -41,6 +41,10 @@ def add_parser(sub) -> None:
                    help="... in N probe rounds in a row (default 3)")
     g.add_argument("--steer-window", type=int, default=5, metavar="N",
                    help="RTT samples per cluster, smoothed by their median (default 5)")
+    p.add_argument("--api-keys", metavar="FILE",
+                   help="API keys (one vek_<id>_<secret> a line; docs/auth.md): calls, ICE "
+                        "servers and tokens then need Authorization: Bearer <key or token>; "
+                        "without it the front is open to anyone who reaches it")
     g = p.add_argument_group("TURN credentials on GET /v1/ice-servers "
                              "(services/signaling/iceservers.py)")
     g.add_argument("--turn-url", action="append", default=[], metavar="URL",
@@ -156,6 +160,13 @@ def run(args: argparse.Namespace) -> int:
         steering = _steering(args)
         limits = _limits(args)
         turn = _turn(args)
+        auth = None
+        if args.api_keys:
+            from services.signaling.auth import KeyRing
+            try:
+                auth = KeyRing.load(args.api_keys)
+            except ValueError as exc:
+                raise ConfigError(f"--api-keys: {exc}") from None
         if args.clusters:
             clusters = _load_clusters(args.clusters)
         elif args.transceiver:
@@ -167,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("give --transceiver URL (repeatable) or --clusters FILE")
         config = SignalingConfig(clusters=clusters, listen=listen, warm_connections=warm,
                                  region=args.region, steering=steering, limits=limits,
-                                 turn=turn)
+                                 turn=turn, auth=auth)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -53,15 +54,21 @@ class IceServers:
         self._prefix = region or "voiceedge"
         self.issued = 0
 
-    def body(self) -> dict:
+    def body(self, caller: str | None = None, not_after: int | None = None) -> dict:
+        """The answer; ``caller`` (a key's or a token's name) goes into the TURN username, so
+        a leaked credential names who it was issued to, and the credential expires no later
+        than ``not_after`` (the token's expiry)."""
         if self.turn is None:
             return {"iceServers": [], "iceTransportPolicy": "all"}
-        user = f"{self._prefix}-{secrets.token_hex(4)}"
-        credential = issue(self._secret, user, self.turn.ttl_s)
+        user = f"{self._prefix}-{caller or secrets.token_hex(4)}"
+        ttl = self.turn.ttl_s
+        if not_after is not None:   # the caller refuses a token with less than MIN_TTL_S left
+            ttl = min(ttl, int(not_after - time.time()))
+        credential = issue(self._secret, user, ttl)
         self.issued += 1
         log_event(log, "turn_credential_issued", user=user, expires=credential.expires)
         return {"iceServers": [{"urls": list(self.turn.urls), **credential.to_json()}],
-                "iceTransportPolicy": "relay", "ttl": self.turn.ttl_s}
+                "iceTransportPolicy": "relay", "ttl": ttl}
 
     async def handle(self, request: web.Request) -> web.Response:
         return web.json_response(self.body(), headers={"Cache-Control": "no-store"})

@@ -34,6 +34,10 @@
   this front placed there and has not seen deleted, its capacity the configured one.
 - ``GET /v1/ice-servers``: the ICE servers and policy clients should use (TURN credentials
   under the ``turn`` architecture; services/signaling/iceservers.py).
+- With API keys (``SignalingConfig.auth``, services/signaling/auth.py, docs/auth.md): calls,
+  ICE servers and ``POST /v1/client_secrets`` (a call token minted by a key) need
+  ``Authorization: Bearer <key or token>`` (401, 403, one line); a call id then ends with its
+  owner's tag, and only that token or its key ends or restarts the call.
 - ``GET /call`` (and ``/call.js``): the browser client's page, same origin as ``/v1/calls``
   (services/browser/page.py, docs/browser.md).
 - ``GET /healthz``: ``200`` with the transceivers as last probed while at least one answered
@@ -54,6 +58,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import secrets
@@ -70,7 +75,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from services import introspect
 from services.browser.page import page_routes
 from services.logs import log_event
+from services.signaling.auth import DEFAULT_TOKEN_TTL_S, AuthError, Caller, KeyRing
 from services.signaling.iceservers import PATH as ICE_SERVERS_PATH
+from services.turn.credentials import MIN_TTL_S as TURN_MIN_TTL_S
 from services.signaling.iceservers import IceServers, TurnHandout
 from services.signaling.limits import (REASONS, BadRequestLog, LogBudget, Refused, RequestLimits,
                                       read_body, read_offer)
@@ -87,6 +94,7 @@ _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what a transceiver's session
 _LINGER_S = 1.0   # after refusing a body not read to its end, read (and drop) it this long
 _BACKLOG = 1024   # pending connections: a burst of a thousand must not wait on SYN retries
 _RESOURCES = 100_000  # WHIP resources (calls to external edges) remembered, oldest dropped
+CLIENT_SECRETS_PATH = "/v1/client_secrets"
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,9 @@ class SignalingConfig:
     steering: SteeringConfig = field(default_factory=SteeringConfig)
     limits: RequestLimits = field(default_factory=RequestLimits)
     turn: TurnHandout | None = None  # GET /v1/ice-servers hands out TURN credentials
+    # API keys (services/signaling/auth.py): with them, calls, ICE servers and tokens need a
+    # credential and a call ends only by its own; None: open (a warning at start)
+    auth: KeyRing | None = None
 
     @classmethod
     def single(cls, transceivers: tuple[str, ...], listen=("127.0.0.1", 8080),
@@ -185,6 +196,8 @@ class SignalingServer:
         self.steering = Steering({c.name: c.rtt_ms for c in config.clusters if c.endpoints},
                                  config.steering)
         self.ice_servers = IceServers(config.turn, config.region)
+        self.auth = config.auth
+        self._token_calls: dict[str, list[int]] = {}   # token id -> [calls placed, expiry]
         self._process_query = (False, False)  # /metrics?gc=1&trim=1 (services/introspect.py)
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(_Collector(self))
@@ -220,7 +233,9 @@ class SignalingServer:
         app.router.add_patch("/v1/calls/{call}", self._patch_call)
         app.router.add_route("OPTIONS", "/v1/calls", _preflight)
         app.router.add_route("OPTIONS", "/v1/calls/{call}", _preflight)
-        app.router.add_get(ICE_SERVERS_PATH, self.ice_servers.handle)
+        app.router.add_get(ICE_SERVERS_PATH, self._get_ice_servers)
+        app.router.add_post(CLIENT_SECRETS_PATH, self._post_client_secret)
+        app.router.add_route("OPTIONS", CLIENT_SECRETS_PATH, _preflight)
         app.router.add_route("OPTIONS", ICE_SERVERS_PATH, _preflight)
         app.router.add_get("/healthz", self._healthz)
         app.add_routes(page_routes())  # GET /call: the browser client's page (docs/browser.md)
@@ -234,6 +249,10 @@ class SignalingServer:
         site = web.TCPSite(self._runner, *self.config.listen, backlog=_BACKLOG)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
+        if self.auth is None:
+            log_event(log, "auth_disabled", level=logging.WARNING,
+                      note="no API keys: anyone who reaches this front can place calls and "
+                           "fetch TURN credentials (--api-keys FILE closes it)")
         log_event(log, "signaling_started", listen=f"{self.config.listen[0]}:{self.port}",
                   clusters=[c.name for c in self.config.clusters], region=self.config.region,
                   preferred=self.steering.preferred,
@@ -346,11 +365,86 @@ class SignalingServer:
 
     # ------------------------------------------------------------ API
 
+    # ------------------------------------------------------------ credentials
+
+    def _caller(self, request: web.Request) -> Caller | None:
+        """The request's caller (None: this front is open); AuthError when refused."""
+        if self.auth is None:
+            return None
+        return self.auth.authenticate(request.headers.get("Authorization"))
+
+    def _take_call(self, caller: Caller | None) -> None:
+        """One call of a token's limit (counted by this front); AuthError (403) past it."""
+        if caller is None or caller.max_calls is None:
+            return
+        now = time.time()
+        if len(self._token_calls) > 10_000:   # forget tokens that have expired
+            self._token_calls = {t: v for t, v in self._token_calls.items() if v[1] > now}
+        used = self._token_calls.setdefault(caller.token_id, [0, caller.expires or 0])
+        if used[0] >= caller.max_calls:
+            raise AuthError(403, f"the call token's {caller.max_calls} call(s) are used")
+        used[0] += 1
+
+    def _give_back_call(self, caller: Caller | None) -> None:
+        if caller is not None and caller.token_id in self._token_calls:
+            self._token_calls[caller.token_id][0] -= 1
+
+    async def _post_client_secret(self, request: web.Request) -> web.Response:
+        """``POST /v1/client_secrets`` with an API key: a call token (``expires_in`` s,
+        ``max_calls``) for a browser that must not hold the key."""
+        if self.auth is None:
+            return web.Response(status=404, text="this front has no API keys: it mints no "
+                                                 "tokens\n")
+        try:
+            caller = self._caller(request)
+            raw = await read_body(request, 4096, self.config.limits.read_timeout_s, "request")
+            ask = json.loads(raw) if raw.strip() else {}
+            if not isinstance(ask, dict) or set(ask) - {"expires_in", "max_calls"}:
+                raise ValueError("the body is a JSON object with expires_in and max_calls")
+            ttl, calls = ask.get("expires_in", DEFAULT_TOKEN_TTL_S), ask.get("max_calls")
+            if not isinstance(ttl, int) or isinstance(ttl, bool) or not (
+                    calls is None or isinstance(calls, int) and not isinstance(calls, bool)):
+                raise ValueError("expires_in and max_calls are whole numbers")
+            token = self.auth.mint(caller, ttl, calls)
+        except AuthError as exc:
+            return self._refuse(exc.status, str(exc), why="auth")
+        except Refused as exc:
+            return web.Response(status=exc.status, text=f"{exc}\n")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return web.Response(status=400, text="the body is not JSON\n")
+        except ValueError as exc:   # a value out of range
+            return web.Response(status=400, text=f"{exc}\n")
+        log_event(log, "token_minted", key=caller.key_id, token=token.id,
+                  expires=token.expires, max_calls=token.max_calls)
+        return web.json_response({"value": token.value, "id": token.id,
+                                  "expires_at": token.expires, "max_calls": token.max_calls},
+                                 status=201, headers={"Cache-Control": "no-store"})
+
+    async def _get_ice_servers(self, request: web.Request) -> web.Response:
+        try:
+            caller = self._caller(request)
+            if caller is not None and caller.expires is not None \
+                    and caller.expires - time.time() < TURN_MIN_TTL_S:
+                raise AuthError(401, "the call token expires too soon for TURN credentials")
+        except AuthError as exc:
+            return self._refuse(exc.status, str(exc), why="auth")
+        body = self.ice_servers.body(None if caller is None else caller.name,
+                                     None if caller is None else caller.expires)
+        return web.json_response(body, headers={"Cache-Control": "no-store"})
+
+    # ------------------------------------------------------------ calls
+
     async def _post_call(self, request: web.Request) -> web.Response:
         arrived = time.monotonic()
+        try:   # before the body: nothing is read for a caller who may not call
+            caller = self._caller(request)
+            self._take_call(caller)
+        except AuthError as exc:
+            return self._refuse(exc.status, str(exc), why="auth")
         try:
             body = await read_offer(request, self.config.limits)
         except Refused as exc:
+            self._give_back_call(caller)
             self.stats.rejected[exc.reason] += 1
             response = self._refuse(exc.status, str(exc), why=exc.reason)
             if exc.status in (408, 413):  # the rest of the body is not worth waiting for
@@ -365,6 +459,7 @@ class SignalingServer:
         for cand in order:
             outcome = await self._place(cand.cluster, body)
             if isinstance(outcome, web.Response):
+                self._give_back_call(caller)
                 return outcome
             if isinstance(outcome, str):
                 failed[cand.cluster] = outcome
@@ -377,13 +472,16 @@ class SignalingServer:
             self._count(decision)
             self.stats.created += 1
             call = self._call_id(backend, session)
+            if caller is not None:   # the owner's tag: any front can tell who may end it
+                call = f"{call}~{self.auth.owner_tag(caller, call)}"
             log_event(log, "call_created", call=call, cluster=cluster,
                       nearest=decision.nearest, transceiver=backend.url,
                       transceiver_ms=reply.ms,
                       front_ms=round((time.monotonic() - arrived) * 1000.0, 3),
                       new_connection=reply.new_connection, region=decision.region,
                       preferred=decision.preferred, reason=decision.reason,
-                      candidates=list(decision.candidates))
+                      candidates=list(decision.candidates),
+                      caller=None if caller is None else caller.name)
             return web.Response(status=201, text=reply.text, content_type="application/sdp",
                                 headers={"Location": f"/v1/calls/{call}",
                                          "X-Voiceedge-Cluster": cluster,
@@ -391,6 +489,7 @@ class SignalingServer:
         decision = Decision.of(self.config.region, self.steering.preferred, ranking, failed,
                                None, None)
         self._count(decision)
+        self._give_back_call(caller)
         return self._refuse(503, "no transceiver has room for a call",
                             candidates=list(decision.candidates))
 
@@ -491,6 +590,24 @@ class SignalingServer:
             log_event(log, "call_refused", status=status, reason=reason, **fields)
         return web.Response(status=status, text=reason + "\n")
 
+    def _owned(self, request: web.Request) -> tuple[str, web.Response | None]:
+        """A call's id without its owner's tag, and a refusal unless the request's credential
+        created the call (or this front is open)."""
+        call = request.match_info["call"]
+        base, owner = call, None
+        if call.count("~") == 3:
+            base, owner = call.rsplit("~", 1)
+        if self.auth is None:
+            return base, None
+        try:
+            caller = self._caller(request)
+            if owner is None:
+                raise AuthError(403, "this credential did not create the call")
+            self.auth.check_owner(caller, base, owner)
+        except AuthError as exc:
+            return base, self._refuse(exc.status, str(exc), why="auth")
+        return base, None
+
     def _backend_of(self, call: str) -> tuple[_Backend, str] | None:
         """The transceiver and session id a call id names, or None if it names none."""
         parts = call.rsplit("~", 2)
@@ -502,7 +619,9 @@ class SignalingServer:
         return self.backends[index], session
 
     async def _delete_call(self, request: web.Request) -> web.Response:
-        call = request.match_info["call"]
+        call, refused = self._owned(request)
+        if refused is not None:
+            return refused
         found = self._backend_of(call)
         if found is None:
             return web.Response(status=404, text="no such call\n")
@@ -520,7 +639,10 @@ class SignalingServer:
 
     async def _patch_call(self, request: web.Request) -> web.Response:
         """An ICE restart of a call: the fragment to the call's transceiver, its answer back."""
-        found = self._backend_of(request.match_info["call"])
+        call, refused = self._owned(request)
+        if refused is not None:
+            return refused
+        found = self._backend_of(call)
         if found is None:
             return web.Response(status=404, text="no such call\n")
         backend, session = found
@@ -540,7 +662,7 @@ class SignalingServer:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return web.Response(status=502, text="transceiver unreachable\n")
         if reply.status == 200:
-            log_event(log, "call_ice_restart", call=request.match_info["call"],
+            log_event(log, "call_ice_restart", call=call,
                       transceiver_ms=reply.ms)
             return web.Response(status=200, text=reply.text, content_type=SDPFRAG)
         return web.Response(status=reply.status, text=reply.text or "\n")

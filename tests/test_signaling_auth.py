@@ -1,0 +1,176 @@
+"""A front with API keys (services/signaling/auth.py, docs/auth.md): a real front and a real
+transceiver on loopback. Without a credential nothing reaches the transceiver; a token is
+minted by a key only, places at most its calls, and a call ends only by the credential that
+created it (or its key); TURN credentials name the caller and expire with its token; no
+credential is ever logged."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+import pytest
+from aiortc import RTCConfiguration, RTCPeerConnection
+from aiortc.mediastreams import AudioStreamTrack
+
+from services.signaling.auth import ApiKey, KeyRing
+from services.signaling.iceservers import TurnHandout
+from services.signaling.server import ClusterRoute, SignalingConfig, SignalingServer
+from services.transceiver import ice
+from services.transceiver.server import TransceiverConfig, TransceiverServer
+
+A, B = ApiKey.new("app-a"), ApiKey.new("app-b")
+
+
+async def _offer() -> str:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTrack(AudioStreamTrack())
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp
+
+
+def _bearer(credential: str | None) -> dict:
+    return {} if credential is None else {"Authorization": f"Bearer {credential}"}
+
+
+class Front:
+    """The front's base URL and a client session, with the calls' helpers."""
+
+    def __init__(self, http, base, transceiver) -> None:
+        self.http, self.base, self.transceiver = http, base, transceiver
+
+    async def call(self, credential, offer) -> tuple[int, str | None, str]:
+        async with self.http.post(f"{self.base}/v1/calls", data=offer,
+                                  headers={"Content-Type": "application/sdp",
+                                           **_bearer(credential)}) as r:
+            return r.status, r.headers.get("Location"), await r.text()
+
+    async def end(self, credential, location) -> tuple[int, str]:
+        async with self.http.delete(f"{self.base}{location}", headers=_bearer(credential)) as r:
+            return r.status, await r.text()
+
+    async def token(self, credential, **ask) -> tuple[int, dict | str]:
+        async with self.http.post(f"{self.base}/v1/client_secrets", json=ask,
+                                  headers=_bearer(credential)) as r:
+            return r.status, (await r.json() if r.status == 201 else await r.text())
+
+    async def ice_servers(self, credential) -> tuple[int, dict | str]:
+        async with self.http.get(f"{self.base}/v1/ice-servers",
+                                 headers=_bearer(credential)) as r:
+            return r.status, (await r.json() if r.status == 200 else await r.text())
+
+
+def _run(tmp_path, body):
+    secret = tmp_path / "turn-secret"
+    secret.write_text("s3cret-for-turn\n")
+
+    async def main():
+        config = TransceiverConfig(cluster_id=3, transceiver_id=5, media_host="127.0.0.1",
+                                   control=("127.0.0.1", 0), mode=ice.SHARED)
+        async with TransceiverServer(config) as server:
+            front_config = SignalingConfig(
+                clusters=(ClusterRoute("c1", (f"http://127.0.0.1:{server.control_port}",)),),
+                listen=("127.0.0.1", 0), poll_interval=0.1, auth=KeyRing([A, B]),
+                turn=TurnHandout(("turn:127.0.0.1:3478",), str(secret), ttl_s=3600))
+            async with SignalingServer(front_config) as front, \
+                    aiohttp.ClientSession() as http:
+                base = f"http://127.0.0.1:{front.port}"
+                for _ in range(50):   # until the front has probed the transceiver
+                    async with http.get(f"{base}/healthz") as r:
+                        if r.status == 200:
+                            break
+                    await asyncio.sleep(0.1)
+                return await body(Front(http, base, server), await _offer())
+    return asyncio.run(main())
+
+
+def test_without_a_credential_nothing_reaches_a_transceiver(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+
+    async def body(front, offer):
+        out = {"none": await front.call(None, offer),
+               "forged": await front.call(ApiKey("app-a", bytes(32)).text, offer),
+               "ice": await front.ice_servers(None),
+               "mint": await front.token(None)}
+        out["sessions"] = len(front.transceiver.sessions)
+        return out
+    out = _run(tmp_path, body)
+    assert out["none"][0] == 401 and out["none"][1] is None
+    assert out["none"][2].strip().startswith("an Authorization: Bearer credential")
+    assert out["forged"][0] == 401 and out["forged"][2] == "unknown credential\n"
+    assert out["ice"][0] == 401 and out["mint"][0] == 401
+    assert out["sessions"] == 0
+    assert A.text not in caplog.text
+
+
+def test_a_key_places_and_ends_its_calls_and_no_one_else_does(tmp_path):
+    async def body(front, offer):
+        status, location, _ = await front.call(A.text, offer)
+        before = len(front.transceiver.sessions)
+        refusals = [await front.end(None, location), await front.end(B.text, location),
+                    await front.end(A.text, location.rsplit("~", 1)[0])]   # its tag cut off
+        ended = await front.end(A.text, location)
+        return status, location, before, refusals, ended, len(front.transceiver.sessions)
+    status, location, before, refusals, ended, after = _run(tmp_path, body)
+    assert status == 201 and before == 1
+    assert location.count("~") == 3 and "~app-a.-." in location   # the key's own call
+    assert [code for code, _ in refusals] == [401, 403, 403]
+    assert refusals[1][1] == "this credential did not create the call\n"
+    assert ended[0] == 204 and after == 0
+
+
+def test_a_token_is_minted_by_a_key_places_its_calls_and_ends_only_its_own(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+
+    async def body(front, offer):
+        status, minted = await front.token(A.text, expires_in=120, max_calls=1)
+        token = minted["value"]
+        _, other = await front.token(A.text)
+        out = {"minted": (status, minted), "by_token": await front.token(token),
+               "bad_ttl": await front.token(A.text, expires_in=7200),
+               "bad_field": await front.token(A.text, scope="admin")}
+        first = await front.call(token, offer)
+        out["first"], out["second"] = first, await front.call(token, offer)   # past its 1
+        out["other_token"] = await front.end(other["value"], first[1])
+        out["own"] = await front.end(token, first[1])
+        placed = await front.call(other["value"], offer)
+        out["by_key"] = await front.end(A.text, placed[1])   # its key may end it
+        out["sessions"] = len(front.transceiver.sessions)
+        return out, token
+    out, token = _run(tmp_path, body)
+    status, minted = out["minted"]
+    assert status == 201 and minted["max_calls"] == 1 and minted["value"].startswith("vet_")
+    assert out["by_token"][0] == 403 and out["bad_ttl"][0] == 400
+    assert out["bad_field"][0] == 400
+    assert out["first"][0] == 201 and f"~app-a.{minted['id']}." in out["first"][1]
+    assert out["second"][0] == 403 and "1 call(s) are used" in out["second"][2]
+    assert out["other_token"][0] == 403
+    assert out["own"][0] == 204 and out["by_key"][0] == 204 and out["sessions"] == 0
+    assert token not in caplog.text and A.text not in caplog.text
+    assert minted["id"] in caplog.text   # the token's id names it in the logs
+
+
+def test_turn_credentials_name_the_caller_and_end_with_its_token(tmp_path):
+    async def body(front, offer):
+        _, minted = await front.token(A.text, expires_in=60)
+        return minted, await front.ice_servers(minted["value"]), await front.ice_servers(A.text)
+    minted, (status, by_token), (_, by_key) = _run(tmp_path, body)
+    assert status == 200
+    [server] = by_token["iceServers"]
+    expiry, user = server["username"].split(":", 1)
+    assert user.endswith(f"app-a.{minted['id']}") and int(expiry) <= minted["expires_at"]
+    assert by_token["ttl"] <= 60 < by_key["ttl"] == 3600
+    assert by_key["iceServers"][0]["username"].endswith(":voiceedge-app-a")
+
+
+@pytest.mark.parametrize("header", ["Bearer", "Token abc", "Bearer vet_a.b"])
+def test_a_malformed_credential_is_one_line_401(tmp_path, header):
+    async def body(front, offer):
+        async with front.http.post(f"{front.base}/v1/calls", data=offer,
+                                   headers={"Content-Type": "application/sdp",
+                                            "Authorization": header}) as r:
+            return r.status, await r.text()
+    status, text = _run(tmp_path, body)
+    assert status == 401 and text.count("\n") == 1 and "Traceback" not in text
