@@ -18,6 +18,7 @@ from services.signaling.iceservers import TurnHandout
 from services.signaling.server import ClusterRoute, SignalingConfig, SignalingServer
 from services.transceiver import ice
 from services.transceiver.server import TransceiverConfig, TransceiverServer
+from tests.conftest import until
 
 A, B = ApiKey.new("app-a"), ApiKey.new("app-b")
 
@@ -76,13 +77,9 @@ def _run(tmp_path, body):
                 turn=TurnHandout(("turn:127.0.0.1:3478",), str(secret), ttl_s=3600))
             async with SignalingServer(front_config) as front, \
                     aiohttp.ClientSession() as http:
-                base = f"http://127.0.0.1:{front.port}"
-                for _ in range(50):   # until the front has probed the transceiver
-                    async with http.get(f"{base}/healthz") as r:
-                        if r.status == 200:
-                            break
-                    await asyncio.sleep(0.1)
-                return await body(Front(http, base, server), await _offer())
+                await until(lambda: any(b.healthy for b in front.backends))   # probed
+                return await body(Front(http, f"http://127.0.0.1:{front.port}", server),
+                                  await _offer())
     return asyncio.run(main())
 
 

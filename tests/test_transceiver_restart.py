@@ -20,7 +20,7 @@ from services.transceiver.server import TransceiverConfig, TransceiverServer
 from services.wire.sdpfrag import CONTENT_TYPE
 from services.wire.stun import binding_request
 from services.wire.ufrag import DEV_SECRET, UfragCodec
-from tests.conftest import free_port
+from tests.conftest import free_port, until
 from tests.test_transceiver_move import connected_call
 
 
@@ -125,11 +125,7 @@ def test_a_restart_through_the_front_reaches_the_transceiver_that_has_the_call()
         async with TransceiverServer(config) as server, SignalingServer(front_config) as front, \
                 aiohttp.ClientSession() as http:
             base = f"http://127.0.0.1:{front.port}"
-            for _ in range(50):   # until the front has probed the transceiver
-                async with http.get(f"{base}/healthz") as r:
-                    if r.status == 200:
-                        break
-                await asyncio.sleep(0.05)
+            await until(lambda: any(b.healthy for b in front.backends))   # probed
             pc, ear, call = await connected_call(http, f"{base}/v1/calls")
             [session] = server.sessions.values()
             result = await restart_ice(pc, http, call)

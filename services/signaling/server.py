@@ -618,14 +618,22 @@ class SignalingServer:
             return None
         return self.backends[index], session
 
-    async def _delete_call(self, request: web.Request) -> web.Response:
+    def _call_of(self, request: web.Request) -> tuple[str, _Backend, str] | web.Response:
+        """The call a request names (its id without the owner's tag), its transceiver and
+        session id; or the refusal: not its creator's credential (401, 403), no such call."""
         call, refused = self._owned(request)
         if refused is not None:
             return refused
         found = self._backend_of(call)
         if found is None:
             return web.Response(status=404, text="no such call\n")
-        backend, session = found
+        return call, *found
+
+    async def _delete_call(self, request: web.Request) -> web.Response:
+        found = self._call_of(request)
+        if isinstance(found, web.Response):
+            return found
+        call, backend, session = found
         if backend.whip:
             return await self._delete_resource(backend, call)
         try:
@@ -639,13 +647,10 @@ class SignalingServer:
 
     async def _patch_call(self, request: web.Request) -> web.Response:
         """An ICE restart of a call: the fragment to the call's transceiver, its answer back."""
-        call, refused = self._owned(request)
-        if refused is not None:
-            return refused
-        found = self._backend_of(call)
-        if found is None:
-            return web.Response(status=404, text="no such call\n")
-        backend, session = found
+        found = self._call_of(request)
+        if isinstance(found, web.Response):
+            return found
+        call, backend, session = found
         if backend.whip:
             return web.Response(status=501, text="ICE restart through the front is for the "
                                                  "project's transceivers\n")
