@@ -127,3 +127,21 @@ def test_voiceedge_token_makes_a_key_and_mints_a_token_a_front_accepts(tmp_path,
         assert main(argv) == 2, argv
         out = capsys.readouterr()
         assert out.out == "" and out.err.count("\n") == 1, (argv, out.err)
+
+
+def test_a_keys_quota_comes_from_its_line_and_refills_by_the_minute(tmp_path):
+    from services.signaling.auth import CallRate
+
+    path = tmp_path / "keys"
+    path.write_text(f"{A.text} calls_per_minute=2\n{B.text}\n")
+    ring = KeyRing.load(path)
+    assert ring.calls_per_minute(Caller("app-a")) == 2
+    assert ring.calls_per_minute(Caller("app-b")) is None
+    path.write_text(f"{A.text} calls_per_hour=2\n")
+    with pytest.raises(ValueError, match="line 1: after the key only calls_per_minute"):
+        KeyRing.load(path)
+    rate = CallRate()
+    assert [rate.take("k", 2, 0.0) for _ in range(2)] == [0.0, 0.0]   # a minute's at once
+    assert rate.take("k", 2, 0.0) == pytest.approx(30.0)   # then one every 30 s
+    assert rate.take("k", 2, 15.0) == pytest.approx(15.0)  # a refusal takes nothing
+    assert rate.take("k", 2, 30.0) == 0.0 and rate.take("other", 2, 30.0) == 0.0

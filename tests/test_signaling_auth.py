@@ -64,6 +64,8 @@ class Front:
 
 
 def _run(tmp_path, body):
+    keys = tmp_path / "keys"
+    keys.write_text(f"{A.text}\n{B.text} calls_per_minute=2\n")
     secret = tmp_path / "turn-secret"
     secret.write_text("s3cret-for-turn\n")
 
@@ -73,7 +75,7 @@ def _run(tmp_path, body):
         async with TransceiverServer(config) as server:
             front_config = SignalingConfig(
                 clusters=(ClusterRoute("c1", (f"http://127.0.0.1:{server.control_port}",)),),
-                listen=("127.0.0.1", 0), poll_interval=0.1, auth=KeyRing([A, B]),
+                listen=("127.0.0.1", 0), poll_interval=0.1, auth=KeyRing.load(keys),
                 turn=TurnHandout(("turn:127.0.0.1:3478",), str(secret), ttl_s=3600))
             async with SignalingServer(front_config) as front, \
                     aiohttp.ClientSession() as http:
@@ -171,3 +173,26 @@ def test_a_malformed_credential_is_one_line_401(tmp_path, header):
             return r.status, await r.text()
     status, text = _run(tmp_path, body)
     assert status == 401 and text.count("\n") == 1 and "Traceback" not in text
+
+
+def test_over_its_quota_a_key_gets_429_with_retry_after_and_the_metrics_count_it(tmp_path):
+    async def body(front, offer):
+        placed = [await front.call(B.text, offer) for _ in range(2)]
+        async with front.http.post(f"{front.base}/v1/calls", data=offer,
+                                   headers={"Content-Type": "application/sdp",
+                                            "Authorization": f"Bearer {B.text}"}) as r:
+            over = r.status, r.headers.get("Retry-After"), await r.text()
+        other = await front.call(A.text, offer)   # another key: its own quota (none)
+        for _, location, _ in placed + [other]:
+            await front.end(None if location is None else B.text if "app-b" in location
+                            else A.text, location)
+        async with front.http.get(f"{front.base}/metrics") as r:
+            metrics = await r.text()
+        return placed, over, other, metrics
+    placed, over, other, metrics = _run(tmp_path, body)
+    assert [p[0] for p in placed] == [201, 201] and other[0] == 201
+    status, retry, text = over
+    assert status == 429 and 1 <= int(retry) <= 30
+    assert text == "key app-b is over its quota of 2 calls a minute\n"
+    assert 'voiceedge_signaling_calls_over_quota_total{key="app-b"} 1.0' in metrics
+    assert 'voiceedge_signaling_calls_refused_total{status="429"} 1.0' in metrics

@@ -62,10 +62,12 @@ def _unb64(text: str) -> bytes:
 
 @dataclass(frozen=True)
 class ApiKey:
-    """One configured key: its public id and its secret."""
+    """One configured key: its public id, its secret, and its quota (calls a minute it and its
+    tokens may place at each front; None: no limit)."""
 
     id: str
     secret: bytes
+    calls_per_minute: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> "ApiKey":
@@ -140,11 +142,11 @@ class KeyRing:
             raise ValueError(f"API key file {path}: {exc.strerror or exc}") from None
         keys = []
         for n, line in enumerate(text.splitlines(), start=1):
-            line = line.split("#", 1)[0].strip()
-            if not line:
+            words = line.split("#", 1)[0].split()
+            if not words:
                 continue
             try:
-                keys.append(ApiKey.parse(line))
+                keys.append(_with_quota(ApiKey.parse(words[0]), words[1:]))
             except ValueError as exc:
                 raise ValueError(f"API key file {path}, line {n}: {exc}") from None
         if not keys:
@@ -154,6 +156,10 @@ class KeyRing:
     @property
     def ids(self) -> tuple[str, ...]:
         return tuple(self._keys)
+
+    def calls_per_minute(self, caller: Caller) -> int | None:
+        """The quota of the caller's key (None: none)."""
+        return self._keys[caller.key_id].calls_per_minute
 
     def authenticate(self, header: str | None, now: float | None = None) -> Caller:
         """The caller an ``Authorization: Bearer ...`` header names; AuthError (401)
@@ -241,6 +247,35 @@ class KeyRing:
             raise wrong
         if caller.token_id is not None and caller.token_id != token:
             raise wrong
+
+
+def _with_quota(key: ApiKey, fields: list[str]) -> ApiKey:
+    """``key`` with the quota a key file's line gives after it (``calls_per_minute=N``)."""
+    for field in fields:
+        name, _, value = field.partition("=")
+        if name != "calls_per_minute" or not value.isdigit() or not 1 <= int(value) <= 100_000:
+            raise ValueError("after the key only calls_per_minute=N (1-100000)")
+        key = ApiKey(key.id, key.secret, int(value))
+    return key
+
+
+class CallRate:
+    """A key's calls a minute at this front: a token bucket that holds a minute's calls and
+    refills continuously, so a key may place its quota at once and then one call every
+    60 / quota seconds."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[str, tuple[float, float]] = {}   # key id -> (calls left, at)
+
+    def take(self, key_id: str, per_minute: int, now: float) -> float:
+        """Take one call; 0 when taken, else the seconds until one is free (none taken)."""
+        left, at = self._buckets.get(key_id, (float(per_minute), now))
+        left = min(float(per_minute), left + (now - at) * per_minute / 60.0)
+        if left < 1.0:
+            self._buckets[key_id] = (left, now)
+            return (1.0 - left) * 60.0 / per_minute
+        self._buckets[key_id] = (left - 1.0, now)
+        return 0.0
 
 
 def keys_from_env(variable: str = "VOICEEDGE_API_KEYS_FILE") -> KeyRing | None:

@@ -60,6 +60,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 import secrets
 import time
@@ -75,7 +76,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from services import introspect
 from services.browser.page import page_routes
 from services.logs import log_event
-from services.signaling.auth import DEFAULT_TOKEN_TTL_S, AuthError, Caller, KeyRing
+from services.signaling.auth import DEFAULT_TOKEN_TTL_S, AuthError, Caller, CallRate, KeyRing
 from services.signaling.iceservers import PATH as ICE_SERVERS_PATH
 from services.turn.credentials import MIN_TTL_S as TURN_MIN_TTL_S
 from services.signaling.iceservers import IceServers, TurnHandout
@@ -165,6 +166,7 @@ class SignalingStats:
     passed_over: dict[tuple[str, str], int] = field(default_factory=dict)  # (cluster, outcome)
     changes: dict[tuple[str, str], int] = field(default_factory=dict)  # (from, to)
     rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    over_quota: dict[str, int] = field(default_factory=dict)   # key id -> calls refused (429)
 
 
 class SignalingServer:
@@ -198,6 +200,7 @@ class SignalingServer:
         self.ice_servers = IceServers(config.turn, config.region)
         self.auth = config.auth
         self._token_calls: dict[str, list[int]] = {}   # token id -> [calls placed, expiry]
+        self._rates = CallRate()   # each key's calls a minute at this front
         self._process_query = (False, False)  # /metrics?gc=1&trim=1 (services/introspect.py)
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(_Collector(self))
@@ -373,6 +376,14 @@ class SignalingServer:
             return None
         return self.auth.authenticate(request.headers.get("Authorization"))
 
+    def _over_quota(self, caller: Caller | None) -> float:
+        """0 when the caller's key may place a call now (one taken), else the seconds until
+        it may (429 with Retry-After)."""
+        quota = None if caller is None else self.auth.calls_per_minute(caller)
+        if quota is None:
+            return 0.0
+        return self._rates.take(caller.key_id, quota, time.monotonic())
+
     def _take_call(self, caller: Caller | None) -> None:
         """One call of a token's limit (counted by this front); AuthError (403) past it."""
         if caller is None or caller.max_calls is None:
@@ -438,6 +449,15 @@ class SignalingServer:
         arrived = time.monotonic()
         try:   # before the body: nothing is read for a caller who may not call
             caller = self._caller(request)
+            wait = self._over_quota(caller)
+            if wait:
+                self.stats.over_quota[caller.key_id] = \
+                    self.stats.over_quota.get(caller.key_id, 0) + 1
+                response = self._refuse(429, f"key {caller.key_id} is over its quota of "
+                                             f"{self.auth.calls_per_minute(caller)} calls a "
+                                             "minute", why="quota")
+                response.headers["Retry-After"] = str(max(1, math.ceil(wait)))
+                return response
             self._take_call(caller)
         except AuthError as exc:
             return self._refuse(exc.status, str(exc), why="auth")
@@ -708,6 +728,12 @@ class _Collector:
         for status, n in sorted(s.stats.refused.items()):
             refused.add_metric([str(status)], n)
         yield refused
+        quota = CounterMetricFamily("voiceedge_signaling_calls_over_quota",
+                                    "calls refused over their key's quota (429), by key",
+                                    labels=["key"])
+        for key, n in sorted(s.stats.over_quota.items()):
+            quota.add_metric([key], n)
+        yield quota
         rejected = CounterMetricFamily(
             "voiceedge_signaling_offers_rejected", "requests refused before any transceiver "
             "saw them, by reason (services/signaling/limits.py)", labels=["reason"])
