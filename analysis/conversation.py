@@ -197,6 +197,12 @@ def caller_summary(turns: pd.DataFrame) -> dict:
     out["playout_altered"] = {"replies": int(measured.sum()),
                               "altered": int((measured & ((concealed > 0) | (stretched > 0)))
                                              .sum())}
+    # completed replies the agent sent a frame of later than its lead covers: silence it put
+    # into the reply itself (the testbed's load on the agent's host, not the network)
+    late = pd.to_numeric(turns.get("agent_late_frames", pd.Series(dtype=float)),
+                         errors="coerce")
+    sent = late.notna() & (turns.get("agent_status", pd.Series(dtype=object)) == "completed")
+    out["agent_late"] = {"replies": int(sent.sum()), "late": int((sent & (late > 0)).sum())}
     return out
 
 
@@ -299,23 +305,28 @@ def caller_table(data: dict | None):
     table = Table(["architecture", "caller", "turns answered", "turn gap p50 (ms)",
                    "uplink p50 (ms)", "agent p50 (ms)", "downlink p50 (ms)",
                    "jitter buffer p50 (ms)", "barge-in reaction p50 (ms)", "PESQ p50 (n)",
-                   "replies the jitter buffer altered"],
+                   "replies the jitter buffer altered", "replies the agent sent late"],
                   note="The same turns by the kind of caller that spoke them: an aiortc caller "
                        "times its audio at its decoder, a Chromium one at its audio output "
                        "device, whose latency is part of its jitter buffer share "
                        "(docs/conversation.md: the Chromium caller). Medians per turn. A "
                        "Chromium caller's NetEq conceals and stretches audio, which P.862 "
                        "charges: the replies it did so to while they were heard (its counters; "
-                       "'-': not measured, as for aiortc callers, whose buffer does neither).")
+                       "'-': not measured, as for aiortc callers, whose buffer does neither). "
+                       "A reply the agent sent a frame of later than its lead covers "
+                       "(reply_lead_frames) may hold 20 ms of silence from the agent itself: the "
+                       "testbed's own load on the agent's host.")
     for arch, kinds in data["callers"].items():
         for kind, c in kinds.items():
             altered = c.get("playout_altered") or {"replies": 0}
+            late = c.get("agent_late") or {"replies": 0}
             table.rows.append([arch, kind, f"{c['answered']}/{c['turns']}",
                                *(fmt(c[name]["p50"]) for name in CALLER_FIGURES[:-1]),
                                "-" if c["pesq"]["p50"] is None
                                else f"{c['pesq']['p50']:.2f} (n={c['pesq']['n']})",
                                f"{altered['altered']}/{altered['replies']}"
-                               if altered["replies"] else "-"])
+                               if altered["replies"] else "-",
+                               f"{late['late']}/{late['replies']}" if late["replies"] else "-"])
     return table
 
 

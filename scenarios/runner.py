@@ -69,8 +69,8 @@ TURN_FIELDS = ("architecture", "client_region", "session", "client_type", "turn"
                "speech_start_unix", "speech_end_unix", "cut_reply_end_unix", "reply_arrived_unix",
                "reply_heard_unix",
                "reply_end_unix", "agent_voice_end_unix", "agent_detected_unix",
-               "agent_first_frame_unix", "agent_status", "agent_barge_detected_unix",
-               "playout_concealed_ms", "playout_stretched_ms", "audio")
+               "agent_first_frame_unix", "agent_status", "agent_late_frames",
+               "agent_barge_detected_unix", "playout_concealed_ms", "playout_stretched_ms", "audio")
 ATTEMPT_FIELDS = ("architecture", "client_region", "session", "attempt", "reason",
                   "started_unix", "connected_unix", "cluster_region", "transceiver", "error")
 # RTP arrival gaps of 60 ms or more: "down" at the client, "up" at the transceiver.

@@ -188,6 +188,21 @@ def test_a_leading_pacer_runs_that_many_periods_ahead_without_drifting():
         Pacer(0.02, max_late=0.1, lead=5)     # that far ahead would look like a stall
 
 
+def test_a_pacer_counts_the_ticks_later_than_its_lead_covers():
+    """A frame sent ahead by two periods still makes its receiver's tick when the sender is
+    a period late; three periods late, it may not: only those count."""
+    async def main(stall):
+        pacer = Pacer(0.02, max_late=0.2, lead=2)
+        for i in range(8):
+            await pacer.tick()
+            if i == 4:
+                time.sleep(stall)   # the event loop blocked: the next tick returns late
+        return pacer.late
+
+    assert run(main(0.025)) == 0    # one period late: the lead covers it
+    assert run(main(0.07)) == 1     # 50 ms past the grid, beyond the lead's 40
+
+
 def test_config_rejects_what_cannot_work():
     for bad in ({"mode": "parrot"}, {"port": 70000}, {"hangover_ms": 0}, {"reply_ms": -1},
                 {"vad_threshold_dbfs": 3.0}, {"reply_freq_hz": 30_000},
@@ -331,6 +346,7 @@ def test_reply_after_speech_is_paced_in_real_time():
     rid = events[2]["response"]["id"]
     assert events[3] == {"type": "response.audio.done", "response_id": rid, "frames": 50}
     first_frame_unix = done["response"].pop("first_frame_unix")
+    assert isinstance(done["response"].pop("late_frames"), int)   # this host's load: any
     assert done["response"] == {"id": rid, "status": "completed", "frames": 50}
     assert events[1]["audio_end_unix"] <= events[1]["detected_unix"] <= first_frame_unix
     assert [f for _, f in frames] == pcm.tone(440, 1000, -12.0)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 import wave
 
 import av
@@ -169,6 +170,30 @@ def _turns(results) -> "analysis.pd.DataFrame":
     return analysis.derive(analysis.pd.DataFrame(rows))
 
 
+class LoopLag:
+    """How late the event loop woke a 5 ms sleep, over time: the callers stamp a packet's
+    arrival when the loop reads it, so a stall of the loop (this one process runs the
+    transceivers, the agents and the callers, beside make check's other workers) makes a
+    packet look as if it arrived that much later."""
+
+    PERIOD_S = 0.005
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []   # (wall clock at wake-up, lateness s)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(self.PERIOD_S)
+            self.samples.append((time.time(), loop.time() - before - self.PERIOD_S))
+
+    def worst_ms(self, start: float, end: float) -> float:
+        """The longest stall that overlapped ``start``..``end`` (wall clock), in ms."""
+        return 1000.0 * max((late for at, late in self.samples
+                             if at >= start and at - late - self.PERIOD_S <= end), default=0.0)
+
+
 @pytest.fixture(scope="module")
 def calls(tmp_path_factory):
     """Three agents side by side: hangovers 300 and 250 ms with full callers, 300 ms with
@@ -177,16 +202,31 @@ def calls(tmp_path_factory):
     the transceivers' ``session_closed`` fields."""
     audio = {path: tmp_path_factory.mktemp(path) for path in PATHS}
 
+    lag = LoopLag()
+
     async def all_three():
-        return await asyncio.gather(_conversation(300, audio_dir=audio["python"]),
-                                    _conversation(250),
-                                    _conversation(300, audio_dir=audio["native"],
-                                                  path="native"))
+        watch = asyncio.create_task(lag.run())
+        try:
+            return await asyncio.gather(_conversation(300, audio_dir=audio["python"]),
+                                        _conversation(250),
+                                        _conversation(300, audio_dir=audio["native"],
+                                                      path="native"))
+        finally:
+            watch.cancel()
 
     with _Closed.watching() as closed:
         long, short, native = asyncio.run(all_three())
     return {"python": (long, audio["python"]), "native": (native, audio["native"]),
-            "short": short, "closed": closed.sessions}
+            "short": short, "closed": closed.sessions, "lag": lag}
+
+
+def _shortest_playout_ms(turns, lag: LoopLag, buffered_ms: float) -> list[float]:
+    """Per turn, what its jitter buffer share may be at least: the buffer's ``buffered_ms``
+    less the longest stall of the loop while the reply's first voiced packet waited to be read
+    (its arrival stamped late by that much: seen 65 and 72 ms under make check, and 75-83 in
+    the same runs' other turns)."""
+    return [buffered_ms - lag.worst_ms(a - 0.1, a)
+            for a in turns.reply_arrived_unix]
 
 
 UNEVEN_MS = 18   # an agent that delivers each reply frame up to this late (uniform)
@@ -261,7 +301,9 @@ def test_every_line_is_answered_and_the_split_adds_up(calls, path):
     # on loopback the downlink is the transceiver's wait for its next 20 ms tick; the caller's
     # playout buffer then holds 4 frames (80 ms) before the first comes out of the decoder
     assert answered.downlink_ms.between(0, 40).all(), answered.downlink_ms.tolist()
-    assert answered.playout_ms.between(75, 110).all(), answered.playout_ms.tolist()
+    assert (answered.playout_ms < 110).all(), answered.playout_ms.tolist()
+    floor = _shortest_playout_ms(answered, calls["lag"], 75)
+    assert (answered.playout_ms >= floor).all(), (answered.playout_ms.tolist(), floor)
 
 
 def test_the_native_caller_hears_a_reply_when_the_full_caller_does(calls):
@@ -271,7 +313,10 @@ def test_the_native_caller_hears_a_reply_when_the_full_caller_does(calls):
     heard = {path: _turns(calls[path][0]) for path in PATHS}
     wait = {path: (t.downlink_ms + t.playout_ms).median() for path, t in heard.items()}
     assert -2 <= wait["python"] - wait["native"] <= 10, wait
-    assert (heard["native"].playout_ms.between(75, 90)).all(), heard["native"].playout_ms
+    native = heard["native"]
+    floor = _shortest_playout_ms(native, calls["lag"], 75)
+    assert (native.playout_ms < 90).all() and (native.playout_ms >= floor).all(), \
+        (native.playout_ms.tolist(), floor)
 
 
 def test_a_shorter_hangover_moves_the_agents_share_and_not_the_networks(calls):
@@ -514,6 +559,11 @@ def test_the_turns_of_each_kind_of_caller_are_set_side_by_side(tmp_path):
     turns["playout_concealed_ms"] = np.where(browser, 0.0, np.nan)
     turns["playout_stretched_ms"] = np.where(browser, np.where(turns.turn == 0, 10.0, 0.0),
                                              np.nan)
+    # the agent sent two frames late in each region's second reply to session 0, and in a
+    # cancelled one (not counted: no reply of it was heard whole); aiortc rows only
+    turns["agent_late_frames"] = np.where((turns.session == 0) & (turns.turn == 1), 2, 0)
+    turns.loc[(turns.session == 1) & (turns.turn == 0), "agent_status"] = "cancelled"
+    turns.loc[(turns.session == 1) & (turns.turn == 0), "agent_late_frames"] = 1
     turns.to_csv(run / analysis.TURNS_FILE, index=False)
     data = analysis.summary(run, "port-per-session")
     kinds = data["callers"]["global-relay"]
@@ -524,7 +574,8 @@ def test_the_turns_of_each_kind_of_caller_are_set_side_by_side(tmp_path):
     assert [r[:2] for r in rows] == [["port-per-session", "aiortc"],
                                      ["port-per-session", "chromium"],
                                      ["global-relay", "aiortc"], ["global-relay", "chromium"]]
-    assert [r[-1] for r in rows] == ["-", "3/12", "-", "3/12"]   # a turn 0 in each region
+    assert [r[-2] for r in rows] == ["-", "3/12", "-", "3/12"]   # a turn 0 in each region
+    assert [r[-1] for r in rows] == ["3/21", "0/12", "3/21", "0/12"]
 
 
 def test_a_scenarios_conversation_block_is_checked(tmp_path):

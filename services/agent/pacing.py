@@ -11,6 +11,10 @@ class Pacer:
     behind: then the grid restarts from now, because bursting a long backlog would only overflow
     the receiver's jitter buffer. With ``lead`` the grid starts ``lead`` periods before now:
     the first ``lead + 1`` ticks return at once, and every later one that far ahead of real time.
+
+    ``late`` counts the ticks that returned more than ``lead`` periods after their time on the
+    grid: a frame sent then reaches a receiver that plays on its own 20 ms tick after that
+    frame's turn may have passed (it hears silence there: nothing was lost in transit).
     """
 
     def __init__(self, period: float, max_late: float = 0.1, lead: int = 0) -> None:
@@ -21,9 +25,12 @@ class Pacer:
         self.lead = lead
         self._loop = asyncio.get_running_loop()
         self._next: float | None = None
+        self.late = 0
 
     async def tick(self) -> None:
         now = self._loop.time()
+        if self._next is not None and now - self._next > self.lead * self.period:
+            self.late += 1
         if self._next is None or now - self._next > self.max_late:
             self._next = now - self.lead * self.period
         elif self._next > now:

@@ -97,14 +97,17 @@ def response_audio_done(response_id: str, frames: int) -> dict[str, Any]:
 
 
 def response_done(response_id: str, frames: int, first_frame_unix: float | None = None,
-                  cancelled: bool = False, cancelled_unix: float | None = None
-                  ) -> dict[str, Any]:
+                  cancelled: bool = False, cancelled_unix: float | None = None,
+                  late_frames: int | None = None) -> dict[str, Any]:
     """``first_frame_unix``: when the reply's first frame went to the transceiver (None: no
-    frame did); ``cancelled_unix``: when a barge-in cancelled it."""
+    frame did); ``cancelled_unix``: when a barge-in cancelled it; ``late_frames``: its frames
+    the agent sent later than its lead covers (each may have left 20 ms of silence in it)."""
     cancelled = cancelled or cancelled_unix is not None
     response: dict[str, Any] = {"id": response_id,
                                 "status": "cancelled" if cancelled else "completed",
                                 "frames": frames, "first_frame_unix": _unix(first_frame_unix)}
+    if late_frames is not None:
+        response["late_frames"] = late_frames
     if cancelled:
         response["status_details"] = {"reason": "turn_detected"}
         response["cancelled_unix"] = _unix(cancelled_unix)

@@ -49,6 +49,7 @@ class Response:
     frames: int = 0
     first_frame_unix: float | None = None   # its first frame handed to the transceiver
     cancelled_unix: float | None = None
+    late_frames: int = 0   # frames sent later than the lead covers (Pacer.late)
 
 
 @dataclass
@@ -201,7 +202,8 @@ class Session:
                 await self._stop_reply()
                 await self._send_event(protocol.response_done(
                     interrupted.id, interrupted.frames, interrupted.first_frame_unix,
-                    cancelled_unix=interrupted.cancelled_unix))
+                    cancelled_unix=interrupted.cancelled_unix,
+                    late_frames=interrupted.late_frames))
         else:
             await self._send_event(protocol.speech_stopped(
                 event.audio_ms, voice.last_voiced_unix, now))
@@ -248,11 +250,13 @@ class Session:
                     response.first_frame_unix = time.time()
                 await self._send_frame(frame)
                 response.frames += 1
+                response.late_frames = pacer.late
             response.status = "completed"
             self.counters.responses_completed += 1
             await self._send_event(protocol.response_audio_done(response.id, response.frames))
             await self._send_event(protocol.response_done(response.id, response.frames,
-                                                          response.first_frame_unix))
+                                                          response.first_frame_unix,
+                                                          late_frames=response.late_frames))
         except ConnectionError:
             pass  # the WebSocket closed under us; the server's handler cleans up
 

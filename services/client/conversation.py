@@ -229,6 +229,9 @@ class Turn:
     agent_detected_unix: float | None = None    # speech_stopped (the hangover ran out)
     agent_first_frame_unix: float | None = None  # the reply's first frame to the transceiver
     agent_status: str | None = None              # completed, cancelled
+    # the reply's frames the agent sent later than its lead covers: each may have left 20 ms
+    # of silence in what the caller hears (the testbed's load on the agent, not the network)
+    agent_late_frames: int | None = None
     agent_barge_detected_unix: float | None = None  # barge-in: speech_started at the agent
     # what the caller's jitter buffer did to the reply while it was heard: ms concealed, and
     # ms inserted or removed to stretch time (Chromium's NetEq; None where not measured: the
@@ -364,6 +367,7 @@ class Conversation:
                     if reply is not None:
                         t.agent_first_frame_unix = reply.get("first_frame_unix")
                         t.agent_status = reply.get("status")
+                        t.agent_late_frames = reply.get("late_frames")
             if t.barge_in and t.speech_start_unix is not None and t.speech_end_unix is not None:
                 # the reply it cut into: audio heard from the cut until the line was over
                 t.cut_reply_end_unix = ear.last_heard_during(t.speech_start_unix,
