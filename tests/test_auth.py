@@ -133,13 +133,16 @@ def test_a_keys_quota_comes_from_its_line_and_refills_by_the_minute(tmp_path):
     from services.signaling.auth import CallRate
 
     path = tmp_path / "keys"
-    path.write_text(f"{A.text} calls_per_minute=2\n{B.text}\n")
+    path.write_text(f"{A.text} calls_per_minute=2\n{B.text} concurrent_calls=5\n")
     ring = KeyRing.load(path)
     assert ring.calls_per_minute(Caller("app-a")) == 2
+    assert ring.concurrent_calls(Caller("app-a")) is None
     assert ring.calls_per_minute(Caller("app-b")) is None
-    path.write_text(f"{A.text} calls_per_hour=2\n")
-    with pytest.raises(ValueError, match="line 1: after the key only calls_per_minute"):
-        KeyRing.load(path)
+    assert ring.concurrent_calls(Caller("app-b")) == 5
+    for bad in ("calls_per_hour=2", "concurrent_calls=0", "calls_per_minute=2 calls_per_minute=3"):
+        path.write_text(f"{A.text} {bad}\n")
+        with pytest.raises(ValueError, match="line 1: after the key only calls_per_minute"):
+            KeyRing.load(path)
     rate = CallRate()
     assert [rate.take("k", 2, 0.0) for _ in range(2)] == [0.0, 0.0]   # a minute's at once
     assert rate.take("k", 2, 0.0) == pytest.approx(30.0)   # then one every 30 s

@@ -40,10 +40,10 @@ def edge(lab, tmp_path_factory):
 
 
 def transceivers(edge: Edge) -> dict[str, str]:
-    """Control URL (what answers name in X-Voiceedge-Transceiver) -> service name."""
+    """The transceiver's number in its cluster (what answers name in X-Voiceedge-Transceiver)
+    -> service name."""
     cluster = edge.plan.clusters[0]
-    return {edge.control_url(cluster, tid): cluster.transceiver_name(tid)
-            for tid in cluster.transceiver_ids}
+    return {str(tid): cluster.transceiver_name(tid) for tid in cluster.transceiver_ids}
 
 
 def healthz(edge: Edge) -> dict:
@@ -64,7 +64,7 @@ def revive(edge: Edge) -> None:
             edge.start_service(name)
     deadline = time.monotonic() + 10
     while not all(t["healthy"] for t in in_namespace(edge.plan.fronts[0].host.netns, healthz,
-                                                     edge)["transceivers"]):
+                                                     edge)["transceivers"]):  # an open front
         assert time.monotonic() < deadline, "the front never saw both transceivers up"
         time.sleep(0.1)
 
@@ -76,7 +76,7 @@ def config(edge: Edge, **kw) -> ClientConfig:
 
 async def call_and_kill(edge: Edge, cfg: ClientConfig, kill_all: bool, after_s: float = 1.0):
     """Start a call; ``after_s`` into it, SIGKILL the transceiver serving it (or all of them).
-    Returns (result, the serving transceiver's URL, wall clock of the kill)."""
+    Returns (result, the serving transceiver's number, wall clock of the kill)."""
     session = CallSession(cfg)
     task = asyncio.create_task(session.run())
     try:

@@ -186,7 +186,7 @@ def test_over_its_quota_a_key_gets_429_with_retry_after_and_the_metrics_count_it
         for _, location, _ in placed + [other]:
             await front.end(None if location is None else B.text if "app-b" in location
                             else A.text, location)
-        async with front.http.get(f"{front.base}/metrics") as r:
+        async with front.http.get(f"{front.base}/metrics", headers=_bearer(A.text)) as r:
             metrics = await r.text()
         return placed, over, other, metrics
     placed, over, other, metrics = _run(tmp_path, body)
@@ -194,5 +194,92 @@ def test_over_its_quota_a_key_gets_429_with_retry_after_and_the_metrics_count_it
     status, retry, text = over
     assert status == 429 and 1 <= int(retry) <= 30
     assert text == "key app-b is over its quota of 2 calls a minute\n"
-    assert 'voiceedge_signaling_calls_over_quota_total{key="app-b"} 1.0' in metrics
+    assert ('voiceedge_signaling_calls_over_quota_total{key="app-b",quota="rate"} 1.0'
+            in metrics)
     assert 'voiceedge_signaling_calls_refused_total{status="429"} 1.0' in metrics
+
+
+def test_a_keys_concurrent_calls_are_counted_across_fronts_by_the_transceivers(tmp_path):
+    """Two fronts, one transceiver: a key with two concurrent calls places one at each, and
+    its third is refused at either (429); once one ends, the next probe lets it call again.
+    Without the transceiver's count each front would see only its own call."""
+    first, second, owners, over, third, other, ended, again, metrics = _two_fronts(tmp_path)
+    assert first[0] == 201 and second[0] == 201 and owners == {"app-c": 2}
+    status, retry, text = over
+    assert status == 429 and int(retry) == 1
+    assert text == "key app-c has its 2 concurrent calls\n"
+    assert third[0] == 429 and other[0] == 201
+    assert ended[0] == 204 and again[0] == 201
+    assert ('voiceedge_signaling_calls_over_quota_total{key="app-c",quota="concurrent"} 1.0'
+            in metrics)
+
+
+def _two_fronts(tmp_path):
+    c = ApiKey.new("app-c")
+    keys = tmp_path / "keys"
+    keys.write_text(f"{c.text} concurrent_calls=2\n{A.text}\n")
+
+    async def main():
+        config = TransceiverConfig(cluster_id=3, transceiver_id=5, media_host="127.0.0.1",
+                                   control=("127.0.0.1", 0), mode=ice.SHARED)
+        async with TransceiverServer(config) as server:
+            front_config = SignalingConfig(
+                clusters=(ClusterRoute("c1", (f"http://127.0.0.1:{server.control_port}",)),),
+                listen=("127.0.0.1", 0), poll_interval=0.1, auth=KeyRing.load(keys))
+            async with SignalingServer(front_config) as one, \
+                    SignalingServer(front_config) as two, aiohttp.ClientSession() as http:
+                await until(lambda: all(b.healthy for f in (one, two) for b in f.backends))
+                fronts = [Front(http, f"http://127.0.0.1:{f.port}", server) for f in (one, two)]
+                offer = await _offer()
+                first = await fronts[0].call(c.text, offer)
+                second = await fronts[1].call(c.text, offer)
+                await asyncio.sleep(0.3)   # both fronts probed since
+                owners = dict(server.owners)
+                async with http.post(f"{fronts[0].base}/v1/calls", data=offer,
+                                     headers={"Content-Type": "application/sdp",
+                                              **_bearer(c.text)}) as r:
+                    over = r.status, r.headers.get("Retry-After"), await r.text()
+                third = await fronts[1].call(c.text, offer)
+                other = await fronts[0].call(A.text, offer)   # another key: no quota
+                ended = await fronts[1].end(c.text, first[1])
+                await asyncio.sleep(0.3)
+                again = await fronts[0].call(c.text, offer)
+                async with http.get(f"{fronts[0].base}/metrics",
+                                    headers=_bearer(A.text)) as r:
+                    metrics = await r.text()
+                return first, second, owners, over, third, other, ended, again, metrics
+    return asyncio.run(main())
+
+
+
+def test_the_public_front_shows_no_internal_address_and_its_internals_only_to_a_key(tmp_path):
+    async def body(front, offer):
+        _, minted = await front.token(A.text)
+        token = minted["value"]
+        async with front.http.post(f"{front.base}/v1/calls", data=offer,
+                                   headers={"Content-Type": "application/sdp",
+                                            **_bearer(token)}) as r:
+            answer = r.status, dict(r.headers), await r.text()
+        out = {"answer": answer}
+        for who, credential in (("anyone", None), ("token", token), ("key", A.text)):
+            async with front.http.get(f"{front.base}/healthz", headers=_bearer(credential)) as r:
+                out[f"healthz_{who}"] = r.status, await r.json()
+            async with front.http.get(f"{front.base}/metrics", headers=_bearer(credential)) as r:
+                out[f"metrics_{who}"] = r.status, await r.text()
+        await front.end(token, answer[1]["Location"])
+        out["port"] = front.transceiver.control_port
+        return out
+    out = _run(tmp_path, body)
+    status, headers, sdp = out["answer"]
+    address = f"127.0.0.1:{out['port']}"
+    assert status == 201 and headers["X-Voiceedge-Transceiver"] == "1"
+    assert headers["X-Voiceedge-Cluster"] == "c1"
+    assert not any(address in v for v in headers.values()) and address not in sdp
+    assert out["healthz_anyone"] == (200, {"status": "ok"})
+    assert out["healthz_token"] == (200, {"status": "ok"})
+    code, full = out["healthz_key"]
+    assert code == 200 and full["transceivers"][0]["url"] == f"http://{address}"
+    assert out["metrics_anyone"][0] == 401 and out["metrics_token"][0] == 403
+    assert "voiceedge_signaling" not in out["metrics_anyone"][1] + out["metrics_token"][1]
+    code, metrics = out["metrics_key"]
+    assert code == 200 and "voiceedge_signaling_calls_created_total 1.0" in metrics

@@ -93,7 +93,7 @@ class SessionResult:
     teardown_error: str | None = None
     ice_pair: str | None = None           # selected pair "local -> remote"
     cluster: str | None = None            # the answer's X-Voiceedge-Cluster
-    transceiver: str | None = None        # the answer's X-Voiceedge-Transceiver (control URL)
+    transceiver: str | None = None        # the answer's X-Voiceedge-Transceiver (its number)
 
     # reconnection and media gaps (first attempt: 0)
     reconnections: int = 0                # times the client called again, failed calls included

@@ -11,7 +11,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 CLUSTER_HEADER = "X-Voiceedge-Cluster"          # the edge's answer: which cluster took the call
-TRANSCEIVER_HEADER = "X-Voiceedge-Transceiver"  # ... and which transceiver (its control URL)
+TRANSCEIVER_HEADER = "X-Voiceedge-Transceiver"  # ... and which transceiver (its number in it)
 
 
 class SignalingError(Exception):

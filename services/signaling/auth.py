@@ -24,6 +24,7 @@ line (``AuthError``: 401 without or with a bad credential, 403 for the wrong one
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -62,12 +63,14 @@ def _unb64(text: str) -> bytes:
 
 @dataclass(frozen=True)
 class ApiKey:
-    """One configured key: its public id, its secret, and its quota (calls a minute it and its
-    tokens may place at each front; None: no limit)."""
+    """One configured key: its public id, its secret, and its quotas (None: no limit): calls
+    a minute it and its tokens may place at each front, and calls they may hold at once
+    (counted by the transceivers, so across every front)."""
 
     id: str
     secret: bytes
     calls_per_minute: int | None = None
+    concurrent_calls: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> "ApiKey":
@@ -158,8 +161,12 @@ class KeyRing:
         return tuple(self._keys)
 
     def calls_per_minute(self, caller: Caller) -> int | None:
-        """The quota of the caller's key (None: none)."""
+        """The calls a minute the caller's key may place at a front (None: no limit)."""
         return self._keys[caller.key_id].calls_per_minute
+
+    def concurrent_calls(self, caller: Caller) -> int | None:
+        """The calls the caller's key may hold at once (None: no limit)."""
+        return self._keys[caller.key_id].concurrent_calls
 
     def authenticate(self, header: str | None, now: float | None = None) -> Caller:
         """The caller an ``Authorization: Bearer ...`` header names; AuthError (401)
@@ -249,14 +256,21 @@ class KeyRing:
             raise wrong
 
 
+_QUOTAS = ("calls_per_minute", "concurrent_calls")
+
+
 def _with_quota(key: ApiKey, fields: list[str]) -> ApiKey:
-    """``key`` with the quota a key file's line gives after it (``calls_per_minute=N``)."""
+    """``key`` with the quotas a key file's line gives after it (``calls_per_minute=N``,
+    ``concurrent_calls=N``)."""
+    quotas = {}
     for field in fields:
         name, _, value = field.partition("=")
-        if name != "calls_per_minute" or not value.isdigit() or not 1 <= int(value) <= 100_000:
-            raise ValueError("after the key only calls_per_minute=N (1-100000)")
-        key = ApiKey(key.id, key.secret, int(value))
-    return key
+        if (name not in _QUOTAS or name in quotas or not value.isdigit()
+                or not 1 <= int(value) <= 100_000):
+            raise ValueError("after the key only calls_per_minute=N and concurrent_calls=N "
+                             "(1-100000, each once)")
+        quotas[name] = int(value)
+    return dataclasses.replace(key, **quotas)
 
 
 class CallRate:

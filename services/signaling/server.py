@@ -20,7 +20,9 @@
   unreachable. ``call_created`` records the decision; ``steering_changed`` a new preferred
   cluster. A cluster-local signaling is the same with one cluster.
 - The answer's one candidate is the cluster's ``advertise`` address (the relay VIP the client
-  should use), passed to the transceiver per call.
+  should use), passed to the transceiver per call. ``X-Voiceedge-Cluster`` names the cluster
+  and ``X-Voiceedge-Transceiver`` the transceiver's number in it (1, 2, ...): no internal
+  address reaches a client (``call_created`` logs the transceiver's URL).
 - The call id in ``Location`` is ``{cluster}~{index}~{session}``: the cluster's name, the
   transceiver's position in this front's list (0-based, clusters in configuration order), and
   the transceiver's session id (``[A-Za-z0-9_-]``, 16 characters). ``DELETE`` of a
@@ -37,12 +39,15 @@
 - With API keys (``SignalingConfig.auth``, services/signaling/auth.py, docs/auth.md): calls,
   ICE servers and ``POST /v1/client_secrets`` (a call token minted by a key) need
   ``Authorization: Bearer <key or token>`` (401, 403, one line); a call id then ends with its
-  owner's tag, and only that token or its key ends or restarts the call.
+  owner's tag, and only that token or its key ends or restarts the call. A key's quotas:
+  calls a minute at each front, and concurrent calls, counted by the transceivers
+  (``?owner=`` on the call, ``owners`` in their ``/status``): 429 with ``Retry-After``.
 - ``GET /call`` (and ``/call.js``): the browser client's page, same origin as ``/v1/calls``
   (services/browser/page.py, docs/browser.md).
 - ``GET /healthz``: ``200`` with the transceivers as last probed while at least one answered
-  its ``/status``; ``503`` with the same body and a ``reason`` when none did.
-- ``GET /metrics``: Prometheus text: calls created, refused (by status), offers rejected
+  its ``/status``; ``503`` with the same body and a ``reason`` when none did. With API keys
+  the counts and the transceivers only for a key; the status alone for anyone else.
+- ``GET /metrics`` (with API keys: for a key only, 401 / 403): Prometheus text: calls created, refused (by status), offers rejected
   before a transceiver (by reason), steered (by
   cluster, and whether that was the nearest by RTT), clusters passed over (by why), changes
   of the preferred cluster, each cluster's RTT, each transceiver's probed health and load,
@@ -146,6 +151,8 @@ class _Backend:
     healthy: bool = False
     probe_ms: float | None = None  # the last probe's round trip, None if it opened a connection
     whip: bool = False             # an external edge's WHIP endpoint (no /status)
+    # its live calls per API key id: its last probe's count, plus the calls placed since
+    owners: dict[str, int] = field(default_factory=dict)
 
     @property
     def path(self) -> str:
@@ -166,7 +173,9 @@ class SignalingStats:
     passed_over: dict[tuple[str, str], int] = field(default_factory=dict)  # (cluster, outcome)
     changes: dict[tuple[str, str], int] = field(default_factory=dict)  # (from, to)
     rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
-    over_quota: dict[str, int] = field(default_factory=dict)   # key id -> calls refused (429)
+    # (key id, "rate" or "concurrent") -> calls refused over that quota (429)
+    over_quota: dict[tuple[str, str], int] = field(default_factory=dict)
+    tokens_minted: int = 0
 
 
 class SignalingServer:
@@ -201,6 +210,7 @@ class SignalingServer:
         self.auth = config.auth
         self._token_calls: dict[str, list[int]] = {}   # token id -> [calls placed, expiry]
         self._rates = CallRate()   # each key's calls a minute at this front
+        self._placing: dict[str, int] = {}   # key id -> calls being placed now
         self._process_query = (False, False)  # /metrics?gc=1&trim=1 (services/introspect.py)
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(_Collector(self))
@@ -327,6 +337,8 @@ class SignalingServer:
             if not backend.whip:  # a WHIP endpoint's load is the calls placed here
                 backend.sessions = int(status["sessions"])
                 backend.capacity = int(status["capacity"])
+                backend.owners = {str(k): int(v)
+                                  for k, v in (status.get("owners") or {}).items()}
             healthy = True
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError,
                 TypeError):
@@ -376,13 +388,48 @@ class SignalingServer:
             return None
         return self.auth.authenticate(request.headers.get("Authorization"))
 
-    def _over_quota(self, caller: Caller | None) -> float:
-        """0 when the caller's key may place a call now (one taken), else the seconds until
-        it may (429 with Retry-After)."""
-        quota = None if caller is None else self.auth.calls_per_minute(caller)
-        if quota is None:
-            return 0.0
-        return self._rates.take(caller.key_id, quota, time.monotonic())
+    def _operator(self, request: web.Request) -> web.Response | None:
+        """None when the request may read the front's internals (``/metrics``, the
+        transceivers and their addresses in ``/healthz``): an API key, or an open front; else
+        the refusal (401, 403 for a call token: it is a browser's, not an operator's)."""
+        try:
+            caller = self._caller(request)
+            if caller is not None and caller.token_id is not None:
+                raise AuthError(403, "a call token does not read the front's internals: "
+                                     "use an API key")
+        except AuthError as exc:
+            return self._refuse(exc.status, str(exc), why="auth")
+        return None
+
+    def _over_quota(self, caller: Caller | None) -> web.Response | None:
+        """None when the caller's key may place a call now (one of its calls a minute taken),
+        else the 429 with Retry-After: its live calls at its concurrent quota (counted by the
+        transceivers, which every front probes, plus the calls this front placed since and is
+        placing), or its calls a minute at this front."""
+        if caller is None:
+            return None
+        key = caller.key_id
+        limit, reason, wait = self.auth.concurrent_calls(caller), None, 0.0
+        if limit is not None and self._live_calls(key) >= limit:
+            reason = f"key {key} has its {limit} concurrent calls"
+            wait = max(1.0, self.config.poll_interval)   # when the next probe may see one end
+            kind = "concurrent"
+        else:
+            per_minute = self.auth.calls_per_minute(caller)
+            if per_minute is not None:
+                wait = self._rates.take(key, per_minute, time.monotonic())
+                reason = f"key {key} is over its quota of {per_minute} calls a minute"
+                kind = "rate"
+        if not wait:
+            return None
+        self.stats.over_quota[(key, kind)] = self.stats.over_quota.get((key, kind), 0) + 1
+        response = self._refuse(429, reason, why="quota")
+        response.headers["Retry-After"] = str(max(1, math.ceil(wait)))
+        return response
+
+    def _live_calls(self, key: str) -> int:
+        return (sum(b.owners.get(key, 0) for b in self.backends if b.healthy)
+                + self._placing.get(key, 0))
 
     def _take_call(self, caller: Caller | None) -> None:
         """One call of a token's limit (counted by this front); AuthError (403) past it."""
@@ -425,6 +472,7 @@ class SignalingServer:
             return web.Response(status=400, text="the body is not JSON\n")
         except ValueError as exc:   # a value out of range
             return web.Response(status=400, text=f"{exc}\n")
+        self.stats.tokens_minted += 1
         log_event(log, "token_minted", key=caller.key_id, token=token.id,
                   expires=token.expires, max_calls=token.max_calls)
         return web.json_response({"value": token.value, "id": token.id,
@@ -449,18 +497,25 @@ class SignalingServer:
         arrived = time.monotonic()
         try:   # before the body: nothing is read for a caller who may not call
             caller = self._caller(request)
-            wait = self._over_quota(caller)
-            if wait:
-                self.stats.over_quota[caller.key_id] = \
-                    self.stats.over_quota.get(caller.key_id, 0) + 1
-                response = self._refuse(429, f"key {caller.key_id} is over its quota of "
-                                             f"{self.auth.calls_per_minute(caller)} calls a "
-                                             "minute", why="quota")
-                response.headers["Retry-After"] = str(max(1, math.ceil(wait)))
-                return response
+            refused = self._over_quota(caller)
+            if refused is not None:
+                return refused
             self._take_call(caller)
         except AuthError as exc:
             return self._refuse(exc.status, str(exc), why="auth")
+        key = None if caller is None else caller.key_id
+        if key is not None:
+            self._placing[key] = self._placing.get(key, 0) + 1
+        try:
+            return await self._place_call(request, caller, arrived)
+        finally:
+            if key is not None:
+                self._placing[key] -= 1
+                if not self._placing[key]:
+                    del self._placing[key]
+
+    async def _place_call(self, request: web.Request, caller: Caller | None,
+                          arrived: float) -> web.Response:
         try:
             body = await read_offer(request, self.config.limits)
         except Refused as exc:
@@ -477,7 +532,7 @@ class SignalingServer:
                  + [c for c in ranking if c.skip == OVER_LOAD])
         failed: dict[str, str] = {}
         for cand in order:
-            outcome = await self._place(cand.cluster, body)
+            outcome = await self._place(cand.cluster, body, caller)
             if isinstance(outcome, web.Response):
                 self._give_back_call(caller)
                 return outcome
@@ -486,6 +541,8 @@ class SignalingServer:
                 continue
             backend, reply, session = outcome
             backend.sessions += 1
+            if caller is not None:
+                backend.owners[caller.key_id] = backend.owners.get(caller.key_id, 0) + 1
             cluster = backend.cluster.name
             decision = Decision.of(self.config.region, self.steering.preferred, ranking,
                                    failed, cluster, backend.url)
@@ -502,10 +559,12 @@ class SignalingServer:
                       preferred=decision.preferred, reason=decision.reason,
                       candidates=list(decision.candidates),
                       caller=None if caller is None else caller.name)
+            # the transceiver by its number in its cluster: its address stays in the log
+            number = [b for b in self.backends if b.cluster is backend.cluster].index(backend)
             return web.Response(status=201, text=reply.text, content_type="application/sdp",
                                 headers={"Location": f"/v1/calls/{call}",
                                          "X-Voiceedge-Cluster": cluster,
-                                         "X-Voiceedge-Transceiver": backend.url})
+                                         "X-Voiceedge-Transceiver": str(number + 1)})
         decision = Decision.of(self.config.region, self.steering.preferred, ranking, failed,
                                None, None)
         self._count(decision)
@@ -522,7 +581,7 @@ class SignalingServer:
                 key = (c["cluster"], c["outcome"])
                 self.stats.passed_over[key] = self.stats.passed_over.get(key, 0) + 1
 
-    async def _place(self, cluster: str, body: bytes):
+    async def _place(self, cluster: str, body: bytes, caller: Caller | None):
         """Offer the call to the cluster's transceivers, most room first: (backend, reply,
         session) when one took it, a Response to pass on when one refused it otherwise, or
         FULL / UNREACHABLE when none could."""
@@ -534,6 +593,8 @@ class SignalingServer:
             if backend.cluster.advertise and not backend.whip:
                 host, port = backend.cluster.advertise
                 params["candidate"] = f"{host}:{port}"
+            if caller is not None and not backend.whip:   # the transceiver counts its calls
+                params["owner"] = caller.key_id
             try:
                 reply = await backend.pool.request(
                     "POST", backend.path if backend.whip else "/sessions", _CALL_TIMEOUT_S,
@@ -661,6 +722,9 @@ class SignalingServer:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return web.Response(status=502, text="transceiver unreachable\n")
         if reply.status == 204:
+            key = _owner_key(request.match_info["call"])
+            if backend.owners.get(key):   # ended: no longer counted until the next probe
+                backend.owners[key] -= 1
             log_event(log, "call_deleted", call=call)
             return web.Response(status=204)
         return web.Response(status=reply.status, text=reply.text or "\n")
@@ -694,12 +758,16 @@ class SignalingServer:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         """200 while a transceiver answered its last probe; 503 (same body, with a reason)
-        when none did: this front cannot place a call."""
-        body = {"status": "ok",
-                "calls_created": self.stats.created, "refused": self.stats.refused,
-                "transceivers": [{"url": b.url, "cluster": b.cluster.name, "healthy": b.healthy,
-                                  "sessions": b.sessions, "capacity": b.capacity}
-                                 for b in self.backends]}
+        when none did: this front cannot place a call. The counts and the transceivers
+        (their internal addresses) only for an API key, when the front has keys: a load
+        balancer's probe needs the status alone."""
+        body: dict = {"status": "ok"}
+        if self.auth is None or (request.headers.get("Authorization")
+                                 and self._operator(request) is None):
+            body.update(calls_created=self.stats.created, refused=self.stats.refused,
+                        transceivers=[{"url": b.url, "cluster": b.cluster.name,
+                                       "healthy": b.healthy, "sessions": b.sessions,
+                                       "capacity": b.capacity} for b in self.backends])
         if any(b.healthy for b in self.backends):
             return web.json_response(body)
         body.update(status="unavailable",
@@ -707,6 +775,9 @@ class SignalingServer:
         return web.json_response(body, status=503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        refused = self._operator(request)
+        if refused is not None:
+            return refused
         self._process_query = introspect.query_flags(request.query)
         return web.Response(body=generate_latest(self._registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -729,11 +800,18 @@ class _Collector:
             refused.add_metric([str(status)], n)
         yield refused
         quota = CounterMetricFamily("voiceedge_signaling_calls_over_quota",
-                                    "calls refused over their key's quota (429), by key",
-                                    labels=["key"])
-        for key, n in sorted(s.stats.over_quota.items()):
-            quota.add_metric([key], n)
+                                    "calls refused over their key's quota (429), by key and "
+                                    "quota (rate: calls a minute, concurrent: live calls)",
+                                    labels=["key", "quota"])
+        for (key, kind), n in sorted(s.stats.over_quota.items()):
+            quota.add_metric([key, kind], n)
         yield quota
+        yield CounterMetricFamily("voiceedge_signaling_tokens_minted",
+                                  "call tokens minted (POST /v1/client_secrets)",
+                                  value=s.stats.tokens_minted)
+        yield CounterMetricFamily("voiceedge_signaling_turn_credentials_issued",
+                                  "TURN credentials handed out (GET /v1/ice-servers)",
+                                  value=s.ice_servers.issued)
         rejected = CounterMetricFamily(
             "voiceedge_signaling_offers_rejected", "requests refused before any transceiver "
             "saw them, by reason (services/signaling/limits.py)", labels=["reason"])
@@ -819,3 +897,10 @@ async def _preflight(request: web.Request) -> web.Response:
     return web.Response(status=204, headers={
         "Access-Control-Allow-Methods": "GET, POST, PATCH, DELETE, OPTIONS",
         "Access-Control-Allow-Headers": "Content-Type, Authorization"})
+
+
+def _owner_key(call: str) -> str | None:
+    """The API key id a call id's owner part names (``...~<key id>.<token>.<tag>``)."""
+    if call.count("~") != 3:
+        return None
+    return call.rsplit("~", 1)[1].split(".", 1)[0] or None

@@ -6,6 +6,8 @@ Control API (HTTP, internal):
   ``candidate=HOST:PORT`` (the address to advertise, e.g. the relay VIP of the client's
   region; shared mode only): ``201`` with the SDP answer and ``Location: /sessions/{id}``;
   ``4xx`` with a one-line reason for a bad offer; ``503`` when at capacity.
+  ``owner=KEY_ID`` (the API key the front placed the call under: ``/status?brief=1`` counts
+  the live sessions of each, the fronts' concurrent-call quota).
 - ``DELETE /sessions/{id}``: ``204``, or ``404``.
 - ``GET /status``: JSON (ids, mode, sessions, capacity, UDP sockets held by this process, the
   process's open fds, asyncio tasks and memory (services/introspect.py; ``?gc=1``: after a full
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -51,6 +54,7 @@ from services.wire.ufrag import DEV_SECRET, DEV_SECRET_WARNING, UfragCodec, is_d
 from voiceedge.errors import ConfigError
 
 log = logging.getLogger("voiceedge.transceiver")
+_OWNER = re.compile(r"[a-z0-9-]{1,32}")   # an API key id (services/signaling/auth.py)
 _KEEPALIVE_S = 3600.0  # idle control-API connections are kept this long
 
 
@@ -107,6 +111,9 @@ class TransceiverServer:
         self.config = config
         self._codec = UfragCodec(config.secret)
         self.sessions: dict[str, Session] = {}
+        # live sessions per API key id (?owner=), and each owned session's key
+        self.owners: dict[str, int] = {}
+        self._owner_of: dict[str, str] = {}
         self.mux: SharedSocket | None = None
         self._http: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
@@ -259,6 +266,13 @@ class TransceiverServer:
     def _forget(self, session: Session) -> None:
         if self.sessions.pop(session.id, None) is not None:
             self.gc_policy.session_ended(len(self.sessions))
+            owner = self._owner_of.pop(session.id, None)
+            if owner is not None:
+                left = self.owners[owner] - 1
+                if left:
+                    self.owners[owner] = left
+                else:
+                    del self.owners[owner]
 
     async def _post_session(self, request: web.Request) -> web.Response:
         received = time.monotonic()
@@ -268,6 +282,9 @@ class TransceiverServer:
             if len(self.sessions) >= self.config.max_sessions:
                 self.sessions_refused += 1
                 return web.Response(status=503, text="transceiver at capacity\n")
+            owner = request.query.get("owner")
+            if owner is not None and not _OWNER.fullmatch(owner):
+                raise OfferError("owner is an API key id: a-z, 0-9, -; 1-32")
             body = await request.read()
             check_offer(body)
             plan = self._new_plan(request)
@@ -279,6 +296,9 @@ class TransceiverServer:
                 raise OfferError(f"offer could not be negotiated: {exc}".splitlines()[0]) from None
         except OfferError as exc:
             return web.Response(status=exc.status, text=f"{exc}\n")
+        if owner is not None and session.id in self.sessions:   # not closed meanwhile
+            self._owner_of[session.id] = owner
+            self.owners[owner] = self.owners.get(owner, 0) + 1
         return web.Response(status=201, text=answer, content_type="application/sdp",
                             headers={"Location": f"/sessions/{session.id}"})
 
@@ -366,7 +386,7 @@ class TransceiverServer:
         cfg = self.config
         return {"cluster_id": cfg.cluster_id, "transceiver_id": cfg.transceiver_id,
                 "mode": cfg.mode, "sessions": len(self.sessions), "capacity": cfg.max_sessions,
-                "media_path": cfg.media_path}
+                "media_path": cfg.media_path, "owners": dict(self.owners)}
 
     async def _status(self, request: web.Request) -> web.Response:
         if request.query.get("brief") == "1":
