@@ -273,8 +273,9 @@ def test_the_development_secret_is_flagged_in_status_metrics_and_log(monkeypatch
 
 
 def test_the_brief_status_is_the_load_and_only_the_load():
-    """The front's health probe (/status?brief=1) reads sessions and capacity; the full
-    status's per-session and per-process walks are not in it."""
+    """The front's health probe (/status?brief=1) reads sessions and capacity (and the live
+    sessions of each API key: none here); the full status's per-session and per-process
+    walks are not in it."""
     cfg = cli_config("--cluster", "1", "--id", "2", "--media", "127.0.0.1:0", "--control",
                      f"127.0.0.1:{free_port(socket.SOCK_STREAM)}", "--max-sessions", "7")
 
@@ -285,7 +286,7 @@ def test_the_brief_status_is_the_load_and_only_the_load():
 
     brief, full = asyncio.run(scenario())
     assert brief == {"cluster_id": 1, "transceiver_id": 2, "mode": full["mode"], "sessions": 0,
-                     "capacity": 7, "media_path": "python"}
+                     "capacity": 7, "media_path": "python", "owners": {}}
     assert {"session_details", "process", "udp_sockets"} <= set(full)
 
 
