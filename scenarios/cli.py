@@ -43,6 +43,10 @@ def add_parser(sub) -> None:
                         "signaling front (e.g. http://127.0.0.1:8080) instead of an emulated "
                         "world: no world, no calibration, one architecture 'deployment' "
                         "(docs/deployment.md, 'Scenarios against a deployment')")
+    p.add_argument("--api-key-file", metavar="FILE",
+                   help="with --target: a file holding the deployment's API key; the run "
+                        "trades it at the front for a call token its clients carry "
+                        "(docs/auth.md)")
     p.add_argument("--verify", metavar="CHECKS",
                    help="with --target: what the clients count as verified, comma-separated "
                         "from audio, datachannel, envelope (default all three: the project's "
@@ -95,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
     if args.verify is not None:
         raise UserError("--verify is for --target: in the emulated world each architecture "
                         "declares what its clients verify")
+    if args.api_key_file is not None:
+        raise UserError("--api-key-file is for --target: an emulated run generates its own "
+                        "key")
     args.region = args.region or "apac"
     if args.capture_cap_mb <= 0:
         raise UserError("--capture-cap-mb must be positive")
@@ -163,9 +170,14 @@ def _run_target(args: argparse.Namespace, scenario, console) -> int:
     bars = ProgressBars(console, enabled=not args.json)
     say = bars.say
 
+    api_key = None
+    if args.api_key_file:
+        from services.client.credential import read_credential
+
+        api_key = read_credential(args.api_key_file, "--api-key-file")
     try:
         runner = TargetRunner(scenario, target, args.results, say, bars.update,
-                              verifies=verifies)
+                              verifies=verifies, api_key=api_key)
     except ScenarioError as exc:
         raise UserError(str(exc)) from None
     say(f"scenario {scenario.name} against the deployment at {target.url} (no emulated "
@@ -226,9 +238,12 @@ def _held_world(runner, args, bars, written: list):
             lines = [f"results: {runner.directory} (report.html written)",
                      f"{edge.plan.architecture}'s services still up: "
                      + ", ".join(f"{s.name}@{s.host.name}" for s in services)]
-            lines += [f"a call from {f.region}: voiceedge world exec "
-                      f"client{world.index[f.region]} -- {sys.executable} -m voiceedge client "
-                      f"--url {edge.signaling_url(f)} -n 1" for f in edge.plan.fronts]
+            for f in edge.plan.fronts:
+                token = edge.token_file(f"by-hand-{f.region}")
+                lines.append(f"a call from {f.region}: voiceedge world exec "
+                             f"client{world.index[f.region]} -- {sys.executable} -m voiceedge "
+                             f"client --url {edge.signaling_url(f)} -n 1"
+                             + (f" --credential-file {token}" if token else ""))
             hold.publish(world, lines)
             hold.wait()
             runner.say("tearing the world down")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from analysis.stats import percentile
 from scenarios.edge import ClusterPlan, Edge, EdgePlan, FrontPlan, FrontRoute, Host
 from scenarios.timeline import merge_timeline
 from services.client.config import KINDS, ClientConfig
+from services.client.credential import bearer, read_credential
 from services.client.runner import run_sessions
 from services.lag import LoopLagMonitor
 from services.procfs import precise_cpu_seconds, processes
@@ -163,6 +165,7 @@ def run_demo(config: DemoConfig, say=lambda msg: None, progress=None) -> DemoRes
         plan = demo_plan(config.mode, ns.name, *ns.addresses, media_path=config.media_path,
                          srtp=config.srtp, agent_codec=config.agent_codec,
                          event_loop=config.event_loop)
+        plan = dataclasses.replace(plan, api_keys=True)   # its front as deployed
         return in_namespace(ns.name, asyncio.run, _demo(config, plan, workdir, say, progress))
 
 
@@ -184,9 +187,11 @@ async def _demo(cfg: DemoConfig, plan: EdgePlan, workdir: Path, say, progress) -
         await loop.run_in_executor(None, edge.start)
         say(f"{cfg.sessions} client sessions ({min(cfg.full_clients, cfg.sessions)} full), "
             f"{cfg.duration_s:g} s calls")
+        token = edge.token_file("demo-clients")
         client = ClientConfig(url=edge.signaling_url(front), duration_s=cfg.duration_s,
                               start_rate=cfg.start_rate, concurrency=cfg.concurrency,
-                              full_sessions=cfg.full_clients, light_path=cfg.light_path)
+                              full_sessions=cfg.full_clients, light_path=cfg.light_path,
+                              headers=bearer(read_credential(token)) if token else {})
         pids = {name.rsplit("-", 1)[0]: s.process.pid for name, s in edge.services.items()}
         first = CpuMark.take(pids)
         watch = asyncio.create_task(_watch_transceiver(

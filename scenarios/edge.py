@@ -34,6 +34,7 @@ from scenarios.processes import ServiceError, ServiceProcess, http_ok, redis_cmd
 from services.procfs import descendants
 from services.relay.counters import scrape
 from services.turn import coturn
+from scenarios.credentials import EdgeCredentials
 from services.turn.credentials import new_secret, write_secret
 from topology.netns import in_namespace
 
@@ -136,6 +137,9 @@ class EdgePlan:
     relay_args: tuple[str, ...] = ()   # extra options of every relay (benchmarks' variants)
     transceiver_args: tuple[str, ...] = ()  # ... and of every transceiver
     agent_args: tuple[str, ...] = ()   # ... and of every agent (a conversation's reply mode)
+    # the fronts check API keys: a key generated per edge, a call token per client process
+    # (scenarios/credentials.py); False: open fronts, as the lab tests call them
+    api_keys: bool = False
 
     def __post_init__(self) -> None:
         arch = self.architecture
@@ -204,6 +208,7 @@ class Edge:
         self.logs = logs
         self.realtime = realtime
         self.services: dict[str, Service] = {}
+        self.credentials = EdgeCredentials() if plan.api_keys else None
 
     def __enter__(self) -> "Edge":
         try:
@@ -239,9 +244,21 @@ class Edge:
         self.plan.arch.start(self)
 
     def stop(self) -> None:
-        """Stop every service, last started first (SIGTERM, then SIGKILL after 5 s)."""
+        """Stop every service, last started first (SIGTERM, then SIGKILL after 5 s); the
+        edge's credentials go with them."""
         for service in reversed(list(self.services.values())):
             service.process.stop()
+        if self.credentials is not None:
+            self.credentials.close()
+
+    def token_file(self, name: str) -> Path | None:
+        """A call token for client process ``name`` (None: the fronts are open)."""
+        return None if self.credentials is None else self.credentials.token_file(name)
+
+    @property
+    def operator_headers(self) -> dict[str, str]:
+        """What the testbed's own reads of a front's internals carry (none: open fronts)."""
+        return {} if self.credentials is None else self.credentials.operator
 
     def add(self, name: str, host: Host, cmd: list[str], role: str, ready) -> ServiceProcess:
         """Start ``cmd`` in ``host`` as service ``name``; wait until ``ready()`` holds there."""
@@ -360,16 +377,18 @@ class Edge:
         path = self.logs / f"front-{front.region}.json"
         path.write_text(json.dumps(clusters, indent=2))
         port = self.plan.ports.signaling
-        turn_args: list[str] = []
+        extra: list[str] = []
         if self.plan.turns:
             turn = self.plan.turn_for(front.region)
             if turn is None:
                 raise ServiceError(f"front-{front.region}: no TURN server in its region")
-            turn_args = ["--turn-url", self.turn_config(turn).url,
-                         "--turn-secret-file", str(self.turn_secret())]
+            extra = ["--turn-url", self.turn_config(turn).url,
+                     "--turn-secret-file", str(self.turn_secret())]
+        if self.credentials is not None:
+            extra += ["--api-keys", str(self.credentials.key_file)]
         return self.add(f"front-{front.region}", front.host, voiceedge_cmd(
             "signaling", "--listen", f"{front.listen}:{port}", "--clusters", str(path),
-            "--region", front.region, *turn_args),
+            "--region", front.region, *extra),
             "signaling", lambda: http_ok(f"http://{front.listen}:{port}/healthz"))
 
     def front_route(self, cluster: ClusterPlan) -> dict:
@@ -393,8 +412,8 @@ class Edge:
         self.services[name].restart = lambda: self.start_external(name, host, cmd, ready)
         return proc
 
-    def live_session_sources(self) -> list[tuple[str, str, object]]:
-        """(netns, URL, reader) per place that knows live sessions: every transceiver's
+    def live_session_sources(self) -> list[tuple[str, str, object, dict[str, str]]]:
+        """(netns, URL, reader, headers) per place that knows live sessions: every transceiver's
         ``/status?brief=1`` (the full status walks every descriptor and session of the
         transceiver, which the runner's polls four times a second must not cost it); for an
         external edge, the fronts' ``/healthz`` (they count the calls
@@ -402,10 +421,11 @@ class Edge:
         if self.plan.arch.external:
             port = self.plan.ports.signaling
             return [(f.host.netns, f"http://{f.listen}:{port}/healthz",
-                     lambda doc: sum(int(t["sessions"]) for t in doc["transceivers"]))
+                     lambda doc: sum(int(t["sessions"]) for t in doc["transceivers"]),
+                     self.operator_headers)   # the details are for a key
                     for f in self.plan.fronts]
         return [(c.host.netns, f"{self.control_url(c, tid)}/status?brief=1",
-                 lambda doc: int(doc["sessions"]))
+                 lambda doc: int(doc["sessions"]), {})
                 for c in self.plan.clusters for tid in c.transceiver_ids]
 
     def restart(self, name: str, kill: bool = True) -> ServiceProcess:

@@ -175,8 +175,9 @@ def git_commit() -> str:
         return ""
 
 
-def _get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=2) as r:
+def _get_json(url: str, headers: dict[str, str] | None = None) -> dict:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
+                                timeout=2) as r:
         return json.loads(r.read())
 
 
@@ -362,7 +363,8 @@ class ScenarioRunner:
         talk = self.scenario.conversation
         return EdgePlan(arch, tuple(clusters), tuple(fronts), tuple(ingresses), tuple(turns),
                         relay_vip=vip, transceiver_args=media,
-                        agent_args=talk.agent_args() if talk is not None else ())
+                        agent_args=talk.agent_args() if talk is not None else (),
+                        api_keys=True)   # the fronts as deployed: every client has a token
 
     def _analyse_captures(self, result: RunResult) -> None:
         from analysis.pcap.hops import analyse
@@ -503,6 +505,7 @@ class ScenarioRunner:
             where = RegionClients(
                 edge.signaling_url(front), front.region, logs, n, len(edge.plan.fronts),
                 retry_setup=bool(self.scenario.faults),
+                credential_file=edge.token_file(f"clients-{front.region}"),
                 rx_log=(captures.directory / f"{host}{RX_LOG_SUFFIX}"
                         if captures is not None else None))
             regions.append((world.node(host).ns_path, where))
@@ -680,16 +683,16 @@ class _PeakWatch:
         self._next_bindings = 0.0
 
     def start(self) -> None:
-        for ns, url, read in self._targets:
-            t = threading.Thread(target=in_namespace, args=(ns, self._poll, url, read),
+        for ns, url, read, headers in self._targets:
+            t = threading.Thread(target=in_namespace, args=(ns, self._poll, url, read, headers),
                                  daemon=True)
             t.start()
             self._threads.append(t)
 
-    def _poll(self, url: str, read) -> None:
+    def _poll(self, url: str, read, headers: dict[str, str]) -> None:
         while not self._stop.wait(0.25):
             try:
-                self._live[url] = read(_get_json(url))
+                self._live[url] = read(_get_json(url, headers))
             except (OSError, ValueError, KeyError, TypeError):
                 continue
 
@@ -783,9 +786,10 @@ def _cluster_of(url: str | None) -> str | None:
 
 
 def _session_id(url: str | None) -> str | None:
-    """The transceiver's session id in a call URL."""
-    url = url or ""
-    return url.rsplit("~", 1)[-1] if "~" in url else None
+    """The transceiver's session id in a call URL (``CLUSTER~BACKEND~SESSION``, then the
+    owner's tag when the front has API keys)."""
+    parts = (url or "").rsplit("/", 1)[-1].split("~")
+    return parts[2] if len(parts) >= 3 else None
 
 
 @dataclass

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from scenarios.credentials import TOKEN_LIFE_S, PrivateFiles
 from scenarios.processes import ServiceError, ServiceProcess, voiceedge_cmd
 from scenarios.clients import RegionClients
 from scenarios.clients import commands as client_commands
@@ -76,6 +77,25 @@ class Target:
     def health_url(self) -> str:
         return f"{self.url}/healthz"
 
+    def mint_token(self, api_key: str, ttl_s: int, timeout: float = 10.0) -> str:
+        """A call token from the front (``POST /v1/client_secrets`` with the API key), as an
+        application server gets one for its browsers; TargetUnreachable (one line, never
+        the key) when the front does not give one."""
+        url = f"{self.url}/v1/client_secrets"
+        request = urllib.request.Request(
+            url, data=json.dumps({"expires_in": ttl_s}).encode(), method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as r:
+                return json.loads(r.read())["value"]
+        except urllib.error.HTTPError as exc:
+            reason = exc.read().decode(errors="replace").strip().splitlines()[:1]
+            raise TargetUnreachable(f"{url} gave no call token for --api-key-file's key: HTTP "
+                                    f"{exc.code} {''.join(reason)[:200]}") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise TargetUnreachable(f"{url}: {reason}") from None
+
     def check(self, timeout: float = 5.0) -> dict:
         """The front's /healthz (200 while a transceiver answers); TargetUnreachable if not."""
         try:
@@ -99,16 +119,18 @@ class TargetRunner:
     def __init__(self, scenario: Scenario, target: Target, results_root: Path = Path("results"),
                  say=lambda msg, transient=False: None, progress=None,
                  verifies: tuple[str, ...] | None = None,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), api_key: str | None = None) -> None:
         """``say`` and ``progress`` as ScenarioRunner's; ``verifies``: what the clients
         count as verified (None: the project's edge, services/client/verify.py);
-        ``extra_args``: more options for every client. ScenarioError for a scenario that
-        needs the emulated world (faults)."""
+        ``extra_args``: more options for every client; ``api_key``: the deployment's key,
+        which the run trades for a call token its clients carry (None: an open front).
+        ScenarioError for a scenario that needs the emulated world (faults)."""
         if scenario.faults:
             raise ScenarioError(f"{scenario.source or scenario.name}: faults break the "
                                 f"emulated world's links and services; a deployment target "
                                 f"has none to break (use a scenario without faults)")
         self.target = target
+        self.api_key = api_key
         self.verifies = verifies
         self.extra_args = tuple(extra_args)
         self.say = say
@@ -121,6 +143,8 @@ class TargetRunner:
     def run(self) -> RunResult:
         """Check the target, run the clients, write the results folder."""
         health = self.target.check()
+        token = (None if self.api_key is None
+                 else self.target.mint_token(self.api_key, TOKEN_LIFE_S))
         self.directory.mkdir(parents=True, exist_ok=False)
         logs = self.directory / "logs" / ARCHITECTURE
         logs.mkdir(parents=True)
@@ -130,8 +154,10 @@ class TargetRunner:
         sc = self.scenario
         clients: list[ServiceProcess] = []
         interrupted = False
+        secrets = PrivateFiles()
         try:
-            self._start_clients(logs, clients)
+            self._start_clients(logs, clients, None if token is None
+                                else secrets.write("token-clients", token))
             results = ResultCount(logs)
             planned = sc.total_per_region
             deadline = (time.monotonic() + planned / sc.start_rate + sc.call_duration_s + 90)
@@ -148,6 +174,7 @@ class TargetRunner:
         finally:
             for proc in clients:
                 proc.stop()
+            secrets.close()
             merge_timeline(logs)
         lag = LagWindows.from_run(logs / TIMELINE)
         sessions, samples, attempts, gaps = client_rows(
@@ -176,10 +203,12 @@ class TargetRunner:
             "commit": git_commit(), "impairments": {},
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2, default=str))
 
-    def _start_clients(self, logs: Path, clients: list[ServiceProcess]) -> None:
+    def _start_clients(self, logs: Path, clients: list[ServiceProcess],
+                       credential_file: Path | None) -> None:
         """The scenario's client mix on this host (scenarios/clients/), as in an emulated
         run: the types with a ready event (the browsers) ready before the others start."""
-        where = RegionClients(self.target.calls_url, REGION, logs)
+        where = RegionClients(self.target.calls_url, REGION, logs,
+                              credential_file=credential_file)
         commands = client_commands(self.scenario, where, self.verifies, self.extra_args)
         for c in commands:
             proc = ServiceProcess(c.name, voiceedge_cmd(*c.argv), c.log_path(logs)).start()

@@ -200,3 +200,24 @@ def test_the_run_leaves_no_turn_server_and_no_browser(mixed_run):
                 b"chromium" in cmdline and b"voiceedge-browser-" in cmdline):
             left.append((pid, cmdline[:80]))
     assert not left
+
+
+def test_every_call_carried_a_token_of_the_runs_key_and_no_credential_was_kept(mixed_run):
+    """The fronts check API keys: each client process (aiortc, and Chromium's pages through
+    their URL's fragment) carried a call token minted from a key generated for the run, and
+    neither the key nor a token is in any file of the results."""
+    _, directory = mixed_run
+    for arch in ("global-relay", "turn"):
+        records = [json.loads(line) for line in
+                   (directory / "logs" / arch / "timeline.jsonl").read_text().splitlines()]
+        created = [r for r in records if r.get("event") == "call_created"]
+        assert len(created) >= SESSIONS
+        assert all(r["caller"].startswith("testbed.") for r in created), created
+        assert not [r for r in records if r.get("event") == "call_refused"]
+        issued = [r["user"] for r in records if r.get("event") == "turn_credential_issued"]
+        assert arch != "turn" or (len(issued) >= SESSIONS
+                                  and all("-testbed." in u for u in issued)), issued
+    for path in directory.rglob("*"):
+        if path.is_file() and path.suffix not in (".pcap", ".wav", ".png"):
+            text = path.read_bytes()
+            assert b"vek_testbed_" not in text and b"vet_" not in text, path

@@ -140,6 +140,23 @@ def test_no_secret_is_committed_and_the_ufrag_secret_is_required(rendered):
         assert key["name"] == "voiceedge-ufrag" and not key.get("optional", False)
 
 
+def test_signaling_and_the_clients_read_the_api_keys_secret(rendered):
+    """The front starts with --api-keys on the Secret's mount (not optional: no key, no
+    start), and the clients' Job trades the same key for a token."""
+    pod = find(rendered["base"], "Deployment", "signaling")["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "api-keys"]
+    assert volume["secret"]["secretName"] == "voiceedge-api-keys"
+    assert not volume["secret"].get("optional", False)
+    [container] = pod["containers"]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "api-keys"]
+    assert "--api-keys " + mount["mountPath"] + "/api-keys" in container["args"][-1]
+    job = find(rendered["clients"], "Job", "voiceedge-clients")["spec"]["template"]["spec"]
+    args = job["containers"][0]["args"]
+    assert args[args.index("--api-key-file") + 1] == mount["mountPath"] + "/api-keys"
+    assert [v["secret"]["secretName"] for v in job["volumes"] if "secret" in v] == [
+        "voiceedge-api-keys"]
+
+
 def test_transceiver_count_matches_the_statefulset(rendered):
     """The relay's routes and signaling's transceivers come from TRANSCEIVERS."""
     objs = rendered["base"]

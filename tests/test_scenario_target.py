@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -50,12 +51,15 @@ def scenario_file(tmp_path_factory):
 
 def run_against(lab, mode: str, scenario_file, tmp_path_factory):
     """(summary, results folder) of a --target run against the demo edge in ``mode``."""
-    plan = demo_plan(mode, lab.name, *lab.addresses)
+    # the shared edge's front checks API keys: the run trades the key for a token
+    plan = replace(demo_plan(mode, lab.name, *lab.addresses), api_keys=mode == "shared")
     out = tmp_path_factory.mktemp(f"target-{mode}")
     with Edge(plan, tmp_path_factory.mktemp(f"target-edge-{mode}")) as edge:
         url = edge.signaling_url(plan.fronts[0])  # http://127.0.0.1:PORT/v1/calls: accepted
+        key = (("--api-key-file", str(edge.credentials.key_file))
+               if edge.credentials is not None else ())
         proc = subprocess.run(scenario_cmd(lab, str(scenario_file), "--target", url,
-                                           "--results", str(out), "--json"),
+                                           "--results", str(out), "--json", *key),
                               capture_output=True, text=True, cwd=REPO, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [directory] = list(out.iterdir())
@@ -99,6 +103,11 @@ def test_target_run_measures_every_session_and_marks_the_folder(shared_run):
     assert config["mode"] == "deployment target" and config["architectures"] == ["deployment"]
     assert not (directory / "calibration.json").exists()
     assert summary["complete"] is True  # no calibration is not something missing here
+    # the front checked keys: the clients carried the token the run got for the key, and
+    # neither is in the results
+    for path in directory.rglob("*"):
+        if path.is_file() and path.suffix not in (".png",):
+            assert b"vek_" not in path.read_bytes() and b"vet_" not in path.read_bytes(), path
 
 
 def test_target_report_says_what_it_measured(shared_run):
@@ -184,6 +193,27 @@ def test_bad_target_input_is_one_line_and_runs_nothing(lab, scenario_file, tmp_p
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_wrong_api_key_gets_no_token_and_runs_nothing(lab, scenario_file, tmp_path):
+    plan = replace(demo_plan("shared", lab.name, *lab.addresses), api_keys=True)
+    wrong = tmp_path / "key"
+    wrong.write_text("vek_testbed_" + "A" * 43 + "\n")
+    results = tmp_path / "results"
+    results.mkdir()
+    (tmp_path / "edge").mkdir()
+    with Edge(plan, tmp_path / "edge") as edge:
+        proc = subprocess.run(scenario_cmd(lab, str(scenario_file), "--target",
+                                           edge.signaling_url(plan.fronts[0]), "--results",
+                                           str(results), "--api-key-file", str(wrong)),
+                              capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "gave no call token for --api-key-file's key: HTTP 401 unknown credential" \
+        in proc.stderr and "Traceback" not in proc.stderr and "AAAA" not in proc.stderr
+    assert list(results.iterdir()) == []
+    alone = subprocess.run(scenario_cmd(lab, str(scenario_file), "--api-key-file", str(wrong)),
+                           capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert alone.returncode == 2 and "--api-key-file is for --target" in alone.stderr
 
 
 def test_a_scenario_with_faults_is_refused(lab, tmp_path):

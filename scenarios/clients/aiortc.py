@@ -38,5 +38,5 @@ class AiortcClient(ClientType):
                 *(["--start-file", str(where.start_file)] if where.start_file is not None
                   else []),
                 *(["--rx-log", str(where.rx_log)] if where.rx_log is not None else []),
-                *self._conversation(sc, where),
+                *self._conversation(sc, where), *self._credential(where),
                 *self._verify(verifies), *self._outputs(where), *extra_args]

@@ -28,6 +28,8 @@ class RegionClients:
     # Or: a file the run writes that time into once all its client processes are up (types
     # without a ready event wait for it after their start-up).
     start_file: Path | None = None
+    # the call token this region's client processes carry to the front (None: an open front)
+    credential_file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,11 @@ class ClientType:
         """The conversation's options, if the scenario holds one."""
         talk = scenario.conversation
         return [] if talk is None else talk.client_args(where.logs / self.audio_dir(where.region))
+
+    @staticmethod
+    def _credential(where: RegionClients) -> list[str]:
+        return [] if where.credential_file is None else [
+            "--credential-file", str(where.credential_file)]
 
     def _outputs(self, where: RegionClients) -> list[str]:
         sessions, samples = self.results_files(where.logs, where.region)

@@ -50,5 +50,5 @@ class ChromiumClient(ClientType):
         return ["browser", "--url", where.url, "-n", str(sessions), "--rate", f"{rate:.3f}",
                 "--start-delay", f"{delay:.3f}", "--duration", str(sc.call_duration_s),
                 "--offer", offer, "--index-base", str(index_base),
-                *self._conversation(sc, where),
+                *self._conversation(sc, where), *self._credential(where),
                 *self._verify(verifies), *self._outputs(where), "-q", *extra_args]

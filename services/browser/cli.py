@@ -9,6 +9,7 @@ import logging
 from services.browser.config import DEFAULT_CHROMIUM, OFFER_CHOICES, OFFER_STYLES, BrowserConfig
 from services.client.cli import (add_conversation_args, add_output_args, add_verify_arg,
                                  conversation_from_args, verifies_from_args)
+from services.client.credential import read_credential
 from services.logs import log_event
 from voiceedge.errors import UserError
 
@@ -41,6 +42,9 @@ def add_parser(sub) -> None:
                    help="seconds for the offer POST (default 5)")
     p.add_argument("--media-timeout", type=float, default=1.5, metavar="S",
                    help="no RTP received for S seconds during the call fails it (default 1.5)")
+    p.add_argument("--credential-file", metavar="FILE",
+                   help="a file whose first line is the API key or call token the pages carry "
+                        "to the front (in the page URL's fragment; docs/auth.md)")
     p.add_argument("--ice-from-signaling", action="store_true",
                    help="before each session the page GETs /v1/ice-servers from the front and "
                         "uses its ICE servers and policy")
@@ -68,7 +72,9 @@ def config_from_args(args: argparse.Namespace) -> BrowserConfig:
                              ice_from_signaling=args.ice_from_signaling, tone_hz=args.tone_hz,
                              verifies=verifies_from_args(args),
                              conversation=conversation_from_args(args),
-                             audio_dir=args.audio_dir)
+                             audio_dir=args.audio_dir,
+                             credential=(read_credential(args.credential_file)
+                                         if args.credential_file else None))
     except ValueError as exc:  # name the flag, not the field
         text = str(exc)
         for name, flag in _FLAGS.items():

@@ -1,7 +1,7 @@
 """Configuration of a run of browser sessions (``voiceedge browser``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.client.config import ConversationConfig
 from services.client.verify import DEFAULT_VERIFIES, parse_verifies
@@ -37,6 +37,9 @@ class BrowserConfig:
     # sessions speak in turns to a reply agent instead of the tone (browser/talk.py)
     conversation: ConversationConfig | None = None
     audio_dir: str | None = None          # where a conversation's completed replies are kept
+    # the API key or call token the page carries to the front (docs/auth.md): handed to it in
+    # its URL's fragment, which no request carries; never in a repr or a log
+    credential: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):

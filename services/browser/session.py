@@ -33,9 +33,12 @@ PAGE_LOAD_TIMEOUT_S = 10.0
 CONTEXT_CLOSE_TIMEOUT_S = 5.0
 
 
-def page_url(signaling_url: str, offer_style: str) -> str:
-    """The call page on the signaling URL's origin, with the session's offer style."""
-    return str(URL(signaling_url).with_path(PAGE_PATH).with_query({"offer": offer_style}))
+def page_url(signaling_url: str, offer_style: str, credential: str | None = None) -> str:
+    """The call page on the signaling URL's origin, with the session's offer style, and the
+    credential in its fragment (``#token=...``: a browser never sends a fragment to a server,
+    so it is in no request line or access log; the page reads it and sends it as a bearer)."""
+    url = URL(signaling_url).with_path(PAGE_PATH).with_query({"offer": offer_style})
+    return str(url if credential is None else url.with_fragment(f"token={credential}"))
 
 
 def session_budget_s(config: BrowserConfig) -> float:
@@ -69,7 +72,7 @@ class PreparedSession:
         """Open the context and load the call page; a failure is kept as the session's."""
         from playwright.async_api import Error as PlaywrightError
 
-        url = page_url(self.config.url, self.style)
+        url = page_url(self.config.url, self.style, self.config.credential)
         try:
             self.context = await self.browser.new_context()
             self.page = await self.context.new_page()
@@ -79,7 +82,10 @@ class PreparedSession:
                                      self.config.duration_s)
                 await self.talk.prepare()
         except PlaywrightError as exc:
-            self.error = f"cannot load the call page {url}: {_line(exc)}"
+            shown, reason = page_url(self.config.url, self.style), _line(exc)
+            if self.config.credential:   # the result file must not carry it
+                reason = reason.replace(self.config.credential, "***")
+            self.error = f"cannot load the call page {shown}: {reason}"
 
     async def run(self) -> tuple[SessionResult, BrowserExtras]:
         """The call; never raises but for cancellation."""

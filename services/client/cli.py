@@ -13,6 +13,7 @@ from services.client.verify import CHECKS, DEFAULT_VERIFIES, parse_verifies
 from services.lag import LoopLagMonitor
 from services.priority import step_down
 from services.logs import log_event
+from services.client.credential import bearer, read_credential
 from voiceedge.errors import UserError
 
 log = logging.getLogger("voiceedge.client")
@@ -75,6 +76,9 @@ def add_parser(sub) -> None:
                         "architecture) instead of --ice-server")
     p.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
                    help="extra HTTP header for POST and DELETE (repeatable)")
+    p.add_argument("--credential-file", metavar="FILE",
+                   help="a file whose first line is the API key or call token every request "
+                        "to the front carries (Authorization: Bearer; docs/auth.md)")
     p.add_argument("--index-base", type=int, default=0, metavar="K",
                    help="session i is recorded as index K + i (default 0)")
     add_verify_arg(p)
@@ -170,6 +174,8 @@ def config_from_args(args: argparse.Namespace) -> ClientConfig:
         if not sep or not name.strip():
             raise UserError(f"--header {h!r} is not 'NAME: VALUE'")
         headers[name.strip()] = value.strip()
+    if args.credential_file:
+        headers.update(bearer(read_credential(args.credential_file)))
     servers = tuple(IceServer(u, args.ice_username, args.ice_credential) for u in args.ice_server)
     if args.ice_relay_only and not (servers or args.ice_from_signaling):
         raise UserError("--ice-relay-only needs a TURN server: --ice-server or "

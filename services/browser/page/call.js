@@ -17,6 +17,7 @@ const MAX_EVENTS = 100;
 
 const DEFAULTS = {
   url: "/v1/calls",            // signaling, resolved against the page
+  token: null,                 // the bearer credential; null: the page URL's #token=
   index: 0,                    // the session's index (the data-channel ping names it)
   offerStyle: null,            // "gathered" | "immediate"; null: the page's ?offer=
   durationMs: 5000,            // call time after DTLS connected
@@ -94,6 +95,10 @@ class CallSession {
     this.style = this.opts.offerStyle || new URLSearchParams(location.search).get("offer")
       || "gathered";
     this.url = new URL(this.opts.url, location.href).href;
+    // An API key or call token (docs/auth.md), from the fragment: a fragment is never sent to
+    // a server, so the credential is in no request line and no access log.
+    const token = this.opts.token || new URLSearchParams(location.hash.slice(1)).get("token");
+    this.auth = token ? {Authorization: `Bearer ${token}`} : {};
     this.view = {
       ok: false, error: null, stage: "setup", offer_style: this.style, index: this.opts.index,
       started_unix: null, ended_unix: null,
@@ -226,7 +231,7 @@ class CallSession {
     const url = new URL("/v1/ice-servers", this.url).href;
     let resp;
     try {
-      resp = await fetch(url, {credentials: "omit", cache: "no-store",
+      resp = await fetch(url, {credentials: "omit", cache: "no-store", headers: this.auth,
                                signal: AbortSignal.timeout(this.opts.signalingTimeoutMs)});
     } catch (err) {
       throw new SessionError(`ice servers: ${oneLine(err)}`);
@@ -327,7 +332,7 @@ class CallSession {
     let resp, body;
     try {
       resp = await fetch(this.url, {
-        method: "POST", body: sdp, headers: {"Content-Type": "application/sdp"},
+        method: "POST", body: sdp, headers: {"Content-Type": "application/sdp", ...this.auth},
         cache: "no-store", signal: AbortSignal.timeout(this.opts.signalingTimeoutMs)});
       body = await resp.text();
     } catch (err) {
@@ -527,7 +532,7 @@ class CallSession {
     if (v.location) {
       try {
         const resp = await fetch(v.location, {
-          method: "DELETE", cache: "no-store",
+          method: "DELETE", cache: "no-store", headers: this.auth,
           signal: AbortSignal.timeout(this.opts.teardownTimeoutMs)});
         v.delete_status = resp.status;
         if (resp.status !== 200 && resp.status !== 204)
