@@ -10,12 +10,12 @@ that no key or token is in a run's results, logs or any command line.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from services.signaling.auth import TOKEN_TTL_S, ApiKey, Caller, KeyRing
+from services.turn.credentials import write_secret
 
 KEY_ID = "testbed"
 TOKEN_LIFE_S = TOKEN_TTL_S[1]   # an hour: more than any architecture's run of clients
@@ -28,11 +28,7 @@ class PrivateFiles:
         self._dir = Path(tempfile.mkdtemp(prefix="voiceedge-keys-"))   # 0700
 
     def write(self, name: str, text: str) -> Path:
-        path = self._dir / name
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text + "\n")
-        return path
+        return write_secret(self._dir / name, text)   # 0600 from the start
 
     def close(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)

@@ -14,7 +14,11 @@ round at least (a leak grows it in both): the heap malloc has handed out +128 Ki
 more), RSS once malloc has given back its free memory +4 MiB (noise: up to +3.4 MiB, Python's
 allocator keeping whole 1 MiB arenas). RSS as the allocator keeps it is printed, not bounded:
 glibc keeps what the burst freed, and how much stays resident varies by several MiB from one
-round or run to the next without any memory in use more. The others use an in-process front.
+round or run to the next without any memory in use more. The front checks API keys: the
+abuse of the body's limits carries a valid token; requests without a valid credential, a
+used-up token replayed and other keys' credentials on a call are refused (401, 403), and over
+the rounds the front created calls (and the agent sessions) only for the legitimate calls,
+minted no token and issued no TURN credential. The others use an in-process front.
 """
 from __future__ import annotations
 
@@ -197,6 +201,15 @@ def test_a_real_front_under_abuse_answers_4xx_frees_what_it_took_and_still_place
     assert min(growth["heap_kib"]) <= cfg.heap_slack_kib == 128, f
     assert min(growth["py_blocks"]) <= cfg.blocks_slack == 200, f
     assert min(growth["rss_trimmed_kib"]) <= cfg.rss_slack_mib * 1024 == 4096, f
+    # the front checks keys: nothing for a request without a valid credential, a used-up
+    # token, or another key's credential on a call
+    assert kinds["unauthenticated"]["outcomes"] == {"401": cfg.unauthenticated * cfg.rounds}
+    assert kinds["token_replay"]["outcomes"] == {"403": cfg.replays * cfg.rounds}
+    assert kinds["cross_key"]["outcomes"] == {"403": 3 * cfg.rounds, "204": cfg.rounds}
     calls = result["real_calls"]
     assert calls["attempted"] >= 1 and calls["succeeded"] == calls["attempted"], calls
+    given = result["given"]
+    assert given["calls_created"] == given["agent_sessions"] == given["legitimate_calls"] \
+        == calls["attempted"] + cfg.rounds, given
+    assert given["tokens_minted"] == given["turn_credentials_issued"] == 0, given
     assert result["violations"] == [] and result["processes_left"] == []

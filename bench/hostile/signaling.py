@@ -17,8 +17,20 @@ front's file descriptors, tasks and memory are the baseline; then, all at once:
 - ``junk_burst``: ``junk_posts`` concurrent requests, each on its own connection: junk
   bodies through aiohttp's client, and raw junk (not HTTP, header bombs, a line over aiohttp's
   cap, a request abandoned half sent): a 4xx, or closed, or (counted) a timeout; never a 5xx.
+- ``unauthenticated``: well-formed offers ``POST``ed with no credential, a malformed one, a
+  forged key, a forged token and an expired token, and the same asking for ICE servers
+  (``GET /v1/ice-servers``, the front hands out TURN credentials) and tokens: 401 each.
+- ``token_replay``: a call token limited to one call, used for its call, then replayed: 403.
+- ``cross_key``: another key's call ``DELETE``d with a second key, its token, and another token
+  of the call's own key: 403 each; its own token then ends it (204).
 - ``real_calls``: aiortc clients (services/client) calling through the front as the burst
-  starts: each must succeed.
+  starts, with a token of their own key: each must succeed.
+
+The front checks API keys (two: the real calls' and the abuser's; docs/auth.md), so the abuse
+of the body's limits above carries a valid token of the abuser's key: the front checks the
+credential before it reads a byte of a body. Over the run: calls created only for the real
+calls and the one call a round the ownership cases need (so the agent's sessions too), no
+token minted and no TURN credential issued.
 
 The warm-up before the baseline is the same abuse (every kind, one call), so that first uses
 (code paths, metric labels, caches, the allocators' high-water marks) are paid before it; the
@@ -43,24 +55,28 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.hostile.hygiene import memory_figures
+from scenarios.credentials import PrivateFiles
 from scenarios.demo_edge import demo_plan
 from scenarios.edge import Edge
 from scenarios.processes import http_ok, voiceedge_cmd
 from services import procfs
 from services.client.config import ClientConfig
 from services.client.runner import run_sessions
+from services.signaling.auth import ApiKey, Caller, KeyRing
+from services.turn.credentials import new_secret
 from services.transceiver.ice import SHARED
 from topology.netns import in_namespace, lab_namespace
 from voiceedge.reaper import temp_dir
 
 MEMORY = ("heap_kib", "heap_free_kib", "py_blocks", "rss_trimmed_kib", "rss_kib")
 KINDS = ("oversized", "content_type", "pathological_sdp", "slow_upload", "slow_headers",
-         "junk_burst")
+         "junk_burst", "unauthenticated", "token_replay", "cross_key")
 ENDED = ("closed", "reset")  # the connection ended without an answer (raw junk, slow headers)
 
 
@@ -72,6 +88,8 @@ class SignalingAbuseConfig:
     byte_interval_s: float = 1.0    # one byte a second
     repeats: int = 3                # each oversized / content-type / pathological case
     real_calls: int = 3
+    unauthenticated: int = 300      # requests without a valid credential a round
+    replays: int = 20               # a used-up token's call, replayed
     call_duration_s: float = 3.0
     answer_timeout_s: float = 15.0  # no answer by then: a timeout
     answer_slack_s: float = 1.5     # slow clients: ended within the front's timeout + this
@@ -152,13 +170,15 @@ def pathological_offers(rng: random.Random) -> list[tuple[str, bytes, int]]:
 # ------------------------------------------------------------ requests
 
 async def post(http: aiohttp.ClientSession, url: str, body, content_type: str | None,
-               timeout_s: float) -> tuple[str, float]:
-    """POST through aiohttp's client: (outcome, seconds)."""
-    headers = {} if content_type is None else {"Content-Type": content_type}
+               timeout_s: float, headers: dict[str, str] | None = None,
+               method: str = "POST") -> tuple[str, float]:
+    """POST (or ``method``) through aiohttp's client: (outcome, seconds)."""
+    headers = {**(headers or {}),
+               **({} if content_type is None else {"Content-Type": content_type})}
     started = time.monotonic()
     try:
-        async with http.post(url, data=body, headers=headers,
-                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+        async with http.request(method, url, data=body, headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             await r.read()
             outcome = str(r.status)
     except asyncio.TimeoutError:
@@ -220,9 +240,12 @@ async def raw(host: str, port: int, chunks: list[bytes], timeout_s: float,
 
 
 def _request(body_length: int | str, content_type: str = "application/sdp",
-             extra: str = "") -> bytes:
+             extra: str = "", auth: str = "") -> bytes:
+    """A raw POST's head; ``auth``: its Authorization value (the front checks the credential
+    before it reads a byte of the body: the body's own checks need a valid one)."""
+    auth_line = f"Authorization: {auth}\r\n" if auth else ""
     return (f"POST /v1/calls HTTP/1.1\r\nHost: edge\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {body_length}\r\n{extra}\r\n").encode()
+            f"{auth_line}Content-Length: {body_length}\r\n{extra}\r\n").encode()
 
 
 # ------------------------------------------------------------ the abuse
@@ -235,10 +258,19 @@ class Front:
     port: int
     read_timeout_s: float
     idle_timeout_s: float
+    auth: str = ""   # the Authorization value the body-checking abuse carries (a valid one)
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/v1/calls"
+
+    @property
+    def base(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": self.auth} if self.auth else {}
 
 
 def _status_ok(outcome: str, want: int | None = None) -> bool:
@@ -257,23 +289,27 @@ async def fixed_cases(front: Front, cfg: SignalingAbuseConfig,
         for _ in range(50):
             yield b"a=" + b"c" * 4094
 
+    auth = front.headers
     cases = [("oversized", "1 MiB", lambda: post(http, front.url, big, "application/sdp",
-                                                  cfg.answer_timeout_s), 413),
+                                                  cfg.answer_timeout_s, auth), 413),
              ("oversized", "100 KiB", lambda: post(http, front.url, big[:100 * 1024],
-                                                   "application/sdp", cfg.answer_timeout_s), 413),
+                                                   "application/sdp", cfg.answer_timeout_s,
+                                                   auth), 413),
              ("oversized", "chunked 200 KiB", lambda: post(http, front.url, chunked(),
                                                            "application/sdp",
-                                                           cfg.answer_timeout_s), 413),
+                                                           cfg.answer_timeout_s, auth), 413),
              ("oversized", "Content-Length 1 TB", lambda: raw(
-                 front.host, front.port, [_request(10 ** 12), OFFER], cfg.answer_timeout_s), 413)]
+                 front.host, front.port, [_request(10 ** 12, auth=front.auth), OFFER],
+                 cfg.answer_timeout_s), 413)]
     for ctype in ("text/plain", "application/json", "application/x-www-form-urlencoded",
                   "multipart/form-data; boundary=x", "application/sdpx", None):
         cases.append(("content_type", ctype or "none",
-                      lambda c=ctype: post(http, front.url, OFFER, c, cfg.answer_timeout_s), 415))
+                      lambda c=ctype: post(http, front.url, OFFER, c, cfg.answer_timeout_s,
+                                           auth), 415))
     for name, body, want in pathological_offers(rng):
         cases.append(("pathological_sdp", name,
                       lambda b=body: post(http, front.url, b, "application/sdp",
-                                          cfg.answer_timeout_s), want))
+                                          cfg.answer_timeout_s, auth), want))
     cases = cases * cfg.repeats
     got = await asyncio.gather(*(send() for _, _, send, _ in cases))
     return [Answer(kind, name, outcome, s, _status_ok(outcome, want))
@@ -283,7 +319,7 @@ async def fixed_cases(front: Front, cfg: SignalingAbuseConfig,
 async def slow_clients(front: Front, cfg: SignalingAbuseConfig) -> list[Answer]:
     """Bodies and headers a byte every ``cfg.byte_interval_s``: 408 / closed in time."""
     body_bytes = [bytes([b]) for b in OFFER]
-    head = _request(len(OFFER))
+    head = _request(len(OFFER), auth=front.auth)
     upload = [head] + body_bytes
     headers = [bytes([b]) for b in head] + body_bytes
     limit_upload = front.read_timeout_s + cfg.answer_slack_s
@@ -300,8 +336,9 @@ async def slow_clients(front: Front, cfg: SignalingAbuseConfig) -> list[Answer]:
     return out
 
 
-def _junk(i: int, rng: random.Random) -> tuple[str, str, object]:
-    """The burst's request ``i``: (case, "http" | "raw" | "abandon", what to send)."""
+def _junk(i: int, rng: random.Random, auth: str = "") -> tuple[str, str, object]:
+    """The burst's request ``i``: (case, "http" | "raw" | "abandon", what to send), with
+    ``auth`` as its Authorization value."""
     pick = i % 10
     if pick == 0:
         return "random bytes as SDP", "http", (rng.randbytes(rng.randrange(0, 4096)),
@@ -319,13 +356,15 @@ def _junk(i: int, rng: random.Random) -> tuple[str, str, object]:
     if pick == 5:
         return "not HTTP", "raw", [rng.randbytes(rng.randrange(1, 2048))]
     if pick == 6:
-        return "200 headers", "raw", [_request(len(_JUNK_SDP), extra="".join(
+        return "200 headers", "raw", [_request(len(_JUNK_SDP), auth=auth, extra="".join(
             f"X-Junk-{k}: {k}\r\n" for k in range(200))), _JUNK_SDP]
     if pick == 7:
-        return "16 KiB header line", "raw", [_request(0, extra=f"X-Long: {'L' * 16384}\r\n")]
+        return "16 KiB header line", "raw", [_request(0, auth=auth,
+                                                       extra=f"X-Long: {'L' * 16384}\r\n")]
     if pick == 8:
-        return "bad Content-Length", "raw", [_request("-5"), _JUNK_SDP]
-    return "abandoned half way", "abandon", [_request(len(OFFER)), OFFER[:len(OFFER) // 2]]
+        return "bad Content-Length", "raw", [_request("-5", auth=auth), _JUNK_SDP]
+    return "abandoned half way", "abandon", [_request(len(OFFER), auth=auth),
+                                             OFFER[:len(OFFER) // 2]]
 
 
 # Junk never carries a whole well-formed offer: that would be a call (the transceiver's
@@ -337,12 +376,13 @@ async def junk_burst(front: Front, n: int, cfg: SignalingAbuseConfig,
                      seed: int) -> list[Answer]:
     """``n`` junk requests at once, each on its own connection."""
     rng = random.Random(seed)
-    jobs = [_junk(i, rng) for i in range(n)]
+    jobs = [_junk(i, rng, front.auth) for i in range(n)]
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector) as http:
         async def one(how, what):
             if how == "http":
-                return await post(http, front.url, what[0], what[1], cfg.answer_timeout_s)
+                return await post(http, front.url, what[0], what[1], cfg.answer_timeout_s,
+                                  front.headers)
             return await raw(front.host, front.port, what, cfg.answer_timeout_s,
                              abandon=how == "abandon")
         got = await asyncio.gather(*(one(how, what) for _, how, what in jobs))
@@ -351,10 +391,101 @@ async def junk_burst(front: Front, n: int, cfg: SignalingAbuseConfig,
             for (case, _, _), (outcome, s) in zip(jobs, got)]
 
 
-async def real_calls(front: Front, cfg: SignalingAbuseConfig) -> list:
+def _bearer(credential: str | None) -> dict[str, str]:
+    return {} if credential is None else {"Authorization": f"Bearer {credential}"}
+
+
+def unauthenticated_credentials(ring: KeyRing, key: ApiKey) -> list[tuple[str, dict]]:
+    """(case, headers) of requests no front may serve: no credential, a malformed one, the
+    key's id with another secret, a token whose payload was changed after signing, an expired
+    token (minted two hours ago for ten minutes)."""
+    token = ring.mint(Caller(key.id), 600).value
+    payload, mac = token[len("vet_"):].split(".")
+    forged = "vet_" + payload[:-2] + ("AA" if payload[-2:] != "AA" else "BB") + "." + mac
+    expired = ring.mint(Caller(key.id), 600, now=time.time() - 7200).value
+    return [("no credential", {}), ("Basic scheme", {"Authorization": "Basic dXNlcjpwdw=="}),
+            ("random bearer", _bearer("x" * 40)),
+            ("forged key", _bearer(ApiKey(key.id, bytes(32)).text)),
+            ("forged token", _bearer(forged)), ("expired token", _bearer(expired))]
+
+
+async def unauthenticated(front: Front, n: int, credentials: list[tuple[str, dict]],
+                          cfg: SignalingAbuseConfig) -> list[Answer]:
+    """``n`` requests at once without a valid credential: offers, ICE servers, tokens."""
+    routes = [("POST", front.url, OFFER, "application/sdp"),
+              ("GET", f"{front.base}/v1/ice-servers", None, None),
+              ("POST", f"{front.base}/v1/client_secrets", b"{}", "application/json")]
+    jobs = [(credentials[i % len(credentials)], routes[i // len(credentials) % len(routes)])
+            for i in range(n)]
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        got = await asyncio.gather(*(post(http, url, body, ctype, cfg.answer_timeout_s,
+                                          headers, method)
+                                     for (_, headers), (method, url, body, ctype) in jobs))
+    return [Answer("unauthenticated", f"{case}: {method} {urlsplit(url).path}", outcome, s,
+                   outcome == "401")
+            for ((case, _), (method, url, _, _)), (outcome, s) in zip(jobs, got)]
+
+
+@dataclass(frozen=True)
+class OwnedCall:
+    """A call the ownership cases are about: placed by ``token`` (one call allowed) of the
+    real calls' key, at ``location``."""
+
+    token: str
+    location: str
+
+
+async def place_owned_call(front: Front, ring: KeyRing, key: ApiKey,
+                           cfg: SignalingAbuseConfig) -> OwnedCall | str:
+    """The call, or why it could not be placed."""
+    token = ring.mint(Caller(key.id), 600, max_calls=1).value
+    async with aiohttp.ClientSession() as http:
+        async with http.post(front.url, data=OFFER,
+                             headers={"Content-Type": "application/sdp", **_bearer(token)},
+                             timeout=aiohttp.ClientTimeout(total=cfg.answer_timeout_s)) as r:
+            await r.read()
+            location = r.headers.get("Location")
+            if r.status != 201 or not location:
+                return f"HTTP {r.status}"
+    return OwnedCall(token, f"{front.base}{location}")
+
+
+async def ownership_cases(front: Front, call: OwnedCall, ring: KeyRing, owner: ApiKey,
+                          other: ApiKey, cfg: SignalingAbuseConfig) -> list[Answer]:
+    """The used-up token replayed (403 each), the call ``DELETE``d by anyone but its creator
+    (403 each), at once."""
+    replay = [("token_replay", "its one call used", "POST", front.url, OFFER,
+               "application/sdp", _bearer(call.token), "403")] * cfg.replays
+    strangers = [("another key", other.text),
+                 ("another key's token", ring.mint(Caller(other.id), 600).value),
+                 ("another token of the call's key", ring.mint(Caller(owner.id), 600).value)]
+    deletes = [("cross_key", case, "DELETE", call.location, None, None, _bearer(credential),
+                "403") for case, credential in strangers]
+    jobs = replay + deletes
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        got = await asyncio.gather(*(post(http, url, body, ctype, cfg.answer_timeout_s,
+                                          headers, method)
+                                     for _, _, method, url, body, ctype, headers, _ in jobs))
+    return [Answer(kind, case, outcome, s, outcome == want)
+            for (kind, case, *_, want), (outcome, s) in zip(jobs, got)]
+
+
+async def end_owned_call(call: OwnedCall, cfg: SignalingAbuseConfig) -> Answer:
+    """Its creator ends it: 204 says the refused DELETEs left it alone."""
+    async with aiohttp.ClientSession() as http:
+        outcome, s = await post(http, call.location, None, None, cfg.answer_timeout_s,
+                                _bearer(call.token), "DELETE")
+    return Answer("cross_key", "its creator's token, after", outcome, s, outcome == "204")
+
+
+async def real_calls(front: Front, cfg: SignalingAbuseConfig,
+                     credential: str | None = None) -> list:
     client = ClientConfig(url=front.url, duration_s=cfg.call_duration_s, start_rate=5.0,
                           full_sessions=0, signaling_timeout_s=cfg.answer_timeout_s,
-                          setup_timeout_s=cfg.answer_timeout_s, reconnect_attempts=0)
+                          setup_timeout_s=cfg.answer_timeout_s, reconnect_attempts=0,
+                          headers=_bearer(credential))
     return await run_sessions(client, cfg.real_calls)
 
 
@@ -372,20 +503,20 @@ def usage(pid: int) -> Usage:
     return Usage(procfs.open_fds(pid), procfs.kib(procfs.status_fields(pid), "VmRSS") or 0)
 
 
-async def _samples(url: str) -> list:
-    """The samples of the front's ``/metrics`` at ``url``."""
+async def _samples(scrape: "Scrape", query: str = "") -> list:
+    """The samples of the front's ``/metrics``."""
     async with aiohttp.ClientSession() as http:
-        async with http.get(url) as r:
+        async with http.get(scrape.url + query, headers=scrape.headers) as r:
             text = await r.text()
     return [s for family in text_string_to_metric_families(text) for s in family.samples]
 
 
-async def memory(url: str) -> dict[str, int | None]:
+async def memory(url: "Scrape") -> dict[str, int | None]:
     """The front's own memory figures (hygiene.memory_figures) from its ``/metrics`` at
     ``url``, after a full garbage collection and malloc_trim (read after ``usage``: trimming
     lowers RSS)."""
     prefix = "voiceedge_signaling_process_"
-    process = {s.name[len(prefix):]: int(s.value) for s in await _samples(url + "?gc=1&trim=1")
+    process = {s.name[len(prefix):]: int(s.value) for s in await _samples(url, "?gc=1&trim=1")
                if s.name.startswith(prefix)}
     return memory_figures(process, trimmed=True)
 
@@ -405,7 +536,7 @@ async def steady(pid: int, within_s: float, floor: int = 0, still_s: float = 1.0
     return usage(pid)
 
 
-async def quiet(url: str, tasks: int, within_s: float) -> int:
+async def quiet(url: "Scrape", tasks: int, within_s: float) -> int:
     """Wait until the front (``/metrics`` at ``url``) runs no more than ``tasks`` asyncio
     tasks, at most ``within_s``: a request's handler can outlive its connection by a second or
     two (aiohttp's lingering close), holding its objects. The count then."""
@@ -416,15 +547,19 @@ async def quiet(url: str, tasks: int, within_s: float) -> int:
     return now
 
 
-async def _gauge(url: str, name: str) -> int:
+async def _gauge(url: "Scrape", name: str) -> int:
     return sum(int(s.value) for s in await _samples(url)
                if s.name == f"voiceedge_signaling_{name}")
 
 
-async def metrics(url: str) -> dict[tuple[str, str], float]:
-    """The front's refusals: {("status", "413"): n, ("reason", "too_large"): n, ...}."""
+async def metrics(url: "Scrape") -> dict[tuple[str, str], float]:
+    """The front's refusals: {("status", "413"): n, ("reason", "too_large"): n, ...}, and
+    what it gave: calls created, tokens minted, TURN credentials issued."""
     out = {}
     for s in await _samples(url):
+        if s.name in ("voiceedge_signaling_tokens_minted_total",
+                      "voiceedge_signaling_turn_credentials_issued_total"):
+            out[(s.name[len("voiceedge_signaling_"):-len("_total")], "")] = s.value
         if s.name == "voiceedge_signaling_calls_refused_total":
             out[("status", s.labels["status"])] = s.value
         elif s.name == "voiceedge_signaling_offers_rejected_total":
@@ -434,21 +569,40 @@ async def metrics(url: str) -> dict[tuple[str, str], float]:
     return out
 
 
+@dataclass(frozen=True)
+class Scrape:
+    """The front's ``/metrics`` and the header that reads it (an API key)."""
+
+    url: str
+    headers: dict[str, str]
+
+
 class AbuseEdge:
     """``with AbuseEdge(ns, workdir, cfg) as edge``: the demo's edge without its front, and a
-    front of its own with ``cfg``'s limits, in lab namespace ``ns`` (a LabNamespace)."""
+    front of its own with ``cfg``'s limits, two API keys (``owner``: the real calls', and
+    ``abuser``'s) and TURN credentials to hand out, in lab namespace ``ns`` (a
+    LabNamespace). The keys and the TURN secret live in a private folder, gone at exit."""
 
     def __init__(self, ns, workdir: Path, cfg: SignalingAbuseConfig) -> None:
         plan = replace(demo_plan(SHARED, ns.name, *ns.addresses), fronts=())
         self.edge = Edge(plan, workdir)
         self.cfg = cfg
+        self.agent_health = f"http://127.0.0.1:{plan.ports.agent}/healthz"
         cluster = plan.clusters[0]
+        self.owner, self.abuser = ApiKey.new("app-a"), ApiKey.new("app-b")
+        self.ring = KeyRing([self.owner, self.abuser])
+        self._secrets = PrivateFiles()
+        keys = self._secrets.write("api-keys", f"{self.owner.text}\n{self.abuser.text}")
+        turn = self._secrets.write("turn-secret", new_secret())
         self.front = Front("127.0.0.1", plan.ports.signaling, cfg.read_timeout_s,
-                           cfg.idle_timeout_s)
+                           cfg.idle_timeout_s,
+                           auth=f"Bearer {self.ring.mint(Caller(self.abuser.id), 3600).value}")
         self._cmd = voiceedge_cmd(
             "signaling", "--listen", f"{self.front.host}:{self.front.port}",
             "--transceiver", self.edge.control_url(cluster), "--advertise",
-            plan.advertise(cluster), "--region", "abuse", *cfg.front_args())
+            plan.advertise(cluster), "--region", "abuse", "--api-keys", str(keys),
+            "--turn-url", "turn:127.0.0.1:3478", "--turn-secret-file", str(turn),
+            *cfg.front_args())
         self._host = cluster.host
 
     def __enter__(self) -> "AbuseEdge":
@@ -458,12 +612,13 @@ class AbuseEdge:
             self.edge.add("front-abuse", self._host, self._cmd, "signaling",
                           lambda: http_ok(health))
         except BaseException:
-            self.edge.stop()
+            self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc) -> None:
         self.edge.stop()
+        self._secrets.close()
 
     @property
     def pid(self) -> int:
@@ -474,8 +629,9 @@ class AbuseEdge:
         return self.edge.logs / "front-abuse.log"
 
     @property
-    def metrics_url(self) -> str:
-        return f"http://{self.front.host}:{self.front.port}/metrics"
+    def metrics_url(self) -> Scrape:
+        return Scrape(f"http://{self.front.host}:{self.front.port}/metrics",
+                      _bearer(self.owner.text))
 
 
 # ------------------------------------------------------------ the run
@@ -501,9 +657,10 @@ async def abuse(edge: AbuseEdge, cfg: SignalingAbuseConfig, say=lambda msg: None
     front, pid = edge.front, edge.pid
     idle_tasks = await _gauge(edge.metrics_url, "process_asyncio_tasks")
     say("warm-up: the same abuse and a call")
-    await all_at_once(front, replace(cfg, real_calls=1), cfg.seed)
+    await all_at_once(edge, replace(cfg, real_calls=1), cfg.seed)
     points = [await settle(edge, cfg, idle_tasks)]
     before_metrics = await metrics(edge.metrics_url)
+    agent_before = await _agent_sessions(edge)
     log_lines = _lines_of(edge.log_path)
     say(f"front: {points[0]['fds']} fds, {points[0]['rss_kib'] / 1024:.1f} MiB; the abuse, "
         f"{cfg.rounds} times: {cfg.junk_posts} junk at once, {cfg.slow_uploads} + "
@@ -520,16 +677,28 @@ async def abuse(edge: AbuseEdge, cfg: SignalingAbuseConfig, say=lambda msg: None
     for i in range(cfg.rounds):
         watcher = asyncio.create_task(watch())
         try:
-            got, calls = await all_at_once(front, cfg, cfg.seed + 1 + i)
+            got, calls = await all_at_once(edge, cfg, cfg.seed + 1 + i)
         finally:
             watcher.cancel()
         answers, sessions = answers + got, sessions + calls
         points.append(await settle(edge, cfg, idle_tasks, points[0]["fds"]))
     after_metrics = await metrics(edge.metrics_url)
+    delta = {name: int(after_metrics.get((key, ""), 0) - before_metrics.get((key, ""), 0))
+             for name, key in (("calls_created", "created"), ("tokens_minted", "tokens_minted"),
+                               ("turn_credentials_issued", "turn_credentials_issued"))}
+    given = {"agent_sessions": await _agent_sessions(edge) - agent_before, **delta,
+             "legitimate_calls": len(sessions) + cfg.rounds}   # + the owned call a round
     return summarise(cfg, answers, sessions, points, peak[0], idle_tasks,
                      {k: int(v - before_metrics.get(k, 0)) for k, v in after_metrics.items()
-                      if v - before_metrics.get(k, 0)},
-                     _lines_of(edge.log_path) - log_lines)
+                      if v - before_metrics.get(k, 0) and k[0] in ("status", "reason")},
+                     _lines_of(edge.log_path) - log_lines, given)
+
+
+async def _agent_sessions(edge: AbuseEdge) -> int:
+    """The agent's sessions so far: one for every call a transceiver took."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(edge.agent_health) as r:
+            return int((await r.json())["sessions_total"])
 
 
 async def settle(edge: AbuseEdge, cfg: SignalingAbuseConfig, idle_tasks: int,
@@ -542,16 +711,30 @@ async def settle(edge: AbuseEdge, cfg: SignalingAbuseConfig, idle_tasks: int,
             **await memory(edge.metrics_url)}
 
 
-async def all_at_once(front: Front, cfg: SignalingAbuseConfig, seed: int) -> tuple[list, list]:
+async def all_at_once(edge: AbuseEdge, cfg: SignalingAbuseConfig,
+                      seed: int) -> tuple[list, list]:
     """Every kind of abuse and ``cfg.real_calls`` calls at the same time: (answers, the calls'
-    results)."""
+    results). The ownership cases' call is placed first, and ended by its creator after."""
+    front, ring = edge.front, edge.ring
+    owned = await place_owned_call(front, ring, edge.owner, cfg)
+    answers = []
+    if isinstance(owned, str):
+        answers.append(Answer("cross_key", "the call to own", owned, 0.0, False))
+    strangers = unauthenticated_credentials(ring, edge.owner)
     http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
     try:
         slow = asyncio.create_task(slow_clients(front, cfg))
-        calls = asyncio.create_task(real_calls(front, cfg))
-        burst, fixed = await asyncio.gather(junk_burst(front, cfg.junk_posts, cfg, seed),
-                                            fixed_cases(front, cfg, http))
-        return burst + fixed + await slow, await calls
+        calls = asyncio.create_task(real_calls(
+            front, cfg, ring.mint(Caller(edge.owner.id), 3600).value))
+        burst, fixed, denied, owners = await asyncio.gather(
+            junk_burst(front, cfg.junk_posts, cfg, seed), fixed_cases(front, cfg, http),
+            unauthenticated(front, cfg.unauthenticated, strangers, cfg),
+            ownership_cases(front, owned, ring, edge.owner, edge.abuser, cfg)
+            if not isinstance(owned, str) else asyncio.sleep(0, []))
+        answers += burst + fixed + denied + owners + await slow
+        if not isinstance(owned, str):
+            answers.append(await end_owned_call(owned, cfg))
+        return answers, await calls
     finally:
         await http.close()
 
@@ -566,9 +749,11 @@ def _lines_of(path: Path) -> int:
 
 def summarise(cfg: SignalingAbuseConfig, answers: list[Answer], sessions: list,
               points: list[dict], peak_fds: int, idle_tasks: int, refusals: dict,
-              log_lines: int) -> dict:
+              log_lines: int, given: dict | None = None) -> dict:
     """The result of ``run``; ``points`` are the front after the warm-up and after each round
-    (``settle``), ``idle_tasks`` its asyncio tasks before any abuse."""
+    (``settle``), ``idle_tasks`` its asyncio tasks before any abuse, ``given`` what the front
+    and the agent gave over the rounds (calls, agent sessions, tokens, TURN credentials)
+    against the legitimate calls."""
     kinds = {}
     violations = []
     for kind in KINDS:
@@ -583,6 +768,14 @@ def summarise(cfg: SignalingAbuseConfig, answers: list[Answer], sessions: list,
                       for a in mine if not a.ok)
         for what, n in sorted(bad.items()):
             violations.append(f"{kind}: {what}" + (f" (x{n})" if n > 1 else ""))
+    given = given or {}
+    legit = given.get("legitimate_calls")
+    for name in ("calls_created", "agent_sessions"):
+        if legit is not None and given.get(name) != legit:
+            violations.append(f"{name}: {given.get(name)}, not the {legit} legitimate calls")
+    for name in ("tokens_minted", "turn_credentials_issued"):
+        if given.get(name):
+            violations.append(f"{name}: {given[name]} without a valid credential")
     fivexx = sum(1 for a in answers if a.outcome.startswith("5"))
     if fivexx:
         violations.append(f"{fivexx} requests answered 5xx")
@@ -618,6 +811,7 @@ def summarise(cfg: SignalingAbuseConfig, answers: list[Answer], sessions: list,
         "kinds": kinds,
         "front": {**front, "log_lines_during": log_lines},
         "refusals": {f"{a}={b}" if b else a: n for (a, b), n in sorted(refusals.items())},
+        "given": given,
         "real_calls": {"attempted": len(sessions), "succeeded": len(ok),
                        "setup_ms": [round(s.setup_ms, 1) for s in ok if s.setup_ms]},
         "violations": violations,
@@ -645,6 +839,12 @@ def lines(result: dict) -> list[str]:
                           ("rss_trimmed_kib", "RSS after malloc_trim KiB"),
                           ("rss_kib", "RSS KiB"))))
     out.append(f"real calls during the burst: {calls['succeeded']}/{calls['attempted']} ok")
+    g = result.get("given") or {}
+    if g:
+        out.append(f"given over the rounds: {g['calls_created']} calls and "
+                   f"{g['agent_sessions']} agent sessions ({g['legitimate_calls']} legitimate "
+                   f"calls), {g['tokens_minted']} tokens, {g['turn_credentials_issued']} TURN "
+                   "credentials")
     if result["violations"]:
         out += ["VIOLATIONS:"] + [f"  {v}" for v in result["violations"]]
     else:
