@@ -27,7 +27,7 @@ _COMMANDS = {"relay": "services.relay.cli", "transceiver": "services.transceiver
              "scenario": "scenarios.cli", "sweep": "scenarios.sweepcli",
              "token": "services.signaling.tokencli"}
 _BENCHES = ("bench.relay", "bench.capacity", "topology.impairment.bench", "bench.hostile.cli",
-            "bench.srtp_floor")
+            "bench.srtp_floor", "bench.tokencheck")
 # The long-running services: they stop on SIGTERM by themselves (services/lifecycle.py).
 _SERVICES = ("relay", "transceiver", "signaling", "agent")
 
