@@ -5,9 +5,10 @@
 #   docker build --build-arg BASE=voiceedge-base:bookworm \
 #                --build-arg OFFLINE=1 -t voiceedge .             # local Debian base, wheelhouse
 #
-# BASE: any Debian-like image with python3 >= 3.11 and its venv module. The relay's C fast path
-# compiles at install time: gcc and the Python headers must be there (the slim image gets them
-# from apt below; scripts/base-image.sh puts them into voiceedge-base:bookworm). conntrack is for
+# BASE: any Debian-like image with python3 >= 3.11 and its venv module. The C extensions (the
+# relay's fast path and admission, the media plane, the impairment engine) compile at install
+# time: gcc, the Python headers and those of OpenSSL, libsrtp2 and Opus must be there (the slim
+# image gets them from apt below; scripts/base-image.sh puts them into voiceedge-base:bookworm). conntrack is for
 # the compose stack's relay-conntrack guard (deploy/compose/conntrack_guard.py).
 # OFFLINE=1: install only from deploy/compose/wheels/ (filled by `pip wheel` on the host;
 # scripts/compose-test does it), for builds without a route to PyPI or a Debian mirror.
@@ -16,9 +17,11 @@ FROM ${BASE}
 ARG OFFLINE=
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 LANG=C.UTF-8 PATH=/opt/voiceedge/bin:$PATH
 RUN if ! command -v gcc >/dev/null || ! command -v redis-server >/dev/null \
-            || ! [ -x /usr/sbin/conntrack ]; then \
-        [ -z "$OFFLINE" ] || { echo "OFFLINE build: the base image needs gcc, redis-server and conntrack" >&2; exit 1; }; \
-        apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev redis-server conntrack \
+            || ! [ -x /usr/sbin/conntrack ] || ! [ -f /usr/include/openssl/evp.h ] \
+            || ! [ -f /usr/include/srtp2/srtp.h ] || ! [ -f /usr/include/opus/opus.h ]; then \
+        [ -z "$OFFLINE" ] || { echo "OFFLINE build: the base image needs gcc, the OpenSSL, libsrtp2 and Opus headers, redis-server and conntrack (scripts/base-image.sh)" >&2; exit 1; }; \
+        apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libssl-dev \
+            libsrtp2-dev libopus-dev redis-server conntrack \
         && rm -rf /var/lib/apt/lists/*; \
     fi; \
     PY=$(command -v python3.11 || command -v python3); "$PY" -m venv /opt/voiceedge

@@ -8,15 +8,16 @@
 # step's version): the tarball's name carries it and so does the image's label
 # voiceedge.base-key, so changing PACKAGES (or SUITE) rebuilds the rootfs and re-imports the
 # image on the next run, and an unchanged one costs nothing.
-# The image carries what the Dockerfile needs offline: python3 (venv, dev headers), gcc for the
-# relay's C fast path, redis-server for the compose stack's redis service, and conntrack for its
+# The image carries what the Dockerfile needs offline: python3 (venv, dev headers), gcc and the
+# headers and libraries of the C extensions (the relay's fast path and admission: OpenSSL; the
+# media plane: libsrtp2, Opus, OpenSSL), redis-server for the compose stack's redis service, and conntrack for its
 # relay-conntrack guard (deploy/compose/conntrack_guard.py).
 set -euo pipefail
 IMAGE=${IMAGE:-voiceedge-base:bookworm}
 SUITE=${SUITE:-bookworm}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 CACHE=${CACHE:-/var/cache/voiceedge}
-PACKAGES=python3,python3-venv,python3-dev,gcc,libc6-dev,redis-server,procps,iproute2,ca-certificates,conntrack
+PACKAGES=python3,python3-venv,python3-dev,gcc,libc6-dev,libssl-dev,libsrtp2-dev,libopus-dev,redis-server,procps,iproute2,ca-certificates,conntrack
 # Bump when the rootfs recipe below changes in a way the package list does not show.
 RECIPE=1
 KEY=$(printf '%s\n' "$SUITE" "$PACKAGES" "$RECIPE" | sha256sum | cut -c1-12)
