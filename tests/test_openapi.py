@@ -13,16 +13,16 @@ import hypothesis
 import pytest
 import requests
 import schemathesis
-from aiortc import RTCConfiguration, RTCPeerConnection
-from aiortc.mediastreams import AudioStreamTrack
 from schemathesis import checks, openapi
 
+from services.client.credential import bearer
 from services.signaling.auth import ApiKey, KeyRing
 from services.signaling.iceservers import TurnHandout
 from services.signaling.server import ClusterRoute, SignalingConfig, SignalingServer
 from services.transceiver import ice
 from services.transceiver.server import TransceiverConfig, TransceiverServer
 from tests.conftest import REPO, until
+from tests.offers import STATIC_OFFER
 
 SPEC = REPO / "docs" / "openapi.yaml"
 CHECKS = [checks.not_a_server_error, checks.status_code_conformance,
@@ -37,15 +37,6 @@ for _media in ("application/sdp", "application/trickle-ice-sdpfrag"):
     schemathesis.serializer.alias(_media, "text/plain")
 
 
-async def _offer() -> str:
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    pc.addTrack(AudioStreamTrack())
-    await pc.setLocalDescription(await pc.createOffer())
-    sdp = pc.localDescription.sdp
-    await pc.close()
-    return sdp
-
-
 class LiveFront:
     """A transceiver and a front with API keys on an event loop of their own thread (the
     checks' HTTP client is synchronous)."""
@@ -57,7 +48,6 @@ class LiveFront:
         self.turn_secret.write_text("contract-turn-secret\n")
         self.front: SignalingServer | None = None
         self.transceiver: TransceiverServer | None = None
-        self.offer = ""
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -83,7 +73,6 @@ class LiveFront:
                 async with SignalingServer(front_config) as front:
                     await until(lambda: all(b.healthy for b in front.backends))
                     self.front, self.transceiver = front, transceiver
-                    self.offer = await _offer()
                     self._ready.set()
                     await self._stop.wait()
         except BaseException as exc:   # noqa: BLE001 - reported by start()
@@ -115,10 +104,6 @@ def schema(live):
     return schema
 
 
-def _bearer(credential: str | None) -> dict:
-    return {} if credential is None else {"Authorization": f"Bearer {credential}"}
-
-
 def _checked(schema, method: str, path: str, **request):
     """One request built from the contract's operation, sent, and its answer checked."""
     case = schema[path][method].Case(**request)
@@ -129,40 +114,40 @@ def _checked(schema, method: str, path: str, **request):
 
 
 def test_every_documented_operation_answers_as_documented(live, schema):
-    minted = _checked(schema, "POST", "/v1/client_secrets", headers=_bearer(KEY.text),
+    minted = _checked(schema, "POST", "/v1/client_secrets", headers=bearer(KEY.text),
                       media_type="application/json", body={"expires_in": 120, "max_calls": 2})
     assert minted.status_code == 201
     token = minted.json()["value"]
-    assert _checked(schema, "POST", "/v1/client_secrets", headers=_bearer(token),
+    assert _checked(schema, "POST", "/v1/client_secrets", headers=bearer(token),
                     media_type="application/json", body={}).status_code == 403
-    ice_servers = _checked(schema, "GET", "/v1/ice-servers", headers=_bearer(token))
+    ice_servers = _checked(schema, "GET", "/v1/ice-servers", headers=bearer(token))
     assert ice_servers.status_code == 200 and ice_servers.json()["iceTransportPolicy"] == "relay"
     assert _checked(schema, "GET", "/v1/ice-servers").status_code == 401
     placed = _checked(schema, "POST", "/v1/calls", media_type="application/sdp",
-                      headers={**_bearer(token), "Content-Type": "application/sdp"},
-                      body=live.offer)
+                      headers={**bearer(token), "Content-Type": "application/sdp"},
+                      body=STATIC_OFFER)
     assert placed.status_code == 201, (placed.status_code, placed.text)
     call = placed.headers["location"][0].rsplit("/", 1)[1]
     assert _checked(schema, "POST", "/v1/calls", media_type="application/sdp",
                     headers={"Content-Type": "application/sdp"},
-                    body=live.offer).status_code == 401
+                    body=STATIC_OFFER).status_code == 401
     fragment = "a=ice-ufrag:abcd\r\na=ice-pwd:abcdefghijklmnopqrstuvwx\r\n"
     restart = _checked(schema, "PATCH", "/v1/calls/{call}", path_parameters={"call": call},
-                       headers={**_bearer(token),
+                       headers={**bearer(token),
                                 "Content-Type": "application/trickle-ice-sdpfrag"},
                        media_type="application/trickle-ice-sdpfrag", body=fragment)
     assert restart.status_code == 409   # no ICE ever reached it: not connected
     other = ApiKey("app-a", bytes(32)).text   # the key's id with a wrong secret
     assert _checked(schema, "DELETE", "/v1/calls/{call}", path_parameters={"call": call},
-                    headers=_bearer(other)).status_code == 401
+                    headers=bearer(other)).status_code == 401
     assert _checked(schema, "DELETE", "/v1/calls/{call}", path_parameters={"call": call},
-                    headers=_bearer(token)).status_code == 204
+                    headers=bearer(token)).status_code == 204
     assert _checked(schema, "DELETE", "/v1/calls/{call}", path_parameters={"call": call},
-                    headers=_bearer(token)).status_code == 404
+                    headers=bearer(token)).status_code == 404
     assert _checked(schema, "GET", "/healthz").json() == {"status": "ok"}
-    assert _checked(schema, "GET", "/healthz", headers=_bearer(KEY.text)).json()["transceivers"]
-    assert _checked(schema, "GET", "/metrics", headers=_bearer(KEY.text)).status_code == 200
-    assert _checked(schema, "GET", "/metrics", headers=_bearer(token)).status_code == 403
+    assert _checked(schema, "GET", "/healthz", headers=bearer(KEY.text)).json()["transceivers"]
+    assert _checked(schema, "GET", "/metrics", headers=bearer(KEY.text)).status_code == 200
+    assert _checked(schema, "GET", "/metrics", headers=bearer(token)).status_code == 403
     assert _checked(schema, "GET", "/metrics").status_code == 401
     assert _checked(schema, "GET", "/call").status_code == 200
 

@@ -10,30 +10,17 @@ import logging
 
 import aiohttp
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection
-from aiortc.mediastreams import AudioStreamTrack
 
+from services.client.credential import bearer
 from services.signaling.auth import ApiKey, KeyRing
 from services.signaling.iceservers import TurnHandout
 from services.signaling.server import ClusterRoute, SignalingConfig, SignalingServer
 from services.transceiver import ice
 from services.transceiver.server import TransceiverConfig, TransceiverServer
 from tests.conftest import until
+from tests.offers import STATIC_OFFER
 
 A, B = ApiKey.new("app-a"), ApiKey.new("app-b")
-
-
-async def _offer() -> str:
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    pc.addTrack(AudioStreamTrack())
-    await pc.setLocalDescription(await pc.createOffer())
-    sdp = pc.localDescription.sdp
-    await pc.close()
-    return sdp
-
-
-def _bearer(credential: str | None) -> dict:
-    return {} if credential is None else {"Authorization": f"Bearer {credential}"}
 
 
 class Front:
@@ -45,21 +32,21 @@ class Front:
     async def call(self, credential, offer) -> tuple[int, str | None, str]:
         async with self.http.post(f"{self.base}/v1/calls", data=offer,
                                   headers={"Content-Type": "application/sdp",
-                                           **_bearer(credential)}) as r:
+                                           **bearer(credential)}) as r:
             return r.status, r.headers.get("Location"), await r.text()
 
     async def end(self, credential, location) -> tuple[int, str]:
-        async with self.http.delete(f"{self.base}{location}", headers=_bearer(credential)) as r:
+        async with self.http.delete(f"{self.base}{location}", headers=bearer(credential)) as r:
             return r.status, await r.text()
 
     async def token(self, credential, **ask) -> tuple[int, dict | str]:
         async with self.http.post(f"{self.base}/v1/client_secrets", json=ask,
-                                  headers=_bearer(credential)) as r:
+                                  headers=bearer(credential)) as r:
             return r.status, (await r.json() if r.status == 201 else await r.text())
 
     async def ice_servers(self, credential) -> tuple[int, dict | str]:
         async with self.http.get(f"{self.base}/v1/ice-servers",
-                                 headers=_bearer(credential)) as r:
+                                 headers=bearer(credential)) as r:
             return r.status, (await r.json() if r.status == 200 else await r.text())
 
 
@@ -81,7 +68,7 @@ def _run(tmp_path, body):
                     aiohttp.ClientSession() as http:
                 await until(lambda: any(b.healthy for b in front.backends))   # probed
                 return await body(Front(http, f"http://127.0.0.1:{front.port}", server),
-                                  await _offer())
+                                  STATIC_OFFER)
     return asyncio.run(main())
 
 
@@ -186,7 +173,7 @@ def test_over_its_quota_a_key_gets_429_with_retry_after_and_the_metrics_count_it
         for _, location, _ in placed + [other]:
             await front.end(None if location is None else B.text if "app-b" in location
                             else A.text, location)
-        async with front.http.get(f"{front.base}/metrics", headers=_bearer(A.text)) as r:
+        async with front.http.get(f"{front.base}/metrics", headers=bearer(A.text)) as r:
             metrics = await r.text()
         return placed, over, other, metrics
     placed, over, other, metrics = _run(tmp_path, body)
@@ -230,14 +217,14 @@ def _two_fronts(tmp_path):
                     SignalingServer(front_config) as two, aiohttp.ClientSession() as http:
                 await until(lambda: all(b.healthy for f in (one, two) for b in f.backends))
                 fronts = [Front(http, f"http://127.0.0.1:{f.port}", server) for f in (one, two)]
-                offer = await _offer()
+                offer = STATIC_OFFER
                 first = await fronts[0].call(c.text, offer)
                 second = await fronts[1].call(c.text, offer)
                 await asyncio.sleep(0.3)   # both fronts probed since
                 owners = dict(server.owners)
                 async with http.post(f"{fronts[0].base}/v1/calls", data=offer,
                                      headers={"Content-Type": "application/sdp",
-                                              **_bearer(c.text)}) as r:
+                                              **bearer(c.text)}) as r:
                     over = r.status, r.headers.get("Retry-After"), await r.text()
                 third = await fronts[1].call(c.text, offer)
                 other = await fronts[0].call(A.text, offer)   # another key: no quota
@@ -245,7 +232,7 @@ def _two_fronts(tmp_path):
                 await asyncio.sleep(0.3)
                 again = await fronts[0].call(c.text, offer)
                 async with http.get(f"{fronts[0].base}/metrics",
-                                    headers=_bearer(A.text)) as r:
+                                    headers=bearer(A.text)) as r:
                     metrics = await r.text()
                 return first, second, owners, over, third, other, ended, again, metrics
     return asyncio.run(main())
@@ -258,13 +245,13 @@ def test_the_public_front_shows_no_internal_address_and_its_internals_only_to_a_
         token = minted["value"]
         async with front.http.post(f"{front.base}/v1/calls", data=offer,
                                    headers={"Content-Type": "application/sdp",
-                                            **_bearer(token)}) as r:
+                                            **bearer(token)}) as r:
             answer = r.status, dict(r.headers), await r.text()
         out = {"answer": answer}
         for who, credential in (("anyone", None), ("token", token), ("key", A.text)):
-            async with front.http.get(f"{front.base}/healthz", headers=_bearer(credential)) as r:
+            async with front.http.get(f"{front.base}/healthz", headers=bearer(credential)) as r:
                 out[f"healthz_{who}"] = r.status, await r.json()
-            async with front.http.get(f"{front.base}/metrics", headers=_bearer(credential)) as r:
+            async with front.http.get(f"{front.base}/metrics", headers=bearer(credential)) as r:
                 out[f"metrics_{who}"] = r.status, await r.text()
         await front.end(token, answer[1]["Location"])
         out["port"] = front.transceiver.control_port

@@ -67,6 +67,7 @@ from scenarios.edge import Edge
 from scenarios.processes import http_ok, voiceedge_cmd
 from services import procfs
 from services.client.config import ClientConfig
+from services.client.credential import bearer
 from services.client.runner import run_sessions
 from services.signaling.auth import ApiKey, Caller, KeyRing
 from services.turn.credentials import new_secret
@@ -391,10 +392,6 @@ async def junk_burst(front: Front, n: int, cfg: SignalingAbuseConfig,
             for (case, _, _), (outcome, s) in zip(jobs, got)]
 
 
-def _bearer(credential: str | None) -> dict[str, str]:
-    return {} if credential is None else {"Authorization": f"Bearer {credential}"}
-
-
 def unauthenticated_credentials(ring: KeyRing, key: ApiKey) -> list[tuple[str, dict]]:
     """(case, headers) of requests no front may serve: no credential, a malformed one, the
     key's id with another secret, a token whose payload was changed after signing, an expired
@@ -404,9 +401,9 @@ def unauthenticated_credentials(ring: KeyRing, key: ApiKey) -> list[tuple[str, d
     forged = "vet_" + payload[:-2] + ("AA" if payload[-2:] != "AA" else "BB") + "." + mac
     expired = ring.mint(Caller(key.id), 600, now=time.time() - 7200).value
     return [("no credential", {}), ("Basic scheme", {"Authorization": "Basic dXNlcjpwdw=="}),
-            ("random bearer", _bearer("x" * 40)),
-            ("forged key", _bearer(ApiKey(key.id, bytes(32)).text)),
-            ("forged token", _bearer(forged)), ("expired token", _bearer(expired))]
+            ("random bearer", bearer("x" * 40)),
+            ("forged key", bearer(ApiKey(key.id, bytes(32)).text)),
+            ("forged token", bearer(forged)), ("expired token", bearer(expired))]
 
 
 async def unauthenticated(front: Front, n: int, credentials: list[tuple[str, dict]],
@@ -442,7 +439,7 @@ async def place_owned_call(front: Front, ring: KeyRing, key: ApiKey,
     token = ring.mint(Caller(key.id), 600, max_calls=1).value
     async with aiohttp.ClientSession() as http:
         async with http.post(front.url, data=OFFER,
-                             headers={"Content-Type": "application/sdp", **_bearer(token)},
+                             headers={"Content-Type": "application/sdp", **bearer(token)},
                              timeout=aiohttp.ClientTimeout(total=cfg.answer_timeout_s)) as r:
             await r.read()
             location = r.headers.get("Location")
@@ -456,11 +453,11 @@ async def ownership_cases(front: Front, call: OwnedCall, ring: KeyRing, owner: A
     """The used-up token replayed (403 each), the call ``DELETE``d by anyone but its creator
     (403 each), at once."""
     replay = [("token_replay", "its one call used", "POST", front.url, OFFER,
-               "application/sdp", _bearer(call.token), "403")] * cfg.replays
+               "application/sdp", bearer(call.token), "403")] * cfg.replays
     strangers = [("another key", other.text),
                  ("another key's token", ring.mint(Caller(other.id), 600).value),
                  ("another token of the call's key", ring.mint(Caller(owner.id), 600).value)]
-    deletes = [("cross_key", case, "DELETE", call.location, None, None, _bearer(credential),
+    deletes = [("cross_key", case, "DELETE", call.location, None, None, bearer(credential),
                 "403") for case, credential in strangers]
     jobs = replay + deletes
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
@@ -476,7 +473,7 @@ async def end_owned_call(call: OwnedCall, cfg: SignalingAbuseConfig) -> Answer:
     """Its creator ends it: 204 says the refused DELETEs left it alone."""
     async with aiohttp.ClientSession() as http:
         outcome, s = await post(http, call.location, None, None, cfg.answer_timeout_s,
-                                _bearer(call.token), "DELETE")
+                                bearer(call.token), "DELETE")
     return Answer("cross_key", "its creator's token, after", outcome, s, outcome == "204")
 
 
@@ -485,7 +482,7 @@ async def real_calls(front: Front, cfg: SignalingAbuseConfig,
     client = ClientConfig(url=front.url, duration_s=cfg.call_duration_s, start_rate=5.0,
                           full_sessions=0, signaling_timeout_s=cfg.answer_timeout_s,
                           setup_timeout_s=cfg.answer_timeout_s, reconnect_attempts=0,
-                          headers=_bearer(credential))
+                          headers=bearer(credential))
     return await run_sessions(client, cfg.real_calls)
 
 
@@ -631,7 +628,7 @@ class AbuseEdge:
     @property
     def metrics_url(self) -> Scrape:
         return Scrape(f"http://{self.front.host}:{self.front.port}/metrics",
-                      _bearer(self.owner.text))
+                      bearer(self.owner.text))
 
 
 # ------------------------------------------------------------ the run
