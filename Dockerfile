@@ -8,8 +8,8 @@
 # BASE: any Debian-like image with python3 >= 3.11 and its venv module. The C extensions (the
 # relay's fast path and admission, the media plane, the impairment engine) compile at install
 # time: gcc, the Python headers and those of OpenSSL, libsrtp2 and Opus must be there (the slim
-# image gets them from apt below; scripts/base-image.sh puts them into voiceedge-base:bookworm). conntrack is for
-# the compose stack's relay-conntrack guard (deploy/compose/conntrack_guard.py).
+# image gets them from apt below; scripts/base-image.sh puts them into voiceedge-base:bookworm).
+# conntrack is for the compose stack's relay-conntrack guard (deploy/compose/conntrack_guard.py).
 # OFFLINE=1: install only from deploy/compose/wheels/ (filled by `pip wheel` on the host;
 # scripts/compose-test does it), for builds without a route to PyPI or a Debian mirror.
 ARG BASE=python:3.11-slim-bookworm

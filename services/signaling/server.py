@@ -47,9 +47,10 @@
 - ``GET /healthz``: ``200`` with the transceivers as last probed while at least one answered
   its ``/status``; ``503`` with the same body and a ``reason`` when none did. With API keys
   the counts and the transceivers only for a key; the status alone for anyone else.
-- ``GET /metrics`` (with API keys: for a key only, 401 / 403): Prometheus text: calls created, refused (by status), offers rejected
-  before a transceiver (by reason), steered (by
-  cluster, and whether that was the nearest by RTT), clusters passed over (by why), changes
+- ``GET /metrics`` (with API keys: for a key only, 401 / 403): Prometheus text: calls
+  created, refused (by status), over a key's quota (by key and quota), offers rejected before
+  a transceiver (by reason), tokens minted, TURN credentials issued, steered (by cluster, and
+  whether that was the nearest by RTT), clusters passed over (by why), changes
   of the preferred cluster, each cluster's RTT, each transceiver's probed health and load,
   and the front's warm connections to it; the process's fds, tasks and memory
   (services/introspect.py; ``?gc=1``: after a full garbage collection, ``&trim=1``: and
