@@ -148,3 +148,15 @@ def test_a_keys_quota_comes_from_its_line_and_refills_by_the_minute(tmp_path):
     assert rate.take("k", 2, 0.0) == pytest.approx(30.0)   # then one every 30 s
     assert rate.take("k", 2, 15.0) == pytest.approx(15.0)  # a refusal takes nothing
     assert rate.take("k", 2, 30.0) == 0.0 and rate.take("other", 2, 30.0) == 0.0
+
+
+def test_the_fronts_key_file_may_come_from_the_environment(monkeypatch, tmp_path):
+    from voiceedge.cli import command_parser
+
+    monkeypatch.delenv("VOICEEDGE_API_KEYS_FILE", raising=False)
+    assert command_parser("signaling").parse_args(["signaling"]).api_keys is None
+    monkeypatch.setenv("VOICEEDGE_API_KEYS_FILE", str(tmp_path / "keys"))
+    assert command_parser("signaling").parse_args(["signaling"]).api_keys == str(
+        tmp_path / "keys")
+    assert command_parser("signaling").parse_args(
+        ["signaling", "--api-keys", "given"]).api_keys == "given"

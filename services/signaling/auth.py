@@ -28,7 +28,6 @@ import dataclasses
 import hashlib
 import hmac
 import json
-import os
 import re
 import secrets
 import time
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KEY_PREFIX, TOKEN_PREFIX = "vek_", "vet_"
+API_KEYS_ENV = "VOICEEDGE_API_KEYS_FILE"   # the key file, where --api-keys is not given
 _KEY = re.compile(r"vek_([a-z0-9-]{1,32})_([A-Za-z0-9_-]{43})")
 _SECRET_BYTES = 32
 _TAG_BYTES, _MAC_BYTES = 12, 16
@@ -290,9 +290,3 @@ class CallRate:
             return (1.0 - left) * 60.0 / per_minute
         self._buckets[key_id] = (left - 1.0, now)
         return 0.0
-
-
-def keys_from_env(variable: str = "VOICEEDGE_API_KEYS_FILE") -> KeyRing | None:
-    """The key ring of the file an environment variable names (None: unset)."""
-    path = os.environ.get(variable)
-    return KeyRing.load(path) if path else None

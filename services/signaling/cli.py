@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from services.config import parse_hostport
+from services.signaling.auth import API_KEYS_ENV
 from voiceedge.errors import ConfigError
 from voiceedge.errors import UserError
 
@@ -41,10 +43,11 @@ def add_parser(sub) -> None:
                    help="... in N probe rounds in a row (default 3)")
     g.add_argument("--steer-window", type=int, default=5, metavar="N",
                    help="RTT samples per cluster, smoothed by their median (default 5)")
-    p.add_argument("--api-keys", metavar="FILE",
+    p.add_argument("--api-keys", metavar="FILE", default=os.environ.get(API_KEYS_ENV) or None,
                    help="API keys (one vek_<id>_<secret> a line; docs/auth.md): calls, ICE "
                         "servers and tokens then need Authorization: Bearer <key or token>; "
-                        "without it the front is open to anyone who reaches it")
+                        f"default ${API_KEYS_ENV}; without either the front is open to anyone "
+                        "who reaches it")
     g = p.add_argument_group("TURN credentials on GET /v1/ice-servers "
                              "(services/signaling/iceservers.py)")
     g.add_argument("--turn-url", action="append", default=[], metavar="URL",
