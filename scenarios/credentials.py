@@ -11,11 +11,11 @@ that no key or token is in a run's results, logs or any command line.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
 from services.signaling.auth import TOKEN_TTL_S, ApiKey, Caller, KeyRing
 from services.turn.credentials import write_secret
+from voiceedge.reaper import temp_dir, untrack_dir
 
 KEY_ID = "testbed"
 TOKEN_LIFE_S = TOKEN_TTL_S[1]   # an hour: more than any architecture's run of clients
@@ -25,13 +25,16 @@ class PrivateFiles:
     """A private folder of secret files; ``close()`` removes it."""
 
     def __init__(self) -> None:
-        self._dir = Path(tempfile.mkdtemp(prefix="voiceedge-keys-"))   # 0700
+        # 0700; the command's reaper removes it too if the command is interrupted before
+        # close() (voiceedge/reaper.py)
+        self._dir = temp_dir("voiceedge-keys-")
 
     def write(self, name: str, text: str) -> Path:
         return write_secret(self._dir / name, text)   # 0600 from the start
 
     def close(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)
+        untrack_dir(self._dir)
 
 
 class EdgeCredentials:
