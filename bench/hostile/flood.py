@@ -104,7 +104,7 @@ class FloodConfig:
     def quick(cls) -> "FloodConfig":
         """A few seconds of the full rate and a few calls, with a small pending table so its
         cap is reached (for make test)."""
-        return cls(flood_s=4.0, quiet_s=3.0, tail_s=0.5, calls=4, new_calls=3, new_call_s=1.0,
+        return cls(flood_s=4.0, quiet_s=3.0, tail_s=0.5, calls=12, new_calls=3, new_call_s=1.0,
                    new_call_setup_s=3.0, call_start_rate=20.0, full_clients=1, sources=2000,
                    prefixes=200, max_pending=1000)
 
