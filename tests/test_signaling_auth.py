@@ -6,6 +6,7 @@ credential is ever logged."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import aiohttp
@@ -50,6 +51,23 @@ class Front:
             return r.status, (await r.json() if r.status == 200 else await r.text())
 
 
+@contextlib.asynccontextmanager
+async def _edge(keys, fronts: int = 1, turn: TurnHandout | None = None):
+    """A real transceiver and ``fronts`` fronts with the key file ``keys`` before it, each
+    having probed it once: (the transceiver, a Front of each)."""
+    config = TransceiverConfig(cluster_id=3, transceiver_id=5, media_host="127.0.0.1",
+                               control=("127.0.0.1", 0), mode=ice.SHARED)
+    async with TransceiverServer(config) as server, contextlib.AsyncExitStack() as stack:
+        front_config = SignalingConfig(
+            clusters=(ClusterRoute("c1", (f"http://127.0.0.1:{server.control_port}",)),),
+            listen=("127.0.0.1", 0), poll_interval=0.1, auth=KeyRing.load(keys), turn=turn)
+        running = [await stack.enter_async_context(SignalingServer(front_config))
+                   for _ in range(fronts)]
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+        await until(lambda: all(b.healthy for f in running for b in f.backends))   # probed
+        yield server, [Front(http, f"http://127.0.0.1:{f.port}", server) for f in running]
+
+
 def _run(tmp_path, body):
     keys = tmp_path / "keys"
     keys.write_text(f"{A.text}\n{B.text} calls_per_minute=2\n")
@@ -57,18 +75,9 @@ def _run(tmp_path, body):
     secret.write_text("s3cret-for-turn\n")
 
     async def main():
-        config = TransceiverConfig(cluster_id=3, transceiver_id=5, media_host="127.0.0.1",
-                                   control=("127.0.0.1", 0), mode=ice.SHARED)
-        async with TransceiverServer(config) as server:
-            front_config = SignalingConfig(
-                clusters=(ClusterRoute("c1", (f"http://127.0.0.1:{server.control_port}",)),),
-                listen=("127.0.0.1", 0), poll_interval=0.1, auth=KeyRing.load(keys),
-                turn=TurnHandout(("turn:127.0.0.1:3478",), str(secret), ttl_s=3600))
-            async with SignalingServer(front_config) as front, \
-                    aiohttp.ClientSession() as http:
-                await until(lambda: any(b.healthy for b in front.backends))   # probed
-                return await body(Front(http, f"http://127.0.0.1:{front.port}", server),
-                                  STATIC_OFFER)
+        turn = TurnHandout(("turn:127.0.0.1:3478",), str(secret), ttl_s=3600)
+        async with _edge(keys, turn=turn) as (_, [front]):
+            return await body(front, STATIC_OFFER)
     return asyncio.run(main())
 
 
@@ -207,36 +216,25 @@ def _two_fronts(tmp_path):
     keys.write_text(f"{c.text} concurrent_calls=2\n{A.text}\n")
 
     async def main():
-        config = TransceiverConfig(cluster_id=3, transceiver_id=5, media_host="127.0.0.1",
-                                   control=("127.0.0.1", 0), mode=ice.SHARED)
-        async with TransceiverServer(config) as server:
-            front_config = SignalingConfig(
-                clusters=(ClusterRoute("c1", (f"http://127.0.0.1:{server.control_port}",)),),
-                listen=("127.0.0.1", 0), poll_interval=0.1, auth=KeyRing.load(keys))
-            async with SignalingServer(front_config) as one, \
-                    SignalingServer(front_config) as two, aiohttp.ClientSession() as http:
-                await until(lambda: all(b.healthy for f in (one, two) for b in f.backends))
-                fronts = [Front(http, f"http://127.0.0.1:{f.port}", server) for f in (one, two)]
-                offer = STATIC_OFFER
-                first = await fronts[0].call(c.text, offer)
-                second = await fronts[1].call(c.text, offer)
-                await asyncio.sleep(0.3)   # both fronts probed since
-                owners = dict(server.owners)
-                async with http.post(f"{fronts[0].base}/v1/calls", data=offer,
-                                     headers={"Content-Type": "application/sdp",
-                                              **bearer(c.text)}) as r:
-                    over = r.status, r.headers.get("Retry-After"), await r.text()
-                third = await fronts[1].call(c.text, offer)
-                other = await fronts[0].call(A.text, offer)   # another key: no quota
-                ended = await fronts[1].end(c.text, first[1])
-                await asyncio.sleep(0.3)
-                again = await fronts[0].call(c.text, offer)
-                async with http.get(f"{fronts[0].base}/metrics",
-                                    headers=bearer(A.text)) as r:
-                    metrics = await r.text()
-                return first, second, owners, over, third, other, ended, again, metrics
+        async with _edge(keys, fronts=2) as (server, fronts):
+            http, offer = fronts[0].http, STATIC_OFFER
+            first = await fronts[0].call(c.text, offer)
+            second = await fronts[1].call(c.text, offer)
+            await asyncio.sleep(0.3)   # both fronts probed since
+            owners = dict(server.owners)
+            async with http.post(f"{fronts[0].base}/v1/calls", data=offer,
+                                 headers={"Content-Type": "application/sdp",
+                                          **bearer(c.text)}) as r:
+                over = r.status, r.headers.get("Retry-After"), await r.text()
+            third = await fronts[1].call(c.text, offer)
+            other = await fronts[0].call(A.text, offer)   # another key: no quota
+            ended = await fronts[1].end(c.text, first[1])
+            await asyncio.sleep(0.3)
+            again = await fronts[0].call(c.text, offer)
+            async with http.get(f"{fronts[0].base}/metrics", headers=bearer(A.text)) as r:
+                metrics = await r.text()
+            return first, second, owners, over, third, other, ended, again, metrics
     return asyncio.run(main())
-
 
 
 def test_the_public_front_shows_no_internal_address_and_its_internals_only_to_a_key(tmp_path):
