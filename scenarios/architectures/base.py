@@ -82,7 +82,7 @@ class Architecture:
 
     def start(self, edge: "Edge") -> None:
         """Start every service of ``edge.plan``, each ready before the next: clusters, then
-        the client regions' services, then the fronts."""
+        the client regions' services, then the fronts (side by side)."""
         for cluster in edge.plan.clusters:
             self.start_cluster(edge, cluster)
         for ingress in edge.plan.ingresses:
@@ -91,8 +91,7 @@ class Architecture:
             edge.start_ingress(ingress)
         for turn in edge.plan.turns:
             edge.start_turn(turn)
-        for front in edge.plan.fronts:
-            edge.start_front(front)
+        edge.start_fronts()
 
     def start_cluster(self, edge: "Edge", cluster: "ClusterPlan") -> None:
         edge.start_agent(cluster)

@@ -152,8 +152,7 @@ class External(Architecture):
             self.start_cluster(edge, cluster)
         for ingress in edge.plan.ingresses:
             self.start_ingress(edge, ingress)
-        for front in edge.plan.fronts:
-            edge.start_front(front)
+        edge.start_fronts()
 
     def start_ingress(self, edge: "Edge", ingress: "IngressPlan") -> None:
         values = {"name": self.name, "region": ingress.region, "vip": ingress.listen,
