@@ -185,7 +185,7 @@ def prepare_verdicts(links: list[ImpairedLink], count: int) -> None:
         loss_band(Expectation.of(link.impairment).loss, count, tail=FAMILY_TAIL / paths)
 
 
-def calibrate(world: World, count: int = 200, rate: float = 100.0, parallel: int = 8,
+def calibrate(world: World, count: int = 200, rate: float = 100.0, parallel: int = 4,
               progress: Callable[[int, int], None] | None = None,
               links: list[ImpairedLink] | None = None,
               in_child: bool = False) -> CalibrationReport:
